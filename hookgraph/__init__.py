@@ -1,0 +1,60 @@
+"""hookgraph: a declarative hook graph for PyTorch, configured by files.
+
+Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
+register_action, list_targets, format_targets, load_run, and the errors
+HookGraphError, SpecError, ConfigError, InplaceBackwardError, NonFiniteError,
+RecordBudgetError.
+
+    import hookgraph as hg
+    graph = hg.compile(model, {"clamp_grad": {"target": "**.conv*", "at": "output_grad",
+                                               "action": "clamp", "args": {"min": 0.0}}})
+    with graph.attach():
+        model(x).sum().backward()
+"""
+
+from .actions import ACTIONS, ActionContext, register_action
+from .compiler import compile  # noqa: A004
+from .discovery import format_targets, list_targets
+from .errors import (
+    ConfigError,
+    HookGraphError,
+    InplaceBackwardError,
+    NonFiniteError,
+    Problem,
+    RecordBudgetError,
+    SpecError,
+)
+from .graph import HookGraph, Plan
+from .points import POINTS, HookPoint
+from .spec import HookSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACTIONS",
+    "ActionContext",
+    "ConfigError",
+    "HookGraph",
+    "HookGraphError",
+    "HookPoint",
+    "HookSpec",
+    "InplaceBackwardError",
+    "NonFiniteError",
+    "POINTS",
+    "Plan",
+    "Problem",
+    "RecordBudgetError",
+    "SpecError",
+    "compile",
+    "format_targets",
+    "list_targets",
+    "load_run",
+    "register_action",
+]
+
+
+def load_run(path):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
+    """Read a run folder back (records, stats, plan, summary). See hookgraph.runs.load_run."""
+    from .runs import load_run as _load_run
+
+    return _load_run(path)

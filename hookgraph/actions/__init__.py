@@ -1,0 +1,9 @@
+"""Actions: what a hook does with the value it sees. See ``registry`` for the contract.
+
+Public names: ACTIONS, ActionContext, ActionDef, register_action.
+"""
+
+from . import builtin as _builtin  # noqa: F401  (fills the registry)
+from .registry import ACTIONS, ActionContext, ActionDef, register_action
+
+__all__ = ["ACTIONS", "ActionContext", "ActionDef", "register_action"]

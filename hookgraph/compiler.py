@@ -1,0 +1,201 @@
+"""compile(): hook specs + a model -> a validated HookGraph, nothing registered yet.
+
+Public names: compile, unwrap_model, module_kinds.
+
+All problems (spec fields, names that match nothing, unknown actions, bad arguments,
+points that ignore replacement, in-place modules under full backward hooks, two
+replacing specs at one site without an order) are collected and raised once.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Mapping, Optional
+
+from torch import nn
+
+from .actions.registry import ActionContext, check_args, resolve_action
+from .errors import Problem, SpecError
+from .graph import HookGraph
+from .points import POINTS, HookPoint
+from .resolve import resolve_names
+from .sites import Binding
+from .spec import Mode, check_specs, parse_steps
+
+__all__ = ["compile", "unwrap_model", "module_kinds"]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model behind DataParallel / DistributedDataParallel / torch.compile wrappers.
+
+    Hooks live on the shared submodules, so specs written for the bare model's names work
+    on the wrapped one.
+    """
+    seen = 0
+    while seen < 8:
+        seen += 1
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+            continue
+        break
+    return model
+
+
+def _class_names(cls: type) -> tuple[str, ...]:
+    names = []
+    for c in cls.__mro__:
+        if c in (object, nn.Module):
+            continue
+        names += [c.__name__, f"{c.__module__}.{c.__qualname__}"]
+    return tuple(names)
+
+
+def module_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """name -> class names (short and dotted, whole MRO) for every module of the model."""
+    return {name: _class_names(type(m)) for name, m in model.named_modules()}
+
+
+def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
+    """Dotted public aliases (torch.nn.Conv2d) -> the dotted name the class really has."""
+    out = []
+    for t in types:
+        if "." in t:
+            try:
+                from hydra.utils import get_object
+
+                obj = get_object(t)
+                if isinstance(obj, type):
+                    t = f"{obj.__module__}.{obj.__qualname__}"
+            except Exception:  # unknown paths are reported by resolution with suggestions
+                pass
+        out.append(t)
+    return tuple(out)
+
+
+def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph:  # noqa: A001
+    """Compile hook specs against a model. Nothing is registered until ``graph.attach()``.
+
+    ``specs``: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
+    HookSpec objects. ``prefix`` is the config key under which errors name the specs.
+    Raises :class:`hookgraph.SpecError` listing every problem.
+    """
+    parsed, problems, broken = check_specs(specs, prefix=prefix)
+    bare = unwrap_model(model)
+    modules = dict(bare.named_modules())
+    params = dict(bare.named_parameters())
+    kinds = module_kinds(bare)
+    param_kinds = {n: kinds.get(n.rpartition(".")[0], ()) for n in params}
+    graph = HookGraph(model, [])
+    bindings: list[Binding] = []
+
+    for spec_index, spec in enumerate(parsed):
+        key = f"{prefix}.{spec.name}"
+        info = POINTS[spec.at]
+        names = list(params) if info.on_params else list(modules)
+        matched, found = resolve_names(
+            key=key,
+            targets=spec.targets,
+            excludes=spec.excludes,
+            names=names,
+            types=_canonical_types(spec.type_names),
+            kinds=param_kinds if info.on_params else kinds,
+            expect_min=spec.expect.min if spec.enabled else 0,
+            expect_max=spec.expect.max,
+            list_hint=(
+                "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
+            ),
+        )
+        problems += found
+        defn, found = resolve_action(spec.action, f"{key}.action")
+        problems += found
+        if defn is None or found:
+            continue
+        found = check_args(defn, spec.args, f"{key}.args")
+        problems += found
+        if defn.replaces and not info.replaceable:
+            problems.append(
+                Problem(
+                    f"{key}.action",
+                    f"{defn.name!r} replaces values, but PyTorch ignores what a hook returns at {spec.at}; "
+                    "use at: param_grad to edit the gradient before it is accumulated",
+                )
+            )
+            continue
+        if found or not spec.enabled or spec.name in broken:
+            continue
+        start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
+        for target_index, name in enumerate(matched):
+            module = modules[name.rpartition(".")[0]] if info.on_params else modules[name]
+            param = params[name] if info.on_params else None
+            if spec.at in (HookPoint.backward, HookPoint.backward_pre) and getattr(module, "inplace", False) is True:
+                problems.append(
+                    Problem(
+                        f"{key}.at",
+                        f"{name!r} ({type(module).__name__}) works in place, which PyTorch's full backward hooks "
+                        "cannot wrap; use at: output_grad (or input_grad), which is safe with in-place ops, "
+                        f"or exclude {name!r}",
+                    )
+                )
+                continue
+            ctx = ActionContext(spec.name, name, spec.at, type(param if param is not None else module).__name__, graph)
+            try:
+                fn = defn.factory(ctx, **spec.args)
+            except (TypeError, ValueError) as exc:
+                problems.append(Problem(f"{key}.args", f"{defn.name}: {exc}"))
+                break
+            bindings.append(
+                Binding(
+                    spec=spec,
+                    target=name,
+                    point=spec.at,
+                    module=module,
+                    param=param,
+                    action=defn,
+                    fn=fn,
+                    rank=(spec.order if spec.order is not None else 0, spec_index, target_index),
+                    start=start,
+                    stop=stop,
+                    want_training=None if spec.when.mode is Mode.any else spec.when.mode is Mode.train,
+                )
+            )
+
+    problems += _conflicts(bindings, prefix)
+    if problems:
+        raise SpecError(problems)
+    bindings.sort(key=lambda b: b.rank)
+    graph.bindings = tuple(bindings)
+    graph._backward_modules = {b.module for b in bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)}
+    graph.set_step(0)
+    return graph
+
+
+def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
+    """Two specs replacing the value at one site need an explicit order to be unambiguous."""
+    by_site: dict[tuple, list[Binding]] = {}
+    for b in bindings:
+        if b.action.replaces:
+            by_site.setdefault((b.target, b.point), []).append(b)
+    problems = []
+    reported = set()
+    for (target, point), group in by_site.items():
+        specs = list({b.spec.name: b.spec for b in group}.values())
+        if len(specs) < 2:
+            continue
+        orders = [s.order for s in specs]
+        if any(o is None for o in orders) or len(set(orders)) < len(orders):
+            names = tuple(s.name for s in specs)
+            if names in reported:
+                continue
+            reported.add(names)
+            problems.append(
+                Problem(
+                    f"{prefix}.{names[1]}.order",
+                    f"specs {', '.join(map(repr, names))} all replace the value at {target!r} ({point}); "
+                    "give each a distinct 'order' (lower runs first)",
+                )
+            )
+    return problems

@@ -1,0 +1,62 @@
+"""Discovery: the names a spec can target, with their types and shapes.
+
+Public names: list_targets, format_targets.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .compiler import unwrap_model
+from .resolve import match_names
+
+__all__ = ["list_targets", "format_targets"]
+
+
+def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False) -> list[dict]:
+    """Rows for module names (or, with ``params=True``, parameter names) matching ``pattern``.
+
+    Module rows: name, type, parameter count, own parameter shapes. Parameter rows: name,
+    type (of the owning module), shape, dtype, requires_grad.
+    """
+    bare = unwrap_model(model)
+    if params:
+        named = dict(bare.named_parameters())
+        owners = dict(bare.named_modules())
+        return [
+            {
+                "name": n,
+                "type": type(owners[n.rpartition(".")[0]]).__name__,
+                "shape": list(p.shape),
+                "dtype": str(p.dtype).removeprefix("torch."),
+                "requires_grad": p.requires_grad,
+            }
+            for n, p in named.items()
+            if n in set(match_names([pattern], list(named)))
+        ]
+    modules = dict(bare.named_modules())
+    keep = set(match_names([pattern], list(modules)))
+    if pattern in ("", "**"):
+        keep.add("")  # the listing shows the root too; a spec reaches it with target ""
+    return [
+        {
+            "name": n,
+            "type": type(m).__name__,
+            "params": sum(p.numel() for p in m.parameters()),
+            "shapes": {k: list(p.shape) for k, p in m.named_parameters(recurse=False)},
+        }
+        for n, m in modules.items()
+        if n in keep
+    ]
+
+
+def format_targets(rows: list[dict]) -> str:
+    """A plain-text table of :func:`list_targets` rows."""
+    if not rows:
+        return "(no names match)"
+    cols = [c for c in rows[0] if c != "name"]
+    cells = [[r["name"] or "(root)", *(str(r[c]) for c in cols)] for r in rows]
+    header = ["name", *cols]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    fmt = lambda row: "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), *map(fmt, cells)])

@@ -1,0 +1,172 @@
+"""HookGraph: compiled bindings, and the one place where hooks are registered and removed.
+
+Public names: HookGraph, Plan, Attachment.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .errors import HookGraphError, InplaceBackwardError
+from .points import HookPoint
+from .sites import REGISTRARS, Binding
+
+__all__ = ["HookGraph", "Plan", "Attachment"]
+
+_PLAN_COLUMNS = ("spec", "target", "type", "at", "action", "order")
+
+
+class Plan(list):
+    """The compiled plan: one dict per binding, in registration order. ``str()`` is a table."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "(empty plan: no bindings)"
+        rows = [[str(r[c]) for c in _PLAN_COLUMNS] for r in self]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_PLAN_COLUMNS)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        return "\n".join([line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)])
+
+    def to_json(self) -> str:
+        return json.dumps(list(self), indent=2)
+
+
+class Attachment:
+    """Hooks of one graph on its model. A context manager; ``remove()`` is idempotent.
+
+    Registration happens in ``__init__`` inside ``try``: if any registration fails, the
+    hooks registered so far are removed before the error propagates.
+    """
+
+    def __init__(self, graph: "HookGraph"):
+        self._graph = graph
+        self._handles: list[RemovableHandle] = []
+        # register_full_backward_hook sets this flag for good; restore it on removal so a
+        # user's later register_backward_hook is not refused because of us.
+        self._flags = {m: m._is_full_backward_hook for m in graph._backward_modules}
+        try:
+            for b in graph.bindings:
+                self._handles.extend(REGISTRARS[b.point](b))
+        except BaseException:
+            self.remove()
+            raise
+        graph._attachment = self
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def remove(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in reversed(handles):
+            h.remove()
+        for m, flag in self._flags.items():
+            m._is_full_backward_hook = flag
+        self._flags = {}
+        if self._graph._attachment is self:
+            self._graph._attachment = None
+
+    def __enter__(self) -> "HookGraph":
+        return self._graph
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.remove()
+        if isinstance(exc, RuntimeError) and "BackwardHookFunction" in str(exc):
+            raise InplaceBackwardError(
+                "a full backward hook (at: backward or backward_pre) met a tensor modified in place "
+                f"(e.g. by ReLU(inplace=True) after the hooked module); bound specs: {self._graph._backward_specs()}. "
+                "Use at: output_grad or input_grad, which are safe with in-place ops, or make the "
+                "following op out of place."
+            ) from exc
+
+
+class HookGraph:
+    """Compiled hook specs bound to one model. Build it with :func:`hookgraph.compile`.
+
+    - ``plan()``: the bindings (spec, target, type, point, action, order).
+    - ``attach()``: registers every hook; use as a context manager or call ``remove()``.
+    - ``records``: ``records[spec][target]`` lists what record-like actions kept, one
+      entry per call; for ``trace``, ``records[spec]`` is a list of rows.
+    - ``stats``: one row per stats call (spec, target, point, step, call and the statistics),
+      read from the device once.
+    - ``step``: the current step; ``set_step(n)`` re-evaluates every spec's schedule.
+    """
+
+    def __init__(self, model: nn.Module, bindings: Sequence[Binding]):
+        self.model = model
+        self.bindings: tuple[Binding, ...] = tuple(bindings)
+        self.records: dict[str, Any] = {}
+        self._stat_rows: list = []
+        self._attachment: Optional[Attachment] = None
+        self._step = 0
+        self._backward_modules = {b.module for b in self.bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)}
+        self.set_step(0)
+
+    # -- schedule -----------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def set_step(self, step: int) -> None:
+        """Set the step counter and re-evaluate schedules (once per step, not per call)."""
+        self._step = int(step)
+        for b in self.bindings:
+            b.update(self._step)
+
+    # -- registration ---------------------------------------------------------
+    def attach(self) -> Attachment:
+        """Register every hook. ``with graph.attach(): ...`` removes them all on exit, also on error."""
+        if self._attachment is not None:
+            raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
+        return Attachment(self)
+
+    @property
+    def attached(self) -> bool:
+        return self._attachment is not None
+
+    # -- results -------------------------------------------------------------
+    def plan(self) -> Plan:
+        return Plan(b.plan_row() for b in self.bindings)
+
+    @property
+    def stats(self) -> list[dict]:
+        """Rows of statistics; reading them synchronises with the device once."""
+        from .actions.builtin import STAT_NAMES
+
+        if not self._stat_rows:
+            return []
+        values = torch.stack([r[4].cpu() for r in self._stat_rows]).tolist()
+        calls: dict[tuple, int] = {}
+        out = []
+        for (spec, target, point, step, _), vals in zip(self._stat_rows, values):
+            k = (spec, target, point, step)
+            calls[k] = calls.get(k, -1) + 1
+            out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k], **dict(zip(STAT_NAMES, vals))})
+        return out
+
+    def clear(self) -> None:
+        """Forget records and statistics (the bindings stay)."""
+        for value in self.records.values():
+            if isinstance(value, dict):
+                for slot in value.values():
+                    slot.clear()
+            else:
+                value.clear()
+        self._stat_rows.clear()
+
+    def _backward_specs(self) -> list[str]:
+        return sorted({b.spec.name for b in self.bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)})
+
+    def __iter__(self) -> Iterator[Binding]:
+        return iter(self.bindings)
+
+    def __len__(self) -> int:
+        return len(self.bindings)
+
+    def __repr__(self) -> str:
+        return f"HookGraph({len(self.bindings)} bindings, {len({b.spec.name for b in self.bindings})} specs, attached={self.attached})"

@@ -1,0 +1,301 @@
+"""Building the model a config names, and loading its checkpoint.
+
+Public names: MODEL_REGISTRY, register_model, build_model, load_checkpoint.
+
+A model comes from exactly one of three places: a name in :data:`MODEL_REGISTRY` (the
+seed networks), a torchvision model name (``torchvision.models.list_models()``), or a
+``_target_`` dotted path to any nn.Module class or factory. Every bad setting raises
+:class:`~hookgraph.errors.ConfigError` under its full config key (``model.name``,
+``model.kwargs``, ``model.checkpoint``, ...), with the nearest valid names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError, did_you_mean
+
+__all__ = ["MODEL_REGISTRY", "register_model", "build_model", "load_checkpoint"]
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {}
+"""Registered model names -> nn.Module classes; filled by :func:`register_model`."""
+
+_M = TypeVar("_M", bound=type[nn.Module])
+
+# Wrappers that prefix every state_dict key: DataParallel/DDP and torch.compile.
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+# Containers that training loops commonly save around the state_dict.
+_NESTED_KEYS = ("state_dict", "model")
+_SHOW = 5  # how many missing/unexpected keys an error lists
+
+
+def register_model(name: str) -> Callable[[_M], _M]:
+    """Class decorator: register ``cls`` under ``name``; warns when it replaces an entry."""
+
+    def deco(cls: _M) -> _M:
+        old = MODEL_REGISTRY.get(name)
+        if old is not None and old is not cls:
+            warnings.warn(
+                f"model name {name!r} was registered to {old.__module__}.{old.__qualname__}; "
+                f"now {cls.__module__}.{cls.__qualname__}",
+                stacklevel=2,
+            )
+        MODEL_REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _torchvision_names() -> list[str]:
+    import torchvision.models
+
+    return list(torchvision.models.list_models())
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain dicts/lists, so constructors see ordinary types."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _signature(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    try:
+        return f"{name}{inspect.signature(obj)}"
+    except (TypeError, ValueError):  # builtins and C extensions may have no signature
+        return f"{name}(...)"
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    # hydra.utils.get_object logs an error before re-raising; ours is the better message.
+    logger = logging.getLogger(name)
+    before = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = before
+
+
+def _import_target(target: str, key: str) -> Callable[..., Any]:
+    from hydra.utils import get_object
+
+    try:
+        with _quiet_logger("hydra.utils"):
+            obj = get_object(target)
+    except ImportError as err:
+        raise ConfigError(
+            f"{key}._target_",
+            f"cannot import {target!r}: {str(err).strip()}\n"
+            "The code must be importable: installed in this environment or on PYTHONPATH "
+            "(a module path, not a file path).",
+        ) from err
+    if not callable(obj):
+        raise ConfigError(f"{key}._target_", f"{target!r} is a {type(obj).__name__}, not a class or function")
+    return obj
+
+
+def _call(factory: Callable[..., Any], kwargs: dict[str, Any], key: str, what: str, shown: Any = None) -> Any:
+    """Call a model constructor, turning argument mistakes into ConfigError.
+
+    ``shown`` is the callable whose signature the error shows (default: ``factory``).
+    """
+    shown = factory if shown is None else shown
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(**kwargs)
+        except TypeError as err:
+            raise ConfigError(f"{key}.kwargs", f"{what}: {err}; signature: {_signature(shown)}") from None
+    try:
+        return factory(**kwargs)
+    except TypeError as err:
+        # Raised by a nested constructor (torchvision builders take **kwargs), or a bug
+        # in the model: chained, so the traceback still shows where.
+        raise ConfigError(f"{key}.kwargs", f"{what}: {err}; signature: {_signature(shown)}") from err
+    except ConfigError as err:
+        # Model classes validate their own kwargs under the default key "model".
+        if key != "model" and err.key.startswith("model."):
+            msg = str(err)[len(err.key) + 2 :]
+            raise ConfigError(key + err.key[len("model") :], msg) from err
+        raise
+
+
+def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
+    import torchvision.models as tvm
+
+    if weights is not None:
+        # Check the name before anything can reach the network.
+        try:
+            enum = tvm.get_model_weights(name)
+        except (ValueError, KeyError):
+            enum = None
+        if enum is not None:
+            valid = ["DEFAULT", *enum.__members__] + [f"{enum.__name__}.{m}" for m in enum.__members__]
+            if str(weights) not in valid:
+                raise ConfigError(f"{key}.weights", f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}")
+            weights = str(weights).split(".")[-1]
+    try:
+        builder = tvm.get_model_builder(name)
+        return _call(functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder)
+    except OSError as err:  # download failures (URLError is an OSError)
+        raise ConfigError(
+            f"{key}.weights",
+            f"could not fetch weights {weights!r} for {name!r}: {err}. "
+            "Without network access, load a local file with model.checkpoint instead.",
+        ) from err
+
+
+def build_model(
+    name: str | None = None,
+    *,
+    target: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    weights: str | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    key: str = "model",
+) -> nn.Module:
+    """Build the model a config describes; exactly one of ``name`` and ``target``.
+
+    ``name``: a :data:`MODEL_REGISTRY` key or a torchvision model name. ``target``: a
+    dotted path to an nn.Module class or factory (Hydra's ``_target_``). ``kwargs`` go
+    to the constructor. ``weights`` (torchvision names only) is a torchvision weights
+    name such as ``DEFAULT`` or ``IMAGENET1K_V1``; None means random initialisation and
+    no network access. ``checkpoint`` is a local state_dict file loaded after
+    construction (see :func:`load_checkpoint`). ``key`` prefixes error keys.
+    """
+    if (name is None) == (target is None):
+        both = "both" if name is not None else "neither"
+        raise ConfigError(key, f"set exactly one of {key}.name and {key}._target_ ({both} given)")
+    kwargs = _plain(kwargs)
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}")
+    kwargs = {str(k): v for k, v in kwargs.items()}
+
+    if target is not None:
+        if weights is not None:
+            raise ConfigError(f"{key}.weights", f"weights only applies to torchvision names; pass it in {key}.kwargs or use {key}.checkpoint")
+        factory = _import_target(str(target), key)
+        model = _call(factory, kwargs, key, str(target))
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"{key}._target_", f"{target!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    elif name in MODEL_REGISTRY:
+        if weights is not None:
+            raise ConfigError(f"{key}.weights", f"{name!r} is a built-in model without published weights; use {key}.checkpoint")
+        model = _call(MODEL_REGISTRY[name], kwargs, key, name)
+    else:
+        tv_names = _torchvision_names()
+        if name not in tv_names:
+            raise ConfigError(
+                f"{key}.name",
+                f"unknown model {name!r}; {did_you_mean(str(name), [*MODEL_REGISTRY, *tv_names], 'known models')} "
+                f"(or set {key}._target_ to the dotted path of any nn.Module class)",
+            )
+        model = _torchvision_model(name, weights, kwargs, key)
+
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint, key=key)
+    return model
+
+
+def _read_checkpoint(path: Path, key: str) -> Any:
+    ck = f"{key}.checkpoint"
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as err:
+            raise ConfigError(ck, f"cannot read safetensors file {str(path)!r}: {err}") from err
+    try:
+        # weights_only: never run code from a checkpoint file.
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(
+            ck,
+            f"refused to load {str(path)!r}: it holds Python objects other than tensors and "
+            "plain containers, and hookgraph only unpickles with weights_only=True. Re-save "
+            "just the state_dict (torch.save(model.state_dict(), path)) or use .safetensors. "
+            f"Details: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(ck, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+
+
+def _strip_prefixes(state: dict[str, Any], model_keys: set[str]) -> dict[str, Any]:
+    changed = True
+    while changed and state:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            # Only when every key has it and the model's own keys do not (a real
+            # submodule may be called "module").
+            if all(k.startswith(prefix) for k in state) and not all(k.startswith(prefix) for k in model_keys):
+                state = {k[len(prefix) :]: v for k, v in state.items()}
+                changed = True
+    return state
+
+
+def _preview(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_SHOW])
+    return shown + (f", ... ({len(keys)} in all)" if len(keys) > _SHOW else "")
+
+
+def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike[str], *, key: str = "model") -> nn.Module:
+    """Load a local state_dict file into ``model`` (strictly) and return the model.
+
+    ``.safetensors`` files load with safetensors; anything else with
+    ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects. The
+    state_dict may be nested under ``state_dict`` or ``model``; a ``module.`` (DDP) or
+    ``_orig_mod.`` (torch.compile) prefix on every key is stripped.
+    """
+    ck = f"{key}.checkpoint"
+    path = Path(os.fspath(checkpoint)).expanduser()
+    if not path.is_file():
+        raise ConfigError(ck, f"no such file: {str(path)!r}" + (" (it is a directory)" if path.is_dir() else ""))
+    state = _read_checkpoint(path, key)
+    while isinstance(state, Mapping):
+        inner = next((state[k] for k in _NESTED_KEYS if isinstance(state.get(k), Mapping)), None)
+        if inner is None:
+            break
+        state = inner
+    if not isinstance(state, Mapping):
+        raise ConfigError(ck, f"expected a state_dict (a mapping of names to tensors) in {str(path)!r}, found {type(state).__name__}")
+
+    model_keys = set(model.state_dict())
+    state = _strip_prefixes({str(k): v for k, v in state.items()}, model_keys)
+    missing = sorted(model_keys - set(state))
+    unexpected = sorted(set(state) - model_keys)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {_preview(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {_preview(unexpected)}")
+        raise ConfigError(ck, f"{str(path)!r} does not match the {type(model).__name__} model; " + "; ".join(parts))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:  # shape mismatches
+        raise ConfigError(ck, f"cannot load {str(path)!r} into {type(model).__name__}: {err}") from err
+    return model

@@ -1,0 +1,131 @@
+"""Name resolution: a pure function from spec patterns and name lists to matches.
+
+Public names: compile_pattern, match_names, resolve_names.
+
+Patterns are globs over dotted names (``*`` and ``?`` stay inside one segment, ``**``
+spans any number of segments, ``[abc]`` is a character class) or regular expressions
+with a ``re:`` prefix (matched against the whole name). The root module, whose name is
+the empty string, is matched only by the empty pattern ``""``. Nothing here touches a
+model, so all of it is testable on plain lists of names.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Callable, Mapping, Optional, Sequence
+
+from .errors import Problem, nearest
+
+__all__ = ["compile_pattern", "match_names", "resolve_names"]
+
+
+def _segment_regex(seg: str) -> str:
+    out, i = [], 0
+    while i < len(seg):
+        c = seg[i]
+        if c == "*":
+            out.append("[^.]*")
+        elif c == "?":
+            out.append("[^.]")
+        elif c == "[":
+            end = seg.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = seg[i + 1 : end]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=4096)
+def compile_pattern(pattern: str) -> Callable[[str], bool]:
+    """A predicate for one pattern. Raises ValueError for an invalid regular expression."""
+    if pattern.startswith("re:"):
+        rx = re.compile(pattern[3:])
+        return lambda name: name != "" and rx.fullmatch(name) is not None
+    if pattern == "":
+        return lambda name: name == ""
+    # Match against "name." so that every segment, '**' included, is "something + dot".
+    parts = ["(?:[^.]+\\.)*" if seg == "**" else _segment_regex(seg) + "\\." for seg in pattern.split(".")]
+    rx = re.compile("".join(parts))
+    return lambda name: name != "" and rx.fullmatch(name + ".") is not None
+
+
+def match_names(patterns: Sequence[str], names: Sequence[str]) -> list[str]:
+    """Names matched by any of the patterns, in the order of ``names``."""
+    preds = [compile_pattern(p) for p in patterns]
+    return [n for n in names if any(p(n) for p in preds)]
+
+
+def resolve_names(
+    *,
+    key: str,
+    targets: Sequence[str],
+    names: Sequence[str],
+    excludes: Sequence[str] = (),
+    types: Sequence[str] = (),
+    kinds: Optional[Mapping[str, Sequence[str]]] = None,
+    expect_min: int = 1,
+    expect_max: Optional[int] = None,
+    list_hint: str = "list them with hookgraph.list_targets(model)",
+) -> tuple[list[str], list[Problem]]:
+    """Resolve one spec's patterns against ``names``.
+
+    ``kinds`` maps each name to the class names (short and dotted, whole MRO) of the
+    module it denotes; ``types`` keeps names whose kinds include one of them.
+    Returns the matches (in ``names`` order) and the problems found, keyed under ``key``.
+    """
+    problems: list[Problem] = []
+    preds = []
+    for field_name, patterns in (("target", targets), ("exclude", excludes)):
+        for p in patterns:
+            try:
+                preds.append((field_name, p, compile_pattern(p)))
+            except re.error as exc:
+                problems.append(Problem(f"{key}.{field_name}", f"invalid regular expression {p!r}: {exc}"))
+    if problems:
+        return [], problems
+
+    target_preds = [pr for f, _, pr in preds if f == "target"]
+    exclude_preds = [pr for f, _, pr in preds if f == "exclude"]
+    matched = [n for n in names if any(p(n) for p in target_preds)]
+    if exclude_preds:
+        matched = [n for n in matched if not any(p(n) for p in exclude_preds)]
+
+    if types:
+        known = sorted({k for ks in (kinds or {}).values() for k in ks if "." not in k})
+        all_kinds = {k for ks in (kinds or {}).values() for k in ks}
+        for t in types:
+            if t not in all_kinds:
+                close = nearest(t, known)
+                hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"types in this model: {', '.join(known[:15])}"
+                problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
+        wanted = set(types)
+        matched = [n for n in matched if wanted.intersection((kinds or {}).get(n, ()))]
+
+    count = len(matched)
+    if count < expect_min or (expect_max is not None and count > expect_max):
+        shown = ", ".join(repr(p) for p in targets)
+        if count == 0:
+            close = []
+            for p in targets:
+                close += nearest(p.removeprefix("re:"), [n for n in names if n])
+            close = list(dict.fromkeys(close))[:5]
+            real = [n for n in names if n]
+            hint = (
+                f"nearest names: {', '.join(close)}"
+                if close
+                else f"names here: {', '.join(real[:10])}{', ...' if len(real) > 10 else ''}"
+            )
+            problems.append(Problem(f"{key}.target", f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)"))
+        else:
+            bound = f"at least {expect_min}" + (f" and at most {expect_max}" if expect_max is not None else "")
+            problems.append(Problem(f"{key}.expect", f"{shown} matched {count} names, expected {bound}: {', '.join(matched[:8])}{', ...' if count > 8 else ''}"))
+    return matched, problems

@@ -1,0 +1,274 @@
+"""Registrars: how a binding becomes PyTorch hooks at its hook point.
+
+Public names: Binding, make_caller, REGISTRARS.
+
+Everything a hook needs is prepared here, before registration; the closures below do no
+lookups, matching or allocation of their own beyond the action's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from .actions.registry import ActionDef
+from .points import HookPoint
+from .spec import HookSpec
+
+__all__ = ["Binding", "make_caller", "REGISTRARS"]
+
+
+@dataclass(eq=False)
+class Binding:
+    """One spec bound to one name at one hook point."""
+
+    spec: HookSpec
+    target: str
+    point: HookPoint
+    module: nn.Module  # the module itself, or the parameter's owner
+    param: Optional[nn.Parameter]
+    action: ActionDef
+    fn: Callable[..., Any]
+    rank: tuple
+    start: int = 0
+    stop: Optional[int] = None
+    active: bool = True
+    want_training: Optional[bool] = None  # None: any mode
+    extra: dict = field(default_factory=dict)
+
+    def plan_row(self) -> dict:
+        return {
+            "spec": self.spec.name,
+            "target": self.target,
+            "type": type(self.param if self.param is not None else self.module).__name__,
+            "at": str(self.point),
+            "action": self.action.name,
+            "order": self.spec.order if self.spec.order is not None else 0,
+            "when": {"steps": self.spec.when.steps, "every": self.spec.when.every, "mode": self.spec.when.mode.value},
+        }
+
+    def update(self, step: int) -> None:
+        every = self.spec.when.every
+        self.active = (
+            self.spec.enabled
+            and step >= self.start
+            and (self.stop is None or step < self.stop)
+            and (step - self.start) % every == 0
+        )
+
+
+def _each(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
+    """Lift a per-tensor fn to containers; returns None when nothing was replaced."""
+
+    def each(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return fn(value)
+        if isinstance(value, (tuple, list)):
+            new = [each(v) for v in value]
+            if all(n is None for n in new):
+                return None
+            return type(value)(v if n is None else n for v, n in zip(value, new))
+        if isinstance(value, dict):
+            new = {k: each(v) for k, v in value.items()}
+            if all(n is None for n in new.values()):
+                return None
+            return {k: value[k] if new[k] is None else new[k] for k in value}
+        return None
+
+    return each
+
+
+def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
+    """``call(value, inputs, output) -> new value or None`` for a binding."""
+    fn, index = b.fn, b.spec.index
+    if b.action.wants_io:
+        base = fn
+    else:
+        inner = _each(fn) if b.action.per_tensor else fn
+        base = lambda value, inputs, output: inner(value)  # noqa: E731
+    if index is None:
+        return base
+
+    def indexed(value: Any, inputs: Any, output: Any) -> Any:
+        new = base(value[index], inputs, output)
+        if new is None:
+            return None
+        if isinstance(value, dict):
+            return {**value, index: new}
+        items = list(value)
+        items[index] = new
+        return type(value)(items) if isinstance(value, list) else tuple(items)
+
+    return indexed
+
+
+def _unwrap(args: tuple) -> Any:
+    # A one-element tuple reaches the action as that element: records hold the tensor.
+    return args[0] if len(args) == 1 else args
+
+
+def _rewrap(args: tuple, new: Any) -> tuple:
+    return (new,) if len(args) == 1 else tuple(new)
+
+
+def _mode_ok(b: Binding, module: nn.Module) -> bool:
+    return b.want_training is None or module.training is b.want_training
+
+
+def _forward_pre(b: Binding) -> list[RemovableHandle]:
+    call = make_caller(b)
+
+    def hook(module: nn.Module, args: tuple) -> Optional[tuple]:
+        if b.active and _mode_ok(b, module):
+            new = call(_unwrap(args), args, None)
+            if new is not None:
+                return _rewrap(args, new)
+        return None
+
+    return [b.module.register_forward_pre_hook(hook)]
+
+
+def _forward(b: Binding) -> list[RemovableHandle]:
+    call = make_caller(b)
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        if b.active and _mode_ok(b, module):
+            return call(output, args, output)
+        return None
+
+    return [b.module.register_forward_hook(hook)]
+
+
+def _backward_pre(b: Binding) -> list[RemovableHandle]:
+    call = make_caller(b)
+
+    def hook(module: nn.Module, grad_output: tuple) -> Optional[tuple]:
+        if b.active and _mode_ok(b, module):
+            new = call(_unwrap(grad_output), None, grad_output)
+            if new is not None:
+                return _rewrap(grad_output, new)
+        return None
+
+    return [b.module.register_full_backward_pre_hook(hook)]
+
+
+def _backward(b: Binding) -> list[RemovableHandle]:
+    call = make_caller(b)
+
+    def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> Optional[tuple]:
+        if b.active and _mode_ok(b, module):
+            new = call(_unwrap(grad_input), grad_input, grad_output)
+            if new is not None:
+                return _rewrap(grad_input, new)
+        return None
+
+    return [b.module.register_full_backward_hook(hook)]
+
+
+def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
+    b_index = b.spec.index
+    call = make_caller(b if b_index is None else _without_index(b))
+    return lambda grad: call(grad, None, None)
+
+
+def _without_index(b: Binding) -> Binding:
+    # For gradient points the index picks which tensor gets a hook, not part of the gradient.
+    from dataclasses import replace
+
+    return replace(b, spec=replace(b.spec, index=None))
+
+
+def _grad_leaves(value: Any, index: Any) -> list[Tensor]:
+    if index is not None:
+        value = value[index]
+    if isinstance(value, Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _grad_leaves(v, None)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _grad_leaves(v, None)]
+    return []
+
+
+def _output_grad(b: Binding) -> list[RemovableHandle]:
+    tensor_hook, index = _tensor_hook(b), b.spec.index
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        if b.active and _mode_ok(b, module):
+            for t in _grad_leaves(output, index):
+                t.register_hook(tensor_hook)
+
+    return [b.module.register_forward_hook(hook)]
+
+
+def _input_grad(b: Binding) -> list[RemovableHandle]:
+    tensor_hook, index = _tensor_hook(b), b.spec.index
+
+    def hook(module: nn.Module, args: tuple) -> Optional[tuple]:
+        if not (b.active and _mode_ok(b, module)):
+            return None
+        new = list(args)
+        changed = False
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor) and a.requires_grad and (index is None or i == index):
+                # A fresh alias carries the hook, so it sees the gradient through this module
+                # only (not the input's other uses, e.g. a residual branch).
+                alias = a.clone() if a.is_leaf else a.view_as(a)
+                alias.register_hook(tensor_hook)
+                new[i] = alias
+                changed = True
+        return tuple(new) if changed else None
+
+    return [b.module.register_forward_pre_hook(hook)]
+
+
+def _param_value(b: Binding) -> list[RemovableHandle]:
+    call, param = make_caller(b), b.param
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if b.active and _mode_ok(b, module):
+            with torch.no_grad():
+                new = call(param, args, None)
+                if new is not None and new is not param:
+                    param.copy_(new)  # in place: optimizers and state_dict keep the same tensor
+        return None
+
+    return [b.module.register_forward_pre_hook(hook)]
+
+
+def _param_grad(b: Binding) -> list[RemovableHandle]:
+    call, module = make_caller(b), b.module
+
+    def hook(grad: Tensor) -> Optional[Tensor]:
+        if b.active and _mode_ok(b, module):
+            return call(grad, None, None)
+        return None
+
+    return [b.param.register_hook(hook)]
+
+
+def _param_accumulated(b: Binding) -> list[RemovableHandle]:
+    call, module = make_caller(b), b.module
+
+    def hook(param: Tensor) -> None:
+        if b.active and _mode_ok(b, module) and param.grad is not None:
+            call(param.grad, None, None)
+
+    return [b.param.register_post_accumulate_grad_hook(hook)]
+
+
+REGISTRARS: dict[HookPoint, Callable[[Binding], list[RemovableHandle]]] = {
+    HookPoint.forward_pre: _forward_pre,
+    HookPoint.forward: _forward,
+    HookPoint.backward_pre: _backward_pre,
+    HookPoint.backward: _backward,
+    HookPoint.output_grad: _output_grad,
+    HookPoint.input_grad: _input_grad,
+    HookPoint.param_value: _param_value,
+    HookPoint.param_grad: _param_grad,
+    HookPoint.param_accumulated: _param_accumulated,
+}

@@ -1,0 +1,220 @@
+"""The hook spec: the schema of one entry under ``hooks:`` and its conversion.
+
+Public names: HookSpec, Schedule, Expect, Mode, check_specs, parse_specs.
+
+Specs arrive as a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path or
+ready HookSpec objects; :func:`parse_specs` converts them once, at the boundary, into
+frozen HookSpec objects and reports every problem together, each under its full config
+key (``hooks.<name>.<field>``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import Problem, SpecError, did_you_mean
+from .points import HookPoint
+
+__all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs"]
+
+
+class Mode(str, Enum):
+    any = "any"
+    train = "train"
+    eval = "eval"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """When a spec is active. Steps count from 0; ``steps`` is ``"start:stop"`` (stop excluded)."""
+
+    steps: Optional[str] = None  # "0:100", "5:" or "7"; None means every step
+    every: int = 1  # run on every N-th step of the range
+    mode: Mode = Mode.any  # train / eval: checked against the module's own .training flag
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expect:
+    """Bounds on the number of names a spec matches; matching nothing is an error by default."""
+
+    min: int = 1
+    max: Optional[int] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookSpec:
+    """One hook spec. ``name`` is its key under ``hooks:`` and is filled in on parsing."""
+
+    target: Any = None  # glob or list of globs over dotted names; "re:" prefix for a regex
+    exclude: Any = None  # same forms as target; matches are dropped
+    types: Any = None  # class names (Conv2d) or dotted paths; subclasses match too
+    at: HookPoint = HookPoint.forward
+    action: Any = "record"  # registered name, or {_target_: pkg.fn} for a user callable
+    args: dict = field(default_factory=dict)
+    index: Any = None  # pick one element of a tuple/list/dict value (int or key)
+    when: Schedule = field(default_factory=Schedule)
+    order: Optional[int] = None  # lower runs first at the same site
+    expect: Expect = field(default_factory=Expect)
+    enabled: bool = True
+    name: str = ""
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return _as_tuple(self.target)
+
+    @property
+    def excludes(self) -> tuple[str, ...]:
+        return _as_tuple(self.exclude)
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        return _as_tuple(self.types)
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+_FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
+_SCHEMA = OmegaConf.structured(HookSpec)
+OmegaConf.set_readonly(_SCHEMA, False)
+
+
+def _plain(specs: Any) -> Mapping[str, Any]:
+    """Any accepted input form -> a mapping of spec name -> spec body."""
+    if specs is None:
+        return {}
+    if isinstance(specs, (str, os.PathLike)):
+        path = Path(specs)
+        if not path.is_file():
+            raise SpecError([Problem(str(path), "no such spec file")])
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as exc:  # yaml.YAMLError and friends: report, don't crash
+            raise SpecError([Problem(str(path), f"not valid YAML: {exc}")]) from exc
+        # A file may hold the specs directly or under a top-level "hooks:" key.
+        if isinstance(loaded, DictConfig) and set(loaded.keys()) == {"hooks"}:
+            loaded = loaded.hooks
+        specs = loaded
+    if isinstance(specs, DictConfig):
+        return OmegaConf.to_container(specs, resolve=True)  # type: ignore[return-value]
+    if isinstance(specs, Mapping):
+        return specs
+    raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
+
+
+def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], list[Problem]]:
+    """Best effort: the spec with its bad fields dropped (or None), and the problems found.
+
+    Returning a partial spec lets the compiler go on to check names and arguments, so one
+    run reports everything wrong at once.
+    """
+    if isinstance(body, HookSpec):
+        return replace(body, name=name), []
+    if isinstance(body, DictConfig):
+        body = OmegaConf.to_container(body, resolve=True)
+    if not isinstance(body, Mapping):
+        return None, [Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
+    problems: list[Problem] = []
+    clean = dict(body)
+    for k in list(clean):
+        if k not in _FIELDS:
+            problems.append(Problem(f"{key}.{k}", f"unknown field; {did_you_mean(str(k), _FIELDS, 'valid fields')}"))
+            del clean[k]
+    at = clean.get("at")
+    if at is not None and str(at) not in HookPoint.__members__:
+        problems.append(
+            Problem(f"{key}.at", f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}")
+        )
+        return None, problems  # names cannot be checked without knowing modules vs parameters
+    if clean.get("target") in (None, [], ()):
+        problems.append(Problem(f"{key}.target", "missing: give a glob such as '**.conv*' or a list of globs"))
+    for k in ("target", "exclude", "types"):
+        value = clean.get(k)
+        if value is not None and not isinstance(value, str) and not (
+            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        ):
+            problems.append(Problem(f"{key}.{k}", f"expected a string or a list of strings, got {value!r}"))
+            clean.pop(k)
+    if isinstance(clean.get("when"), Mapping):
+        problems += _check_schedule(clean["when"], f"{key}.when")
+    try:
+        merged = OmegaConf.merge(_SCHEMA, clean)
+        spec = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        sub = getattr(exc, "full_key", "") or ""
+        msg = getattr(exc, "msg", str(exc)).splitlines()[0]
+        problems.append(Problem(f"{key}.{sub}" if sub else key, msg))
+        return None, problems
+    if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
+        problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
+    return replace(spec, name=name), problems
+
+
+def _check_schedule(when: Mapping[str, Any], key: str) -> list[Problem]:
+    problems = []
+    steps = when.get("steps")
+    if steps is not None:
+        try:
+            parse_steps(str(steps))
+        except ValueError as exc:
+            problems.append(Problem(f"{key}.steps", str(exc)))
+    every = when.get("every", 1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        problems.append(Problem(f"{key}.every", f"must be an integer >= 1, got {every!r}"))
+    return problems
+
+
+def parse_steps(text: str) -> tuple[int, Optional[int]]:
+    """``"a:b"`` -> (a, b); ``"a:"`` -> (a, None); ``"a"`` -> (a, a + 1)."""
+    try:
+        if ":" in text:
+            lo, hi = text.split(":", 1)
+            start = int(lo) if lo.strip() else 0
+            stop = int(hi) if hi.strip() else None
+        else:
+            start = int(text)
+            stop = start + 1
+    except ValueError:
+        raise ValueError(f"expected 'start:stop' with integers (e.g. '0:100', '5:'), got {text!r}") from None
+    if start < 0 or (stop is not None and stop <= start):
+        raise ValueError(f"need 0 <= start < stop, got {text!r}")
+    return start, stop
+
+
+def check_specs(specs: Any, *, prefix: str = "hooks") -> tuple[list[HookSpec], list[Problem], set[str]]:
+    """Specs (best effort), every problem found, and the names of the specs that had problems."""
+    mapping = _plain(specs)
+    out: list[HookSpec] = []
+    problems: list[Problem] = []
+    broken: set[str] = set()
+    for name, body in mapping.items():
+        spec, found = _check_body(str(name), body, f"{prefix}.{name}")
+        problems += found
+        if found:
+            broken.add(str(name))
+        if spec is not None:
+            out.append(spec)
+    return out, problems, broken
+
+
+def parse_specs(specs: Any, *, prefix: str = "hooks") -> list[HookSpec]:
+    """Convert specs in any accepted form into HookSpec objects, in the given order.
+
+    Raises SpecError listing every problem, each under ``<prefix>.<spec>.<field>``.
+    """
+    out, problems, _ = check_specs(specs, prefix=prefix)
+    if problems:
+        raise SpecError(problems)
+    return out
