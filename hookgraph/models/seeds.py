@@ -129,7 +129,7 @@ class Scale(nn.Module):
 class Intermediate(nn.Module):
     """Seed 0 ("pytorch hook"), tensor hooks: ``a = ones(5); b = 2 * a; c = b.mean()``.
 
-    a.grad is 0.4 everywhere; the intermediate b (the output of ``double``) gets 0.2,
+    a.grad is 0.4 everywhere; the intermediate b (the output of module ``b``, named after the seed's tensor) gets 0.2,
     which only a hook or ``retain_grad`` can show. Takes no input.
     """
 
@@ -138,10 +138,10 @@ class Intermediate(nn.Module):
     def __init__(self, n: int = 5):
         super().__init__()
         self.a = nn.Parameter(torch.ones(int(n)))
-        self.double = Scale(2.0)
+        self.b = Scale(2.0)  # not "double": that name is nn.Module.double()
 
     def forward(self, *_ignored: Any) -> torch.Tensor:
-        return self.double(self.a).mean()
+        return self.b(self.a).mean()
 
 
 @register_model("test_for_hook")
@@ -206,14 +206,15 @@ class Log(nn.Module):
 
 
 class Sqrt(nn.Module):
-    """``sqrt(clamp(x, min=0))``: always finite forward, infinite gradient at exactly 0.
+    """``sqrt(|x|)``: always finite forward, non-finite gradient at exactly 0.
 
-    clamp, unlike relu, passes the gradient through at x == 0 (relu's backward masks
-    x <= 0), so the inf reaches the parameters before this module too.
+    At 0, sqrt's derivative is inf and abs's is 0, so the gradient w.r.t. x is NaN. relu
+    or clamp in place of abs would mask the gradient at 0 and keep the parameters before
+    this module finite; abs lets the NaN through to them.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sqrt(torch.clamp(x, min=0.0))
+        return torch.sqrt(torch.abs(x))
 
 
 NAN_WHERE = ("forward", "backward")
@@ -227,8 +228,9 @@ class NanNet(nn.Module):
     bias -1, so ``log`` is, for any finite input, the first module whose output has NaN.
 
     ``where="backward"``: fc1 -> ``sqrt`` -> fc2. The same two units are exactly 0, so the
-    forward pass is finite but the gradient at ``sqrt``'s input is inf, and fc1's
-    parameter gradients become non-finite.
+    forward pass is finite but the gradient at ``sqrt``'s input is NaN for those units,
+    and so are fc1's parameter gradients (fc2's stay finite): ``sqrt`` is the first module
+    in backward order whose grad_input is non-finite.
 
     The weights come from a fixed-seed generator, so the output depends only on the input.
     """
@@ -256,7 +258,7 @@ class NanNet(nn.Module):
                 bound = 1.0 / layer.in_features**0.5
                 layer.weight.copy_(torch.empty_like(layer.weight).uniform_(-bound, bound, generator=gen))
                 layer.bias.copy_(torch.empty_like(layer.bias).uniform_(-bound, bound, generator=gen))
-            # Units 0 and 1 ignore the input: constant -1 (log -> NaN) or exact 0 (sqrt' = inf).
+            # Units 0 and 1 ignore the input: constant -1 (log -> NaN) or exactly 0 (sqrt' -> NaN).
             self.fc1.weight[:2].zero_()
             self.fc1.bias[:2].fill_(-1.0 if self.where == "forward" else 0.0)
 
