@@ -9,7 +9,7 @@ replacing specs at one site without an order) are collected and raised once.
 
 from __future__ import annotations
 
-import builtins
+import functools
 from typing import Any, Mapping, Optional
 
 from torch import nn
@@ -59,6 +59,12 @@ def module_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
     return {name: _class_names(type(m)) for name, m in model.named_modules()}
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_module_types() -> frozenset[str]:
+    """Short names of torch.nn's module classes: valid in ``types`` even if a model lacks them."""
+    return frozenset(n for n, v in vars(nn).items() if isinstance(v, type) and issubclass(v, nn.Module))
+
+
 def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
     """Dotted public aliases (torch.nn.Conv2d) -> the dotted name the class really has."""
     out = []
@@ -105,6 +111,7 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
             kinds=param_kinds if info.on_params else kinds,
             expect_min=spec.expect.min if spec.enabled else 0,
             expect_max=spec.expect.max,
+            known_types=_torch_module_types(),
             list_hint=(
                 "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
             ),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Collection, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
@@ -74,12 +74,15 @@ def resolve_names(
     kinds: Optional[Mapping[str, Sequence[str]]] = None,
     expect_min: int = 1,
     expect_max: Optional[int] = None,
+    known_types: Collection[str] = (),
     list_hint: str = "list them with hookgraph.list_targets(model)",
 ) -> tuple[list[str], list[Problem]]:
     """Resolve one spec's patterns against ``names``.
 
     ``kinds`` maps each name to the class names (short and dotted, whole MRO) of the
-    module it denotes; ``types`` keeps names whose kinds include one of them.
+    module it denotes; ``types`` keeps names whose kinds include one of them. A type that
+    is in no module here is a problem unless it is in ``known_types`` (real class names), so
+    reusable hook sets may list types a given model lacks while typos are still caught.
     Returns the matches (in ``names`` order) and the problems found, keyed under ``key``.
     """
     problems: list[Problem] = []
@@ -103,7 +106,7 @@ def resolve_names(
         known = sorted({k for ks in (kinds or {}).values() for k in ks if "." not in k})
         all_kinds = {k for ks in (kinds or {}).values() for k in ks}
         for t in types:
-            if t not in all_kinds:
+            if t not in all_kinds and t not in known_types:
                 close = nearest(t, known)
                 hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"types in this model: {', '.join(known[:15])}"
                 problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import NonFiniteError
+from ..points import HookPoint
 from .registry import ActionContext, register_action
 
 __all__: list[str] = []  # everything here is reached through the registry
@@ -60,6 +61,8 @@ def record(ctx: ActionContext, keep: str = "all", to: Optional[str] = None, clon
         raise ValueError(f"keep must be 'all' or 'last', got {keep!r}")
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    # An accumulated .grad is updated in place by the next backward: keep a copy.
+    clone = clone or ctx.point is HookPoint.param_accumulated
     device = torch.device(to) if to is not None else None
     cast = _DTYPES.get(dtype) if dtype else None
     slot = ctx.record_slot()
@@ -218,16 +221,23 @@ def clip_norm(ctx: ActionContext, max_norm: float, norm_type: float = 2.0):
 
 
 @register_action()
-def check_finite(ctx: ActionContext):
-    """Raise NonFiniteError at the first call whose value holds NaN or Inf."""
+def check_finite(ctx: ActionContext, stop: bool = True):
+    """Find NaN/Inf. stop=true raises NonFiniteError at the first offending call (hooks run
+    in execution order, so it names the module that produced it); stop=false appends a row
+    per offending call to ``graph.records[spec]`` and lets the run go on."""
+    rows = None if stop else ctx.graph.records.setdefault(ctx.spec, [])
 
     def fn(t: Tensor) -> None:
         if not t.is_floating_point() and not t.is_complex():
             return
         if not bool(torch.isfinite(t).all()):  # the one deliberate host sync
-            raise NonFiniteError(
+            err = NonFiniteError(
                 ctx.spec, ctx.target, str(ctx.point), ctx.graph.step,
                 int(torch.isnan(t).sum()), int(torch.isinf(t).sum()), t.numel(),
             )
+            if rows is None:
+                raise err
+            rows.append({"step": err.step, "module": err.target, "type": ctx.module_type, "point": err.point,
+                         "nan": err.nan, "inf": err.inf, "total": err.total})
 
     return fn

@@ -17,6 +17,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -221,7 +222,7 @@ def build_model(
 
 def _read_checkpoint(path: Path, key: str) -> Any:
     ck = f"{key}.checkpoint"
-    if path.suffix == ".safetensors":
+    if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -233,12 +234,14 @@ def _read_checkpoint(path: Path, key: str) -> Any:
         # weights_only: never run code from a checkpoint file.
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        # torch's message suggests weights_only=False; name just the offending global.
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        culprit = f" (it references {found.group(1)})" if found else ""
         raise ConfigError(
             ck,
             f"refused to load {str(path)!r}: it holds Python objects other than tensors and "
-            "plain containers, and hookgraph only unpickles with weights_only=True. Re-save "
-            "just the state_dict (torch.save(model.state_dict(), path)) or use .safetensors. "
-            f"Details: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+            f"plain containers{culprit}, and hookgraph only unpickles with weights_only=True. "
+            "Re-save just the state_dict (torch.save(model.state_dict(), path)) or use .safetensors.",
         ) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise ConfigError(ck, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err

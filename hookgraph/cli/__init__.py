@@ -1,0 +1,1 @@
+"""The command line: ``python -m hookgraph`` (Hydra). Public names: main."""

@@ -1,0 +1,11 @@
+"""Data: the input batches a run feeds its model.
+
+Public names: Batches, Batch, build_data, DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN,
+IMAGENET_STD.
+"""
+
+from __future__ import annotations
+
+from .build import DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, Batch, Batches, build_data
+
+__all__ = ["Batches", "Batch", "build_data", "DATA_KINDS", "IMAGE_EXTENSIONS", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -1,0 +1,84 @@
+"""Structured configs: the schema Hydra validates the command line and YAML against.
+
+Public names: ModelConfig, DataConfig, RunnerConfig, SinkConfig, HookgraphConfig, register_configs.
+
+Each field has a one-line comment; unknown keys and wrong types are rejected by
+OmegaConf with the full key. ``hooks`` is a plain dict so that specs can be added inline
+(``+hooks.z={...}``); hookgraph's own validator checks every spec and reports them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+__all__ = ["ModelConfig", "DataConfig", "RunnerConfig", "SinkConfig", "HookgraphConfig", "register_configs"]
+
+
+@dataclass
+class ModelConfig:
+    name: Optional[str] = "conv_net"  # a built-in name (conv_net, product, ...) or any torchvision model name
+    _target_: Optional[str] = None  # dotted path of any nn.Module class or factory; replaces name
+    kwargs: dict = field(default_factory=dict)  # constructor arguments
+    weights: Optional[str] = None  # torchvision weights name (needs them cached); null = random init, no network
+    checkpoint: Optional[str] = None  # local .safetensors or state_dict file (loaded with weights_only=True)
+
+
+@dataclass
+class DataConfig:
+    kind: str = "auto"  # auto (the model's own default input), none, random, fake, images
+    shape: list = field(default_factory=lambda: [3, 32, 32])  # one sample's shape (random, fake)
+    num_classes: int = 10  # label range for random/fake data
+    size: int = 64  # number of samples in FakeData
+    root: Optional[str] = None  # image folder (flat, or ImageFolder class subfolders)
+    image_size: Optional[list] = None  # resize images to [H, W]
+    normalize: Any = False  # true: ImageNet mean/std; or {mean: [...], std: [...]}
+    seed: int = 0  # seed of the random inputs
+
+
+@dataclass
+class RunnerConfig:
+    device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
+    dtype: str = "float32"  # float32, float64, bfloat16, float16: model and inputs
+    autocast: Optional[str] = None  # null, bf16 or fp16: mixed precision via torch.autocast
+    seed: int = 0  # torch.manual_seed before the model is built
+    steps: int = 1  # forward(/backward) passes
+    batch_size: int = 1
+    mode: str = "train"  # train or eval: the model's .train()/.eval() mode
+    backward: bool = True  # false: forward only, under torch.no_grad()
+    loss: str = "sum"  # sum, mean, cross_entropy (needs labels), target_class
+    target_class: int = 0  # the class whose score is the loss when loss=target_class
+    optimizer: Optional[str] = None  # null, sgd or adam: step after each backward
+    lr: float = 0.01
+    progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
+
+
+@dataclass
+class SinkConfig:
+    figures: bool = True  # write figures/ for records and stats (matplotlib, headless)
+    feature_maps: list = field(default_factory=lambda: [0])  # which recorded 4-D targets (by record order) get a grid
+    histograms: bool = True  # one histogram figure per record spec
+    max_bytes: Optional[int] = None  # stop the run with an error before records exceed this size
+
+
+@dataclass
+class HookgraphConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    hooks: dict = field(default_factory=dict)  # spec name -> spec (see the README's spec reference)
+    dry_run: bool = False  # print the compiled plan and stop, without running the model
+    list_targets: Optional[str] = None  # a glob: print the model's matching names, types and shapes, and stop
+    list_params: bool = False  # with list_targets: list parameters instead of modules
+
+
+def register_configs() -> None:
+    """Register the schemas so config files can name them in their defaults lists."""
+    cs = ConfigStore.instance()
+    cs.store(name="hookgraph_schema", node=HookgraphConfig)
+    cs.store(group="model", name="schema", node=ModelConfig)
+    cs.store(group="data", name="schema", node=DataConfig)
+    cs.store(group="runner", name="schema", node=RunnerConfig)

@@ -1,0 +1,237 @@
+"""run(): build the model and data, attach the hooks, run the passes, write the run folder.
+
+Public names: run, build_from_config.
+
+``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a
+folder; the Hydra entry point only supplies the folder. A run that fails still writes
+``summary.json`` with ``status: failed`` and the error, then re-raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ..compiler import compile as compile_graph
+from ..data import build_data
+from ..discovery import format_targets, list_targets
+from ..errors import ConfigError, did_you_mean
+from ..graph import HookGraph
+from ..models import build_model
+from ..runs.writer import RunWriter, rows_with_spec
+from .device import resolve_device, resolve_dtype
+
+__all__ = ["run", "build_from_config", "LOSSES"]
+
+log = logging.getLogger("hookgraph")
+
+LOSSES = ("sum", "mean", "cross_entropy", "target_class")
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+
+
+def _cfg(cfg: Any) -> DictConfig:
+    if isinstance(cfg, DictConfig):
+        return cfg
+    from .config import HookgraphConfig
+
+    return OmegaConf.merge(OmegaConf.structured(HookgraphConfig), cfg)  # type: ignore[return-value]
+
+
+def build_from_config(cfg: Any) -> torch.nn.Module:
+    """The model a config's ``model`` section describes (seeded by ``runner.seed``)."""
+    cfg = _cfg(cfg)
+    torch.manual_seed(cfg.runner.seed)
+    m = cfg.model
+    kwargs = OmegaConf.to_container(m.kwargs, resolve=True) if isinstance(m.kwargs, DictConfig) else dict(m.kwargs or {})
+    target = m.get("_target_")
+    return build_model(None if target else m.name, target=target, kwargs=kwargs, weights=m.weights, checkpoint=m.checkpoint)
+
+
+def _data(cfg: DictConfig, model: torch.nn.Module):
+    d = cfg.data
+    kind = d.kind
+    params: dict[str, Any] = {"shape": tuple(d.shape), "num_classes": d.num_classes, "size": d.size, "root": d.root,
+                              "image_size": tuple(d.image_size) if d.image_size else None, "seed": d.seed,
+                              "normalize": OmegaConf.to_container(d.normalize) if isinstance(d.normalize, DictConfig) else d.normalize}
+    if kind == "auto":
+        # The model's own default input (seed nets carry one); otherwise random tensors of data.shape.
+        default = dict(getattr(model, "default_data", None) or {"kind": "random"})
+        kind = default.pop("kind")
+        params.update(default)
+    return build_data(kind, batch_size=cfg.runner.batch_size, **params)
+
+
+def _loss(out: Any, labels: Optional[torch.Tensor], r: DictConfig) -> torch.Tensor:
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    elif isinstance(out, dict):
+        out = next(iter(out.values()))
+    if r.loss == "sum":
+        return out.float().sum()
+    if r.loss == "mean":
+        return out.float().mean()
+    if r.loss == "cross_entropy":
+        if labels is None:
+            raise ConfigError("runner.loss", "cross_entropy needs labels, and this data has none; use sum, mean or target_class")
+        return torch.nn.functional.cross_entropy(out.float(), labels)
+    if out.dim() < 2 or not 0 <= r.target_class < out.shape[1]:
+        raise ConfigError("runner.target_class", f"class {r.target_class} is out of range for an output of shape {list(out.shape)}")
+    return out[:, r.target_class].float().sum()
+
+
+def _validate(r: DictConfig) -> None:
+    if r.loss not in LOSSES:
+        raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
+    if r.mode not in ("train", "eval"):
+        raise ConfigError("runner.mode", f"must be train or eval, got {r.mode!r}")
+    if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
+        raise ConfigError("runner.optimizer", f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}")
+    if r.steps < 0 or r.batch_size < 1:
+        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "must be positive")
+    if r.autocast not in (None, "bf16", "fp16"):
+        raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+
+
+def _versions() -> dict[str, str]:
+    import torchvision
+
+    from .. import __version__
+
+    out = {"hookgraph": __version__, "python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__}
+    try:
+        import hydra
+
+        out["hydra"] = hydra.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def _headline(graph: HookGraph, writer: RunWriter, losses: list[float]) -> dict[str, Any]:
+    per_spec: dict[str, dict[str, int]] = {}
+    for b in graph.bindings:
+        s = per_spec.setdefault(b.spec.name, {"bindings": 0, "records": 0})
+        s["bindings"] += 1
+    for spec, n in writer.counts.items():
+        per_spec.setdefault(spec, {"bindings": 0, "records": 0})["records"] = n
+    for spec, rows in graph.records.items():
+        if isinstance(rows, list):
+            per_spec.setdefault(spec, {"bindings": 0, "records": 0})["records"] = len(rows)
+    for row in graph._stat_rows:
+        per_spec.setdefault(row[0], {"bindings": 0, "records": 0})["records"] += 1
+    return per_spec
+
+
+def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
+    """Run one job described by ``cfg`` and write its folder; returns the summary.
+
+    The summary's ``loss`` (last step) is what Hydra sweepers can optimise.
+    """
+    cfg = _cfg(cfg)
+    t0 = time.perf_counter()
+    writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
+    summary: dict[str, Any] = {"status": "running", "steps": 0, "steps_requested": cfg.runner.steps, "versions": _versions()}
+    timings: dict[str, float] = {}
+    graph: Optional[HookGraph] = None
+    losses: list[float] = []
+    try:
+        r = cfg.runner
+        _validate(r)
+        device = resolve_device(r.device)
+        dtype = resolve_dtype(r.dtype)
+        summary["device"] = str(device)
+        model = build_from_config(cfg).to(device=device, dtype=dtype)
+        model.train(r.mode == "train")
+        timings["build_s"] = time.perf_counter() - t0
+
+        if cfg.list_targets is not None:
+            rows = list_targets(model, cfg.list_targets, params=cfg.list_params)
+            print(format_targets(rows))
+            summary.update(status="listed", targets=len(rows))
+            return summary
+
+        t = time.perf_counter()
+        graph = compile_graph(model, cfg.hooks, prefix="hooks")
+        timings["compile_s"] = time.perf_counter() - t
+        plan = graph.plan()
+        writer.json("plan.json", list(plan))
+        if cfg.dry_run:
+            print(plan)
+            summary.update(status="planned", bindings=len(plan))
+            return summary
+
+        data = iter(_data(cfg, model))
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
+        autocast = (
+            torch.autocast(device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
+            if r.autocast else contextlib.nullcontext()
+        )
+        from tqdm.auto import tqdm  # lazy: only runs need the bar
+
+        t = time.perf_counter()
+        with graph.attach():
+            for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
+                graph.set_step(step)
+                inputs, labels = next(data)
+                inputs = tuple(x.to(device=device, dtype=dtype if x.is_floating_point() else None) for x in inputs)
+                labels = labels.to(device) if labels is not None else None
+                with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
+                    out = model(*inputs)
+                    loss = _loss(out, labels, r)
+                if r.backward:
+                    if not loss.requires_grad:
+                        raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
+                    loss.backward()
+                    if opt is not None:
+                        opt.step()
+                    model.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
+                writer.flush_records(graph.records, step)
+                summary["steps"] = step + 1
+        timings["run_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        _write_tables(writer, graph)
+        if cfg.sink.figures:
+            from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
+
+            summary["figures"] = write_figures(writer.dir, graph, cfg.sink)
+        timings["write_s"] = time.perf_counter() - t
+        summary["status"] = "completed"
+        return summary
+    except BaseException as exc:
+        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        if graph is not None:
+            # Whatever was recorded before the fault stays readable.
+            try:
+                writer.flush_records(graph.records, summary["steps"])
+                _write_tables(writer, graph)
+            except Exception as inner:  # the original error matters more
+                log.warning("could not write partial records: %s", inner)
+        raise
+    finally:
+        timings["total_s"] = time.perf_counter() - t0
+        summary["timings"] = timings
+        if losses:
+            summary["loss"] = losses[-1]
+            summary["losses"] = losses
+        if graph is not None:
+            summary["specs"] = _headline(graph, writer, losses)
+        summary["records_bytes"] = writer.bytes_written
+        summary["shards"] = writer.shards
+        writer.json("summary.json", summary)
+
+
+def _write_tables(writer: RunWriter, graph: HookGraph) -> None:
+    stats = graph.stats
+    writer.csv("stats.csv", stats)
+    trace = list(rows_with_spec(graph.records))
+    writer.csv("trace.csv", trace)

@@ -1,0 +1,9 @@
+"""Run folders: the on-disk contract between a run and whoever reads it.
+
+Public names: Run, RunWriter, load_run.
+"""
+
+from .reader import Run, load_run
+from .writer import RunWriter
+
+__all__ = ["Run", "RunWriter", "load_run"]

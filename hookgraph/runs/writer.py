@@ -1,0 +1,125 @@
+"""Writing a run folder: atomic files, record shards streamed per step, tables.
+
+Public names: RunWriter, atomic_write, flatten_entry.
+
+Every file is written under a temporary name and renamed into place, so a reader (or a
+crash) never sees half a file. Records leave memory at the end of every step as one
+safetensors shard, which keeps host memory bounded however many steps run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+from safetensors.torch import save as st_save
+
+from ..errors import RecordBudgetError
+
+__all__ = ["RunWriter", "atomic_write", "flatten_entry"]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def flatten_entry(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> None:
+    """A recorded value (tensor or nested tuple/list/dict of tensors) -> flat keys."""
+    if isinstance(value, torch.Tensor):
+        out[prefix] = value
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            flatten_entry(f"{prefix}/{i}", v, out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            flatten_entry(f"{prefix}/{k}", v, out)
+
+
+class RunWriter:
+    """Writes one run folder. ``max_bytes`` bounds the records written in total."""
+
+    def __init__(self, out_dir: str | os.PathLike, max_bytes: Optional[int] = None):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.records_dir = self.dir / "records"
+        self.max_bytes = max_bytes
+        self.bytes_written = 0
+        self.shards: list[str] = []
+        self.counts: dict[str, int] = {}  # spec -> entries written
+
+    def json(self, name: str, obj: Any) -> Path:
+        path = self.dir / name
+        atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+        return path
+
+    def csv(self, name: str, rows: Sequence[dict], columns: Optional[Sequence[str]] = None) -> Optional[Path]:
+        if not rows:
+            return None
+        cols = list(columns or dict.fromkeys(k for r in rows for k in r))
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
+        path = self.dir / name
+        atomic_write(path, buf.getvalue().encode())
+        return path
+
+    def flush_records(self, records: dict[str, Any], step: int) -> int:
+        """Write what ``records`` holds as one shard for ``step`` and empty the slots.
+
+        Only record-style entries (``records[spec][target]`` lists) are written; trace rows
+        stay for the trace table. Returns the bytes written.
+        """
+        tensors: dict[str, torch.Tensor] = {}
+        for spec, targets in records.items():
+            if not isinstance(targets, dict):
+                continue
+            for target, slot in targets.items():
+                for call, entry in enumerate(slot):
+                    flatten_entry(f"{spec}/{target}/{step}/{call}", entry, tensors)
+                self.counts[spec] = self.counts.get(spec, 0) + len(slot)
+        if not tensors:
+            return 0
+        seen: set[int] = set()
+        for k, t in tensors.items():
+            t = t.detach().to("cpu").contiguous()
+            if t.data_ptr() in seen:  # safetensors refuses shared storage
+                t = t.clone()
+            seen.add(t.data_ptr())
+            tensors[k] = t
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
+            raise RecordBudgetError(
+                f"records would reach {self.bytes_written + size:,} bytes at step {step}, over sink.max_bytes="
+                f"{self.max_bytes:,}; record less (types/target filters, when.every, args.keep=last, "
+                f"args.dtype=bf16) or raise sink.max_bytes. {len(self.shards)} shard(s) already written stay readable."
+            )
+        self.records_dir.mkdir(exist_ok=True)
+        name = f"step-{step:06d}.safetensors"
+        atomic_write(self.records_dir / name, st_save(tensors, metadata={"step": str(step)}))
+        self.shards.append(name)
+        self.bytes_written += size
+        for targets in records.values():
+            if isinstance(targets, dict):
+                for slot in targets.values():
+                    slot.clear()
+        return size
+
+
+def rows_with_spec(records: dict[str, Any]) -> Iterable[dict]:
+    """Trace rows of every trace-style spec, each tagged with its spec."""
+    for spec, rows in records.items():
+        if isinstance(rows, list):
+            for r in rows:
+                yield {"spec": spec, **r}

@@ -1,0 +1,22 @@
+"""Plain functions that tests reach through ``action: {_target_: tests.helpers_actions.<fn>}``.
+
+They take the hooked value first and their spec ``args`` as keywords, as a user's own
+function would; nothing here touches the action registry.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def add_offset(value: torch.Tensor, offset: float = 1.0) -> torch.Tensor:
+    """Return ``value + offset`` (a replacing user action)."""
+    return value + offset
+
+
+def times(value: torch.Tensor, factor: float) -> torch.Tensor:
+    """Return ``value * factor``; ``factor`` is required."""
+    return value * factor
+
+
+NOT_CALLABLE = 42
