@@ -20,3 +20,7 @@ def times(value: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 NOT_CALLABLE = 42
+
+
+def no_params() -> None:
+    """Takes no value: refused as an action."""

@@ -23,21 +23,34 @@ from ..errors import HookGraphError, did_you_mean
 __all__ = ["Run", "load_run", "load_records"]
 
 
-class _Entries(list):
-    """One target's recorded calls; tensors load on first access of the list."""
-
-
 class _Targets(Mapping):
+    """``records[spec]``: target -> the list of its recorded calls, read on first access."""
+
     def __init__(self, spec: str, index: dict[str, list[tuple[int, int, Path, str]]]):
         self._spec, self._index = spec, index
         self._cache: dict[str, list] = {}
 
-    def __getitem__(self, target: str) -> list:
+    def _entries(self, target: str) -> list[tuple[int, int, Path, str]]:
         if target not in self._index:
             raise HookGraphError(f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}")
+        return self._index[target]
+
+    def __getitem__(self, target: str) -> list:
         if target not in self._cache:
-            self._cache[target] = _load(self._index[target])
+            self._cache[target] = _load(self._entries(target))
         return self._cache[target]
+
+    def calls(self, target: str) -> list[tuple[int, int]]:
+        """The (step, call) pairs recorded for ``target``, in order, without reading tensors."""
+        return sorted({(e[0], e[1]) for e in self._entries(target)})
+
+    def entry(self, target: str, step: int = 0, call: int = 0) -> Any:
+        """One call's value, reading only its own tensors (not the target's other calls)."""
+        picked = [e for e in self._entries(target) if e[0] == step and e[1] == call]
+        if not picked:
+            shown = ", ".join(f"step {s} call {c}" for s, c in self.calls(target)[:8])
+            raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}")
+        return _load(picked)[0]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)
@@ -135,6 +148,10 @@ def load_records(root: str | Path) -> Mapping:
     shard_dir = Path(root) / "records"
     for shard in sorted(shard_dir.glob("*.safetensors")) if shard_dir.is_dir() else []:
         with safe_open(str(shard), framework="pt") as f:
+            order = json.loads((f.metadata() or {}).get("order", "[]"))
+            for pair in order:  # first the recorded order, so targets iterate as they ran
+                spec, _, target = pair.partition("/")
+                index.setdefault(spec, {}).setdefault(target, [])
             for key in f.keys():
                 spec, target, step, call = key.split("/", 4)[:4]
                 index.setdefault(spec, {}).setdefault(target, []).append((int(step), int(call), shard, key))

@@ -1,6 +1,6 @@
 """Writing a run folder: atomic files, record shards streamed per step, tables.
 
-Public names: RunWriter, atomic_write, flatten_entry.
+Public names: RunWriter, TensorBoardSink, atomic_write, flatten_entry.
 
 Every file is written under a temporary name and renamed into place, so a reader (or a
 crash) never sees half a file. Records leave memory at the end of every step as one
@@ -19,9 +19,9 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from safetensors.torch import save as st_save
 
-from ..errors import RecordBudgetError
+from ..errors import ConfigError, RecordBudgetError
 
-__all__ = ["RunWriter", "atomic_write", "flatten_entry"]
+__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "flatten_entry"]
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -107,7 +107,10 @@ class RunWriter:
             )
         self.records_dir.mkdir(exist_ok=True)
         name = f"step-{step:06d}.safetensors"
-        atomic_write(self.records_dir / name, st_save(tensors, metadata={"step": str(step)}))
+        # safetensors sorts its keys; keep the order records were made in (execution order).
+        order = list(dict.fromkeys("/".join(k.split("/", 2)[:2]) for k in tensors))
+        meta = {"step": str(step), "order": json.dumps(order)}
+        atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
         for targets in records.values():
@@ -123,3 +126,48 @@ def rows_with_spec(records: dict[str, Any]) -> Iterable[dict]:
         if isinstance(rows, list):
             for r in rows:
                 yield {"spec": spec, **r}
+
+
+class TensorBoardSink:
+    """``<run>/tensorboard/`` event files: stats rows as scalars (tag ``<spec>/<target>/<stat>``)
+    and the first record of each target per step as a histogram (tag ``<spec>/<target>``),
+    both at global step = the run's step. Needs the optional ``tensorboard`` package."""
+
+    def __init__(self, run_dir: str | os.PathLike, key: str = "sink.tensorboard"):
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: an optional extra
+        except ImportError as exc:
+            raise ConfigError(
+                key, f"needs the tensorboard package ({exc}); pip install hookgraph[tensorboard], or set {key}=false"
+            ) from None
+        self.dir = Path(run_dir) / "tensorboard"
+        self._writer = SummaryWriter(log_dir=str(self.dir))
+
+    def histograms(self, records: dict[str, Any], step: int) -> int:
+        """One histogram per record target: its first call of this step. Returns how many."""
+        written = 0
+        for spec, targets in records.items():
+            if not isinstance(targets, dict):
+                continue  # trace-style rows, not tensors
+            for target, slot in targets.items():
+                value = slot[0] if slot else None
+                if isinstance(value, dict) and isinstance(value.get("values"), torch.Tensor):
+                    value = value["values"]  # a topk record: its values
+                if not isinstance(value, torch.Tensor) or value.is_complex():
+                    continue
+                x = value.detach().float().flatten().cpu()
+                x = x[torch.isfinite(x)]  # tensorboard refuses NaN/Inf bins
+                if x.numel():
+                    self._writer.add_histogram(f"{spec}/{target}", x, global_step=step)
+                    written += 1
+        return written
+
+    def scalars(self, rows: Sequence[dict], stats: Sequence[str]) -> int:
+        """Every stats row's statistics as scalars. Returns how many."""
+        for r in rows:
+            for stat in stats:
+                self._writer.add_scalar(f"{r['spec']}/{r['target']}/{stat}", r[stat], global_step=r["step"])
+        return len(rows) * len(stats)
+
+    def close(self) -> None:
+        self._writer.close()
