@@ -2,7 +2,7 @@
 
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
 register_action, list_targets, format_targets, load_run, and the errors
-HookGraphError, SpecError, ConfigError, InplaceBackwardError, NonFiniteError,
+HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
 RecordBudgetError.
 
     import hookgraph as hg
@@ -16,6 +16,7 @@ from .actions import ACTIONS, ActionContext, register_action
 from .compiler import compile  # noqa: A004
 from .discovery import format_targets, list_targets
 from .errors import (
+    ActionError,
     ConfigError,
     HookGraphError,
     InplaceBackwardError,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIONS",
     "ActionContext",
+    "ActionError",
     "ConfigError",
     "HookGraph",
     "HookGraphError",

@@ -102,20 +102,24 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
         key = f"{prefix}.{spec.name}"
         info = POINTS[spec.at]
         names = list(params) if info.on_params else list(modules)
-        matched, found = resolve_names(
-            key=key,
-            targets=spec.targets,
-            excludes=spec.excludes,
-            names=names,
-            types=_canonical_types(spec.type_names),
-            kinds=param_kinds if info.on_params else kinds,
-            expect_min=spec.expect.min if spec.enabled else 0,
-            expect_max=spec.expect.max,
-            known_types=_torch_module_types(),
-            list_hint=(
-                "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
-            ),
-        )
+        expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
+        if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
+            matched, found = [], []
+        else:
+            matched, found = resolve_names(
+                key=key,
+                targets=spec.targets,
+                excludes=spec.excludes,
+                names=names,
+                types=_canonical_types(spec.type_names),
+                kinds=param_kinds if info.on_params else kinds,
+                expect_min=spec.expect.min if spec.enabled else 0,
+                expect_max=spec.expect.max,
+                known_types=_torch_module_types(),
+                list_hint=(
+                    "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
+                ),
+            )
         problems += found
         defn, found = resolve_action(spec.action, f"{key}.action")
         problems += found

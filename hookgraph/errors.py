@@ -1,6 +1,6 @@
 """Typed exceptions for everything hookgraph reports to its users.
 
-Public names: HookGraphError, Problem, SpecError, ConfigError, InplaceBackwardError,
+Public names: HookGraphError, Problem, SpecError, ConfigError, ActionError, InplaceBackwardError,
 NonFiniteError, RecordBudgetError.
 
 Every error a user can cause derives from :class:`HookGraphError`, so callers catch one
@@ -18,6 +18,7 @@ __all__ = [
     "Problem",
     "SpecError",
     "ConfigError",
+    "ActionError",
     "InplaceBackwardError",
     "NonFiniteError",
     "RecordBudgetError",
@@ -56,6 +57,10 @@ class ConfigError(HookGraphError):
     def __init__(self, key: str, message: str):
         self.key = key
         super().__init__(f"{key}: {message}")
+
+
+class ActionError(HookGraphError):
+    """An action failed while a hook ran; the message names the spec, target and point."""
 
 
 class InplaceBackwardError(HookGraphError):

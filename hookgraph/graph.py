@@ -45,13 +45,25 @@ class Attachment:
 
     def __init__(self, graph: "HookGraph"):
         self._graph = graph
+        self._live = True
         self._handles: list[RemovableHandle] = []
         # register_full_backward_hook sets this flag for good; restore it on removal so a
         # user's later register_backward_hook is not refused because of us.
         self._flags = {m: m._is_full_backward_hook for m in graph._backward_modules}
+        graph.set_step(graph.step)  # re-activate bindings a previous remove() switched off
+        b = None
         try:
             for b in graph.bindings:
                 self._handles.extend(REGISTRARS[b.point](b))
+        except RuntimeError as exc:
+            self.remove()
+            if "backward hook" in str(exc) and b is not None:
+                raise HookGraphError(
+                    f"hooks.{b.spec.name}.at: cannot register a full backward hook on {b.target!r}: {exc} "
+                    "(the module already has a hook registered with the deprecated register_backward_hook; "
+                    "remove it or use at: output_grad)"
+                ) from exc
+            raise
         except BaseException:
             self.remove()
             raise
@@ -59,15 +71,22 @@ class Attachment:
 
     @property
     def attached(self) -> bool:
-        return bool(self._handles)
+        return self._live
 
     def remove(self) -> None:
+        if not self._live:
+            return  # removed already: a stale handle must not touch a newer attachment
+        self._live = False
         handles, self._handles = self._handles, []
         for h in reversed(handles):
             h.remove()
         for m, flag in self._flags.items():
             m._is_full_backward_hook = flag
         self._flags = {}
+        # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
+        # a backward() after detach run none of our actions.
+        for b in self._graph.bindings:
+            b.active = False
         if self._graph._attachment is self:
             self._graph._attachment = None
 

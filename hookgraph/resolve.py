@@ -35,7 +35,7 @@ def _segment_regex(seg: str) -> str:
             else:
                 body = seg[i + 1 : end]
                 if body.startswith("!"):
-                    body = "^" + body[1:]
+                    body = "^." + body[1:]  # a negated class must not match the separator
                 out.append("[" + body.replace("\\", "\\\\") + "]")
                 i = end
         else:
@@ -46,7 +46,7 @@ def _segment_regex(seg: str) -> str:
 
 @lru_cache(maxsize=4096)
 def compile_pattern(pattern: str) -> Callable[[str], bool]:
-    """A predicate for one pattern. Raises ValueError for an invalid regular expression."""
+    """A predicate for one pattern. Raises re.error for an invalid regular expression."""
     if pattern.startswith("re:"):
         rx = re.compile(pattern[3:])
         return lambda name: name != "" and rx.fullmatch(name) is not None

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from .actions.registry import ActionDef
+from .errors import ActionError, HookGraphError
 from .points import HookPoint
 from .spec import HookSpec
 
@@ -83,36 +84,64 @@ def _each(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
 
 
 def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
-    """``call(value, inputs, output) -> new value or None`` for a binding."""
+    """``call(value, inputs, output) -> new value or None`` for a binding.
+
+    An exception from the action (other than hookgraph's own) is re-raised as ActionError
+    naming the spec, target and point; ``try`` costs nothing in CPython 3.11 until it raises.
+    """
     fn, index = b.fn, b.spec.index
     if b.action.wants_io:
         base = fn
     else:
         inner = _each(fn) if b.action.per_tensor else fn
         base = lambda value, inputs, output: inner(value)  # noqa: E731
-    if index is None:
-        return base
+    call = base
+    if index is not None:
 
-    def indexed(value: Any, inputs: Any, output: Any) -> Any:
-        new = base(value[index], inputs, output)
-        if new is None:
-            return None
-        if isinstance(value, dict):
-            return {**value, index: new}
-        items = list(value)
-        items[index] = new
-        return type(value)(items) if isinstance(value, list) else tuple(items)
+        def call(value: Any, inputs: Any, output: Any) -> Any:
+            try:
+                picked = value[index]
+            except (IndexError, KeyError, TypeError):
+                raise ActionError(
+                    f"hooks.{b.spec.name}.index: {index!r} does not select an element of the value at "
+                    f"{b.target!r} ({b.point}), a {type(value).__name__}"
+                    + (f" of length {len(value)}" if isinstance(value, (tuple, list, dict)) else "")
+                ) from None
+            new = base(picked, inputs, output)
+            if new is None:
+                return None
+            if isinstance(value, dict):
+                return {**value, index: new}
+            items = list(value)
+            items[index] = new
+            return type(value)(items) if isinstance(value, list) else tuple(items)
 
-    return indexed
+    def guarded(value: Any, inputs: Any, output: Any) -> Any:
+        try:
+            return call(value, inputs, output)
+        except HookGraphError:
+            raise
+        except Exception as exc:
+            raise ActionError(
+                f"hooks.{b.spec.name}: action {b.action.name!r} failed at {b.target!r} ({b.point}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    return guarded
 
 
-def _unwrap(args: tuple) -> Any:
-    # A one-element tuple reaches the action as that element: records hold the tensor.
-    return args[0] if len(args) == 1 else args
+def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:
+    """How a tuple (inputs, grad_input, grad_output) reaches the action and comes back.
 
-
-def _rewrap(args: tuple, new: Any) -> tuple:
-    return (new,) if len(args) == 1 else tuple(new)
+    A one-element tuple reaches the action as that element, so records hold the tensor;
+    with an ``index`` the action's caller picks the element from the whole tuple.
+    """
+    if b.spec.index is not None:
+        return (lambda args: args), (lambda args, new: tuple(new))
+    return (
+        lambda args: args[0] if len(args) == 1 else args,
+        lambda args, new: (new,) if len(args) == 1 else tuple(new),
+    )
 
 
 def _mode_ok(b: Binding, module: nn.Module) -> bool:
@@ -121,12 +150,13 @@ def _mode_ok(b: Binding, module: nn.Module) -> bool:
 
 def _forward_pre(b: Binding) -> list[RemovableHandle]:
     call = make_caller(b)
+    unwrap, rewrap = _tuple_io(b)
 
     def hook(module: nn.Module, args: tuple) -> Optional[tuple]:
         if b.active and _mode_ok(b, module):
-            new = call(_unwrap(args), args, None)
+            new = call(unwrap(args), args, None)
             if new is not None:
-                return _rewrap(args, new)
+                return rewrap(args, new)
         return None
 
     return [b.module.register_forward_pre_hook(hook)]
@@ -145,12 +175,13 @@ def _forward(b: Binding) -> list[RemovableHandle]:
 
 def _backward_pre(b: Binding) -> list[RemovableHandle]:
     call = make_caller(b)
+    unwrap, rewrap = _tuple_io(b)
 
     def hook(module: nn.Module, grad_output: tuple) -> Optional[tuple]:
         if b.active and _mode_ok(b, module):
-            new = call(_unwrap(grad_output), None, grad_output)
+            new = call(unwrap(grad_output), None, grad_output)
             if new is not None:
-                return _rewrap(grad_output, new)
+                return rewrap(grad_output, new)
         return None
 
     return [b.module.register_full_backward_pre_hook(hook)]
@@ -158,12 +189,13 @@ def _backward_pre(b: Binding) -> list[RemovableHandle]:
 
 def _backward(b: Binding) -> list[RemovableHandle]:
     call = make_caller(b)
+    unwrap, rewrap = _tuple_io(b)
 
     def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> Optional[tuple]:
         if b.active and _mode_ok(b, module):
-            new = call(_unwrap(grad_input), grad_input, grad_output)
+            new = call(unwrap(grad_input), grad_input, grad_output)
             if new is not None:
-                return _rewrap(grad_input, new)
+                return rewrap(grad_input, new)
         return None
 
     return [b.module.register_full_backward_hook(hook)]

@@ -86,9 +86,13 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+_PREFIX_HINT = "hooks"
 _FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
 _SCHEMA = OmegaConf.structured(HookSpec)
+# Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
 OmegaConf.set_readonly(_SCHEMA, False)
+for _k in ("when", "expect"):
+    OmegaConf.set_readonly(_SCHEMA._get_node(_k), False)
 
 
 def _plain(specs: Any) -> Mapping[str, Any]:
@@ -111,6 +115,11 @@ def _plain(specs: Any) -> Mapping[str, Any]:
         return OmegaConf.to_container(specs, resolve=True)  # type: ignore[return-value]
     if isinstance(specs, Mapping):
         return specs
+    if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
+        unnamed = [i for i, s in enumerate(specs) if not s.name]
+        if unnamed:
+            raise SpecError([Problem(f"{_PREFIX_HINT}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed])
+        return {s.name: s for s in specs}
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
 
@@ -121,7 +130,8 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     run reports everything wrong at once.
     """
     if isinstance(body, HookSpec):
-        return replace(body, name=name), []
+        # Objects built in Python go through the same checks as YAML: enums, bounds, types.
+        body = {k: v for k, v in _to_dict(body).items() if k != "name"}
     if isinstance(body, DictConfig):
         body = OmegaConf.to_container(body, resolve=True)
     if not isinstance(body, Mapping):
@@ -148,6 +158,7 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
             problems.append(Problem(f"{key}.{k}", f"expected a string or a list of strings, got {value!r}"))
             clean.pop(k)
     if isinstance(clean.get("when"), Mapping):
+        clean["when"] = dict(clean["when"])
         problems += _check_schedule(clean["when"], f"{key}.when")
     try:
         merged = OmegaConf.merge(_SCHEMA, clean)
@@ -162,7 +173,20 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     return replace(spec, name=name), problems
 
 
-def _check_schedule(when: Mapping[str, Any], key: str) -> list[Problem]:
+def _to_dict(spec: HookSpec) -> dict:
+    out = {}
+    for f in fields(spec):
+        v = getattr(spec, f.name)
+        if isinstance(v, (Schedule, Expect)):
+            v = {g.name: (getattr(v, g.name).value if isinstance(getattr(v, g.name), Enum) else getattr(v, g.name)) for g in fields(v)}
+        elif isinstance(v, Enum):
+            v = v.value
+        out[f.name] = v
+    return out
+
+
+def _check_schedule(when: dict, key: str) -> list[Problem]:
+    """Checks OmegaConf's types cannot express; a bad field is dropped so it is reported once."""
     problems = []
     steps = when.get("steps")
     if steps is not None:
@@ -170,9 +194,11 @@ def _check_schedule(when: Mapping[str, Any], key: str) -> list[Problem]:
             parse_steps(str(steps))
         except ValueError as exc:
             problems.append(Problem(f"{key}.steps", str(exc)))
+            del when["steps"]
     every = when.get("every", 1)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+    if isinstance(every, int) and not isinstance(every, bool) and every < 1:
         problems.append(Problem(f"{key}.every", f"must be an integer >= 1, got {every!r}"))
+        del when["every"]
     return problems
 
 

@@ -140,10 +140,12 @@ def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Pro
         try:
             obj = get_object(path)
         except Exception as exc:  # hydra wraps import failures in several types
+            cause = exc.__cause__ or exc
+            reason = " ".join(str(cause).split()) or type(cause).__name__
             return None, [
                 Problem(
                     f"{key}._target_",
-                    f"cannot import {path!r} ({str(exc).splitlines()[0]}); the code must be installed or on PYTHONPATH",
+                    f"cannot import {path!r} ({reason}); the code must be installed or on PYTHONPATH",
                 )
             ]
         defn = getattr(obj, "__hookgraph_action__", None)
