@@ -202,9 +202,13 @@ def _backward(b: Binding) -> list[RemovableHandle]:
 
 
 def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
-    b_index = b.spec.index
-    call = make_caller(b if b_index is None else _without_index(b))
-    return lambda grad: call(grad, None, None)
+    call = make_caller(b if b.spec.index is None else _without_index(b))
+
+    def hook(grad: Tensor) -> Any:
+        # Checked again at backward time: after detach, b.active is False.
+        return call(grad, None, None) if b.active else None
+
+    return hook
 
 
 def _without_index(b: Binding) -> Binding:
