@@ -1,0 +1,140 @@
+"""Faults during a run, and repeated use: no hook left, what was recorded stays readable,
+the summary says what happened, nothing leaks."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.runner import run
+
+
+class Exploding(nn.Module):
+    """Raises at a given step, in forward or backward, or with KeyboardInterrupt."""
+
+    calls = 0
+
+    def __init__(self, at_step: int = 2, where: str = "forward", kind: str = "error"):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.at_step, self.where, self.kind = at_step, where, kind
+        self.step = 0
+
+    def _boom(self):
+        if self.kind == "interrupt":
+            raise KeyboardInterrupt
+        raise RuntimeError(f"boom at step {self.step}")
+
+    def forward(self, x):
+        out = self.fc(x)
+        step, self.step = self.step, self.step + 1
+        if step == self.at_step:
+            if self.where == "forward":
+                self._boom()
+            out = out + _RaiseInBackward.apply(out) * 0
+        return out
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("boom in backward")
+
+
+def cfg_for(**model_kwargs):
+    return {
+        "model": {"name": None, "_target_": "tests.test_hardening.Exploding", "kwargs": model_kwargs},
+        "data": {"kind": "random", "shape": [4]},
+        "runner": {"steps": 4, "progress": False},
+        "sink": {"figures": False},
+        "hooks": {"rec": {"target": "fc", "action": "record"}, "grads": {"target": "fc", "at": "output_grad", "action": "stats"}},
+    }
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_model_raising_mid_run_leaves_a_failed_summary_and_readable_records(tmp_path, where):
+    with pytest.raises(RuntimeError, match="boom"):
+        run(cfg_for(at_step=2, where=where), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "boom" in summary["error"]["message"]
+    assert summary["steps"] == 2
+    loaded = hg.load_run(tmp_path)
+    # Steps 0 and 1 were flushed as the run went; the failing step's record (fc ran before
+    # the fault) is flushed on the way out.
+    assert len(loaded.records["rec"]["fc"]) == 3
+    assert not loaded.ok
+
+
+def test_keyboard_interrupt_between_steps(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_for(at_step=1, kind="interrupt"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] == 1
+    assert len(hg.load_run(tmp_path).records["rec"]["fc"]) >= 1
+
+
+def test_model_and_graph_are_collected_after_many_cycles():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    graph = hg.compile(model, {
+        "r": {"target": "*", "action": "record", "args": {"keep": "last"}},
+        "g": {"target": "*", "at": "output_grad", "action": "stats"},
+        "p": {"target": "**.weight", "at": "param_grad", "action": "clip_norm", "args": {"max_norm": 1.0}},
+    })
+    x = torch.randn(2, 8)
+    for _ in range(2000):
+        with graph.attach():
+            model(x).sum().backward()
+        graph.clear()
+    assert all(len(m._forward_hooks) == 0 and len(m._forward_pre_hooks) == 0 for m in model.modules())
+    assert all(len(p._backward_hooks or {}) == 0 for p in model.parameters())
+    rec = graph.records["r"]["0"]
+    assert rec == [] and not graph._stat_rows
+    refs = [weakref.ref(model), weakref.ref(graph)]
+    with graph.attach():
+        kept = model(x)
+    assert not kept.requires_grad or kept.grad_fn is not None
+    del model, graph, kept
+    gc.collect()
+    assert all(r() is None for r in refs), "a reference cycle through hooks kept the model or graph alive"
+
+
+def test_records_are_detached_and_do_not_hold_the_autograd_graph():
+    model = nn.Linear(4, 4)
+    graph = hg.compile(model, {"r": {"target": "", "action": "record"}})
+    with graph.attach():
+        out = model(torch.randn(1, 4, requires_grad=True))
+    rec = graph.records["r"][""][0]
+    assert rec.grad_fn is None and not rec.requires_grad
+    assert rec.data_ptr() == out.data_ptr()  # no copy on CPU: detach only
+
+
+def test_many_compiled_graphs_on_one_model_leave_nothing():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    before = {id(h) for m in model.modules() for h in m._forward_hooks.values()}
+    for i in range(300):
+        g = hg.compile(model, {f"s{i}": {"target": "*", "action": "stats"}})
+        with g.attach():
+            model(torch.randn(1, 4))
+    assert {id(h) for m in model.modules() for h in m._forward_hooks.values()} == before == set()
+
+
+def test_wrapped_models_resolve_like_the_bare_one():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    bare = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    wrapped = hg.compile(nn.DataParallel(model), {"r": {"target": "0", "action": "record"}})
+    assert bare.plan() == wrapped.plan()
+    with wrapped.attach():
+        nn.DataParallel(model)(torch.randn(2, 4))
+    assert len(wrapped.records["r"]["0"]) == 1
