@@ -149,6 +149,18 @@ def test_two_job_sweep_writes_one_table(tmp_path):
     assert hg.load_run(sweep / "0").records["relu_grad"]["relu"][0].min().item() >= 0
 
 
+def test_parallel_sweep_with_joblib(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "+experiment=grad_plus_two",
+                    "hooks.plus_two.args.value=2.0,0.0", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(sweep / "sweep.csv") as f:
+        rows = {r["overrides"].split()[-1]: r for r in csv.DictReader(f)}
+    grads = {k: hg.load_run(sweep / r["job"]).records["ab_grads"]["a"][0].item() for k, r in rows.items()}
+    assert grads == {"hooks.plus_two.args.value=2.0": 39.0, "hooks.plus_two.args.value=0.0": 13.0}
+
+
 def test_user_config_dir_with_own_experiment_action_and_model(tmp_path):
     (tmp_path / "my_actions.py").write_text(
         textwrap.dedent(
