@@ -148,18 +148,33 @@ def _mode_ok(b: Binding, module: nn.Module) -> bool:
     return b.want_training is None or module.training is b.want_training
 
 
-def _forward_pre(b: Binding) -> list[RemovableHandle]:
-    call = make_caller(b)
-    unwrap, rewrap = _tuple_io(b)
+def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Binding], list[RemovableHandle]]:
+    """A registrar for points whose value is a tuple (inputs, grad_output, grad_input).
 
-    def hook(module: nn.Module, args: tuple) -> Optional[tuple]:
-        if b.active and _mode_ok(b, module):
-            new = call(unwrap(args), args, None)
-            if new is not None:
-                return rewrap(args, new)
-        return None
+    ``select(hook_args) -> (value tuple, inputs, output)``, where hook_args are what PyTorch
+    passes after the module; a returned value replaces the tuple.
+    """
 
-    return [b.module.register_forward_pre_hook(hook)]
+    def register(b: Binding) -> list[RemovableHandle]:
+        call = make_caller(b)
+        unwrap, rewrap = _tuple_io(b)
+
+        def hook(module: nn.Module, *hook_args: Any) -> Optional[tuple]:
+            if b.active and _mode_ok(b, module):
+                value, inputs, output = select(hook_args)
+                new = call(unwrap(value), inputs, output)
+                if new is not None:
+                    return rewrap(value, new)
+            return None
+
+        return [getattr(b.module, method)(hook)]
+
+    return register
+
+
+_forward_pre = _tuple_point("register_forward_pre_hook", lambda a: (a[0], a[0], None))
+_backward_pre = _tuple_point("register_full_backward_pre_hook", lambda a: (a[0], None, a[0]))
+_backward = _tuple_point("register_full_backward_hook", lambda a: (a[0], a[0], a[1]))
 
 
 def _forward(b: Binding) -> list[RemovableHandle]:
@@ -171,34 +186,6 @@ def _forward(b: Binding) -> list[RemovableHandle]:
         return None
 
     return [b.module.register_forward_hook(hook)]
-
-
-def _backward_pre(b: Binding) -> list[RemovableHandle]:
-    call = make_caller(b)
-    unwrap, rewrap = _tuple_io(b)
-
-    def hook(module: nn.Module, grad_output: tuple) -> Optional[tuple]:
-        if b.active and _mode_ok(b, module):
-            new = call(unwrap(grad_output), None, grad_output)
-            if new is not None:
-                return rewrap(grad_output, new)
-        return None
-
-    return [b.module.register_full_backward_pre_hook(hook)]
-
-
-def _backward(b: Binding) -> list[RemovableHandle]:
-    call = make_caller(b)
-    unwrap, rewrap = _tuple_io(b)
-
-    def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> Optional[tuple]:
-        if b.active and _mode_ok(b, module):
-            new = call(unwrap(grad_input), grad_input, grad_output)
-            if new is not None:
-                return rewrap(grad_input, new)
-        return None
-
-    return [b.module.register_full_backward_hook(hook)]
 
 
 def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
