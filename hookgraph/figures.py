@@ -1,13 +1,14 @@
 """Figures of what the hooks saw, written as PNG under ``figures/`` (matplotlib, headless).
 
-Public names: write_figures, feature_map_grid, histograms, stats_over_steps, sweep_figure.
+Public names: write_figures, feature_map_grid, histograms, stats_over_steps, sweep_figure,
+gradcam, gradcam_figure.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import logging
 
@@ -17,8 +18,11 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font-cache noti
 matplotlib.use("Agg")  # headless: runs happen on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-__all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure"]
+from .errors import ConfigError, HookGraphError  # noqa: E402
+
+__all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure", "gradcam", "gradcam_figure"]
 
 
 def _safe(name: str) -> str:
@@ -26,20 +30,30 @@ def _safe(name: str) -> str:
 
 
 def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int = 64) -> Path:
-    """The seed's 8x8 grid: the first ``channels`` maps of sample 0 of a [N, C, H, W] tensor."""
+    """The seed's 8x8 grid: the first ``channels`` maps of sample 0 of a [N, C, H, W] tensor.
+
+    The maps are tiled into one image (each scaled to its own min and max, as separate
+    panels would be) and drawn with one ``imshow``: 64 matplotlib axes cost about a second
+    per figure, which adds up over many layers and runs.
+    """
     maps = fmap.detach().float().cpu()[0][:channels]
-    n = maps.shape[0]
+    n, h, w = maps.shape
     cols = int(n**0.5 + 0.999)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.2, rows * 1.2), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if i < n:
-            ax.imshow(maps[i].numpy(), cmap="viridis")
-        else:
-            ax.axis("off")
-    fig.suptitle(title, fontsize=9)
+    flat = maps.reshape(n, -1)
+    lo, hi = flat.amin(dim=1), flat.amax(dim=1)
+    scaled = (maps - lo[:, None, None]) / (hi - lo).clamp_min(1e-12)[:, None, None]
+    pad = max(1, min(h, w) // 8)  # a gap between tiles, visible at any map size
+    canvas = torch.full((rows * (h + pad) - pad, cols * (w + pad) - pad), float("nan"))
+    for i in range(n):
+        r, c = divmod(i, cols)
+        canvas[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = scaled[i]
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
+    fig, ax = plt.subplots(figsize=(cols * 1.2, rows * 1.2))
+    ax.imshow(canvas.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
@@ -84,8 +98,84 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     return path
 
 
-def write_figures(run_dir: Path, graph: Any, sink: Any) -> list[str]:
-    """Figures for a finished run; returns their paths relative to the run folder."""
+def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: Union[int, Sequence[int]]) -> torch.Tensor:
+    """The Grad-CAM heatmap of one layer, as a [H, W] tensor in [0, 1].
+
+    ``activation``: the layer's output, [C, h, w] or [N, C, h, w] (sample 0 is used);
+    ``gradient``: the gradient of the score w.r.t. that output, same shape; ``size``: the
+    input's (H, W) (or one int for a square). Each channel is weighted by the spatial mean
+    of its gradient; the ReLU of the weighted sum is upsampled (bilinear) and scaled to
+    [0, 1] by its min and max (all zeros when it is flat). Pure: no state, no hooks.
+    """
+    a, g = activation.detach().float(), gradient.detach().float()
+    if a.shape != g.shape or a.dim() not in (3, 4):
+        raise HookGraphError(
+            f"gradcam needs an activation and a gradient of one shape, [C, h, w] or [N, C, h, w]; "
+            f"got {list(a.shape)} and {list(g.shape)}"
+        )
+    if a.dim() == 4:
+        a, g = a[0], g[0]
+    weights = g.mean(dim=(1, 2))
+    cam = torch.relu(torch.einsum("c,chw->hw", weights, a))
+    hw = (int(size), int(size)) if isinstance(size, int) else tuple(int(v) for v in size)
+    cam = F.interpolate(cam[None, None], size=hw, mode="bilinear", align_corners=False)[0, 0]
+    lo, hi = cam.min(), cam.max()
+    # A flat map (e.g. every weighted sum negative) carries no location: all zeros, not NaN.
+    return (cam - lo) / (hi - lo) if bool(hi > lo) else torch.zeros_like(cam)
+
+
+def _picture(image: torch.Tensor) -> torch.Tensor:
+    """An input tensor [C, H, W] -> something imshow draws: [H, W, 3] or [H, W], in [0, 1]."""
+    img = image.detach().float().cpu()
+    if img.dim() == 3:
+        img = img.permute(1, 2, 0) if img.shape[0] == 3 else img.mean(0)
+    lo, hi = img.min(), img.max()
+    return (img - lo) / (hi - lo) if bool(hi > lo) else torch.zeros_like(img)
+
+
+def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path, title: str) -> Path:
+    """The heatmap over the input image (or alone when there is no image)."""
+    fig, ax = plt.subplots(figsize=(4, 4))
+    if image is not None:
+        pic = _picture(image)
+        ax.imshow(pic.numpy(), cmap="gray" if pic.dim() == 2 else None)
+        ax.imshow(heat.detach().cpu().numpy(), cmap="jet", alpha=0.5)
+    else:
+        ax.imshow(heat.detach().cpu().numpy(), cmap="jet")
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tensor], out_dir: Path) -> Path:
+    """figures/gradcam_<target>.png from the first recorded call of both specs."""
+    # A DictConfig from the runner, or a plain dict / GradcamConfig from Python callers.
+    g = {k: cfg[k] if isinstance(cfg, Mapping) else getattr(cfg, k) for k in ("activations", "gradients", "target")}
+    target = g["target"]
+    values = {}
+    for field in ("activations", "gradients"):
+        spec = g[field]
+        if spec not in records or target not in records[spec]:
+            raise ConfigError(
+                f"sink.gradcam.{field}",
+                f"spec {spec!r} recorded nothing for {target!r}; it needs one record of step 0 (is runner.steps >= 1?)",
+            )
+        values[field] = records[spec].entry(target, *records[spec].calls(target)[0])
+    act = values["activations"]
+    size = tuple(image.shape[-2:]) if image is not None and image.dim() >= 2 else tuple(act.shape[-2:])
+    heat = gradcam(act, values["gradients"], size)
+    out_dir.mkdir(exist_ok=True)
+    return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
+
+
+def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Tensor] = None) -> list[str]:
+    """Figures for a finished run; returns their paths relative to the run folder.
+
+    ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.
+    """
     from .runs.reader import load_records
 
     out_dir = Path(run_dir) / "figures"
@@ -109,6 +199,9 @@ def write_figures(run_dir: Path, graph: Any, sink: Any) -> list[str]:
             if -len(maps) <= i < len(maps):
                 target, v = maps[i]
                 written.append(feature_map_grid(v, out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png", f"{spec}: {target} (#{i})"))
+    gradcam_cfg = getattr(sink, "gradcam", None)
+    if gradcam_cfg is not None:
+        written.append(_gradcam_from_records(records, gradcam_cfg, image, out_dir))
     stats = graph.stats
     if stats and len({r["step"] for r in stats}) > 1:
         out_dir.mkdir(exist_ok=True)

@@ -1,6 +1,7 @@
 """Structured configs: the schema Hydra validates the command line and YAML against.
 
-Public names: ModelConfig, DataConfig, RunnerConfig, SinkConfig, HookgraphConfig, register_configs.
+Public names: ModelConfig, DataConfig, RunnerConfig, GradcamConfig, SinkConfig, HookgraphConfig,
+register_configs.
 
 Each field has a one-line comment; unknown keys and wrong types are rejected by
 OmegaConf with the full key. ``hooks`` is a plain dict so that specs can be added inline
@@ -13,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
-__all__ = ["ModelConfig", "DataConfig", "RunnerConfig", "SinkConfig", "HookgraphConfig", "register_configs"]
+__all__ = ["ModelConfig", "DataConfig", "RunnerConfig", "GradcamConfig", "SinkConfig", "HookgraphConfig", "register_configs"]
 
 
 @dataclass
@@ -56,11 +58,20 @@ class RunnerConfig:
 
 
 @dataclass
+class GradcamConfig:
+    activations: str = "activations"  # spec that records the target's output (at: forward, action: record)
+    gradients: str = "gradients"  # spec that records the gradient of that output (at: output_grad, action: record)
+    target: str = MISSING  # the layer both specs record, e.g. layer4
+
+
+@dataclass
 class SinkConfig:
     figures: bool = True  # write figures/ for records and stats (matplotlib, headless)
     feature_maps: list = field(default_factory=lambda: [0])  # which recorded 4-D targets (by record order) get a grid
     histograms: bool = True  # one histogram figure per record spec
     max_bytes: Optional[int] = None  # stop the run with an error before records exceed this size
+    gradcam: Optional[GradcamConfig] = None  # figures/gradcam_<target>.png over the first step's input (with figures)
+    tensorboard: bool = False  # also write stats scalars and record histograms to tensorboard/ (pip install hookgraph[tensorboard])
 
 
 @dataclass

@@ -3,8 +3,14 @@
 Public names: run, build_from_config.
 
 ``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a
-folder; the Hydra entry point only supplies the folder. A run that fails still writes
+folder; the Hydra entry point only supplies the folder. Records leave memory as one shard
+per step, so a run that fails still leaves its earlier steps readable; it writes
 ``summary.json`` with ``status: failed`` and the error, then re-raises.
+
+With ``sink.gradcam`` set, the first step's input (sample 0) is kept in memory, on the
+host, for the Grad-CAM overlay only. It is not written as a record: records hold what the
+hooks saw, and an extra tensor there would show up in ``load_run``, in the record budget
+and in the other figures.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 from ..compiler import compile as compile_graph
 from ..data import build_data
 from ..discovery import format_targets, list_targets
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
 from ..models import build_model
-from ..runs.writer import RunWriter, rows_with_spec
+from ..points import HookPoint
+from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .device import resolve_device, resolve_dtype
 
 __all__ = ["run", "build_from_config", "LOSSES"]
@@ -99,6 +106,30 @@ def _validate(r: DictConfig) -> None:
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
 
 
+def _check_gradcam(cfg: DictConfig, graph: HookGraph) -> None:
+    """sink.gradcam names two record specs that hook its target: checked before any pass runs."""
+    g = cfg.sink.gradcam
+    bound: dict[str, list] = {}
+    for b in graph.bindings:
+        bound.setdefault(b.spec.name, []).append(b)
+    wanted = {"activations": (HookPoint.forward,), "gradients": (HookPoint.output_grad, HookPoint.backward_pre)}
+    for field, points in wanted.items():
+        key, name = f"sink.gradcam.{field}", g[field]
+        if name not in bound:
+            raise ConfigError(key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}")
+        first = bound[name][0]
+        if first.action.name != "record" or first.point not in points:
+            raise ConfigError(
+                key, f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
+                f"it does {first.action.name} at {first.point}",
+            )
+        targets = [b.target for b in bound[name]]
+        if g.target not in targets:
+            raise ConfigError("sink.gradcam.target", f"spec {name!r} does not hook {g.target!r}; {did_you_mean(str(g.target), targets, 'its targets')}")
+    if not cfg.runner.backward:
+        raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
+
+
 def _versions() -> dict[str, str]:
     import torchvision
 
@@ -140,10 +171,14 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"status": "running", "steps": 0, "steps_requested": cfg.runner.steps, "versions": _versions()}
     timings: dict[str, float] = {}
     graph: Optional[HookGraph] = None
+    tb: Optional[TensorBoardSink] = None
     losses: list[float] = []
+    first_input: Optional[torch.Tensor] = None
     try:
         r = cfg.runner
         _validate(r)
+        if cfg.sink.tensorboard:
+            tb = TensorBoardSink(writer.dir)  # before the model is built: a missing package fails fast
         device = resolve_device(r.device)
         dtype = resolve_dtype(r.dtype)
         summary["device"] = str(device)
@@ -160,6 +195,8 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         t = time.perf_counter()
         graph = compile_graph(model, cfg.hooks, prefix="hooks")
         timings["compile_s"] = time.perf_counter() - t
+        if cfg.sink.gradcam is not None:
+            _check_gradcam(cfg, graph)
         plan = graph.plan()
         writer.json("plan.json", list(plan))
         if cfg.dry_run:
@@ -181,6 +218,8 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
             for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
                 graph.set_step(step)
                 inputs, labels = next(data)
+                if step == 0 and cfg.sink.gradcam is not None and inputs and inputs[0].dim() >= 3:
+                    first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
                 inputs = tuple(x.to(device=device, dtype=dtype if x.is_floating_point() else None) for x in inputs)
                 labels = labels.to(device) if labels is not None else None
                 with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
@@ -194,15 +233,17 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
                         opt.step()
                     model.zero_grad(set_to_none=True)
                 losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
+                if tb is not None:
+                    tb.histograms(graph.records, step)  # before the flush empties the slots
                 writer.flush_records(graph.records, step)
                 summary["steps"] = step + 1
         timings["run_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        _write_tables(writer, graph)
+        _write_tables(writer, graph, tb)
         if cfg.sink.figures:
             from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
 
-            summary["figures"] = write_figures(writer.dir, graph, cfg.sink)
+            summary["figures"] = write_figures(writer.dir, graph, cfg.sink, image=first_input)
         timings["write_s"] = time.perf_counter() - t
         summary["status"] = "completed"
         return summary
@@ -210,14 +251,21 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
         if graph is not None:
-            # Whatever was recorded before the fault stays readable.
+            # Whatever was recorded before the fault stays readable. Over budget, the
+            # step that tripped it is dropped: writing it would trip the budget again.
             try:
-                writer.flush_records(graph.records, summary["steps"])
-                _write_tables(writer, graph)
+                if not isinstance(exc, RecordBudgetError):
+                    writer.flush_records(graph.records, summary["steps"])
             except Exception as inner:  # the original error matters more
                 log.warning("could not write partial records: %s", inner)
+            try:
+                _write_tables(writer, graph, tb)
+            except Exception as inner:
+                log.warning("could not write the stats and trace tables: %s", inner)
         raise
     finally:
+        if tb is not None:
+            tb.close()
         timings["total_s"] = time.perf_counter() - t0
         summary["timings"] = timings
         if losses:
@@ -230,8 +278,12 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         writer.json("summary.json", summary)
 
 
-def _write_tables(writer: RunWriter, graph: HookGraph) -> None:
+def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
+    from ..actions.builtin import STAT_NAMES
+
     stats = graph.stats
     writer.csv("stats.csv", stats)
+    if tb is not None:
+        tb.scalars(stats, STAT_NAMES)
     trace = list(rows_with_spec(graph.records))
     writer.csv("trace.csv", trace)

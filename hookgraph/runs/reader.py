@@ -52,6 +52,13 @@ class _Targets(Mapping):
             raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}")
         return _load(picked)[0]
 
+    def __contains__(self, target: object) -> bool:
+        # Mapping's own version relies on KeyError; a missing name raises HookGraphError here.
+        return target in self._index
+
+    def get(self, target: str, default: Any = None) -> Any:
+        return self[target] if target in self._index else default
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)
 
@@ -93,6 +100,12 @@ class _Records(Mapping):
         if spec not in self._targets:
             raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}")
         return self._targets[spec]
+
+    def __contains__(self, spec: object) -> bool:
+        return spec in self._targets
+
+    def get(self, spec: str, default: Any = None) -> Any:
+        return self._targets.get(spec, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._targets)

@@ -131,7 +131,9 @@ def rows_with_spec(records: dict[str, Any]) -> Iterable[dict]:
 class TensorBoardSink:
     """``<run>/tensorboard/`` event files: stats rows as scalars (tag ``<spec>/<target>/<stat>``)
     and the first record of each target per step as a histogram (tag ``<spec>/<target>``),
-    both at global step = the run's step. Needs the optional ``tensorboard`` package."""
+    both at global step = the run's step. Histograms are written as the run goes (before
+    each step's records leave memory); scalars when it ends, since ``graph.stats`` reads
+    the device once. Needs the optional ``tensorboard`` package."""
 
     def __init__(self, run_dir: str | os.PathLike, key: str = "sink.tensorboard"):
         try:
