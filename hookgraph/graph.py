@@ -43,8 +43,10 @@ class Attachment:
     hooks registered so far are removed before the error propagates.
     """
 
-    def __init__(self, graph: "HookGraph"):
+    def __init__(self, graph: "HookGraph", compiled: bool = False):
         self._graph = graph
+        for b in graph.bindings:
+            b.eager = compiled
         self._live = True
         self._handles: list[RemovableHandle] = []
         # register_full_backward_hook sets this flag for good; restore it on removal so a
@@ -138,11 +140,17 @@ class HookGraph:
             b.update(self._step)
 
     # -- registration ---------------------------------------------------------
-    def attach(self) -> Attachment:
-        """Register every hook. ``with graph.attach(): ...`` removes them all on exit, also on error."""
+    def attach(self, *, compiled: bool = False) -> Attachment:
+        """Register every hook. ``with graph.attach(): ...`` removes them all on exit, also on error.
+
+        ``compiled=True`` when the model runs under ``torch.compile``: module hooks are then
+        excluded from tracing (``torch._dynamo.disable``) and run eagerly, so records and
+        replacements are the same as in eager mode at the cost of a graph break per hooked
+        module. Tensor and parameter gradient hooks run in autograd as usual.
+        """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
-        return Attachment(self)
+        return Attachment(self, compiled=compiled)
 
     @property
     def attached(self) -> bool:

@@ -39,6 +39,7 @@ class Binding:
     stop: Optional[int] = None
     active: bool = True
     want_training: Optional[bool] = None  # None: any mode
+    eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
     extra: dict = field(default_factory=dict)
 
     def plan_row(self) -> dict:
@@ -130,6 +131,16 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     return guarded
 
 
+def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Under torch.compile, module hooks run eagerly: one graph break per hooked module instead
+    of dynamo tracing (and recompiling for) every hook closure."""
+    if b.eager:
+        import torch._dynamo
+
+        return torch._dynamo.disable(hook)
+    return hook
+
+
 def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:
     """How a tuple (inputs, grad_input, grad_output) reaches the action and comes back.
 
@@ -167,7 +178,7 @@ def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Bin
                     return rewrap(value, new)
             return None
 
-        return [getattr(b.module, method)(hook)]
+        return [getattr(b.module, method)(_module_hook(b, hook))]
 
     return register
 
@@ -185,7 +196,7 @@ def _forward(b: Binding) -> list[RemovableHandle]:
             return call(output, args, output)
         return None
 
-    return [b.module.register_forward_hook(hook)]
+    return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
 def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
@@ -225,7 +236,7 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
             for t in _grad_leaves(output, index):
                 t.register_hook(tensor_hook)
 
-    return [b.module.register_forward_hook(hook)]
+    return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
@@ -246,7 +257,7 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
                 changed = True
         return tuple(new) if changed else None
 
-    return [b.module.register_forward_pre_hook(hook)]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
 
 
 def _param_value(b: Binding) -> list[RemovableHandle]:
@@ -260,7 +271,7 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
                     param.copy_(new)  # in place: optimizers and state_dict keep the same tensor
         return None
 
-    return [b.module.register_forward_pre_hook(hook)]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
 
 
 def _param_grad(b: Binding) -> list[RemovableHandle]:

@@ -55,6 +55,8 @@ class RunnerConfig:
     optimizer: Optional[str] = None  # null, sgd or adam: step after each backward
     lr: float = 0.01
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
+    compile: bool = False  # run the model under torch.compile; hooks run eagerly beside it
+    compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
 
 
 @dataclass

@@ -213,8 +213,10 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         )
         from tqdm.auto import tqdm  # lazy: only runs need the bar
 
+        # Specs resolve against the bare model; the compiled wrapper shares its modules.
+        forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
         t = time.perf_counter()
-        with graph.attach():
+        with graph.attach(compiled=r.compile):
             for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
                 graph.set_step(step)
                 inputs, labels = next(data)
@@ -223,7 +225,7 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
                 inputs = tuple(x.to(device=device, dtype=dtype if x.is_floating_point() else None) for x in inputs)
                 labels = labels.to(device) if labels is not None else None
                 with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
-                    out = model(*inputs)
+                    out = forward(*inputs)
                     loss = _loss(out, labels, r)
                 if r.backward:
                     if not loss.requires_grad:
