@@ -138,3 +138,26 @@ def test_wrapped_models_resolve_like_the_bare_one():
     with wrapped.attach():
         nn.DataParallel(model)(torch.randn(2, 4))
     assert len(wrapped.records["r"]["0"]) == 1
+
+
+def test_an_earlier_run_folder_is_never_overwritten(tmp_path):
+    cfg = {"model": {"name": "product"}, "sink": {"figures": False}, "runner": {"progress": False},
+           "hooks": {"c": {"target": "mul", "at": "output_grad", "action": "record"}}}
+    run(cfg, tmp_path)
+    before = (tmp_path / "summary.json").read_bytes()
+    shards = sorted(p.name for p in (tmp_path / "records").iterdir())
+    with pytest.raises(hg.ConfigError, match="hydra.run.dir: .*earlier run"):
+        run(cfg, tmp_path)
+    assert (tmp_path / "summary.json").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == shards
+
+
+def test_files_are_written_atomically(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    w = RunWriter(tmp_path)
+    w.json("summary.json", {"status": "completed"})
+    w.flush_records({"s": {"t": [torch.ones(2)]}}, 0)
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}

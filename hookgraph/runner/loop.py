@@ -167,6 +167,13 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     """
     cfg = _cfg(cfg)
     t0 = time.perf_counter()
+    if (Path(out_dir) / "summary.json").exists():
+        # Checked before anything is written: an earlier run's folder is never overwritten.
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{out_dir} holds an earlier run (summary.json); choose a new folder (the default "
+            "runs/<date>/<time> is new for every run)",
+        )
     writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
     summary: dict[str, Any] = {"status": "running", "steps": 0, "steps_requested": cfg.runner.steps, "versions": _versions()}
     timings: dict[str, float] = {}
