@@ -84,6 +84,26 @@ def _each(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
     return each
 
 
+def action_error(b: Binding, exc: Exception) -> ActionError:
+    """An action's own exception, named after its spec, target and point."""
+    return ActionError(
+        f"hooks.{b.spec.name}: action {b.action.name!r} failed at {b.target!r} ({b.point}): {type(exc).__name__}: {exc}"
+    )
+
+
+def direct_caller(b: Binding) -> Optional[Callable[[Any], Any]]:
+    """``call(value)`` for the common case (no ``index``, no inputs/outputs wanted), else None.
+
+    The hook then calls the action with at most one frame in between: this is the hot path.
+    """
+    if b.action.wants_io or b.spec.index is not None:
+        return None
+    if not b.action.per_tensor:
+        return b.fn
+    fn, each = b.fn, _each(b.fn)
+    return lambda value: fn(value) if type(value) is Tensor else each(value)  # noqa: E731
+
+
 def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     """``call(value, inputs, output) -> new value or None`` for a binding.
 
@@ -91,6 +111,7 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     naming the spec, target and point; ``try`` costs nothing in CPython 3.11 until it raises.
     """
     fn, index = b.fn, b.spec.index
+    direct = direct_caller(b)
     if b.action.wants_io:
         base = fn
     else:
@@ -119,14 +140,11 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
 
     def guarded(value: Any, inputs: Any, output: Any) -> Any:
         try:
-            return call(value, inputs, output)
+            return direct(value) if direct is not None else call(value, inputs, output)
         except HookGraphError:
             raise
         except Exception as exc:
-            raise ActionError(
-                f"hooks.{b.spec.name}: action {b.action.name!r} failed at {b.target!r} ({b.point}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise action_error(b, exc) from exc
 
     return guarded
 
@@ -189,12 +207,27 @@ _backward = _tuple_point("register_full_backward_hook", lambda a: (a[0], a[0], a
 
 
 def _forward(b: Binding) -> list[RemovableHandle]:
-    call = make_caller(b)
+    direct, want = direct_caller(b), b.want_training
+    if direct is None:
+        call = make_caller(b)
 
-    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-        if b.active and _mode_ok(b, module):
-            return call(output, args, output)
-        return None
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if b.active and (want is None or module.training is want):
+                return call(output, args, output)
+            return None
+
+    else:
+        # The hot path (every recorded activation): the action is called straight from here.
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if b.active and (want is None or module.training is want):
+                try:
+                    return direct(output)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
+            return None
 
     return [b.module.register_forward_hook(_module_hook(b, hook))]
 

@@ -185,6 +185,12 @@ def record(
     if keep == "last":
         def fn(value: Any) -> None:
             slot[:] = [tree_map(one, value)]
+    elif not stages and device is None and not clone:
+        # The plain case, as cheap as a hand-written hook: detach and keep.
+        append = slot.append
+
+        def fn(value: Any) -> None:
+            append(value.detach() if type(value) is Tensor else tree_map(one, value))
     else:
         def fn(value: Any) -> None:
             slot.append(tree_map(one, value))
