@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 from .errors import HookGraphError, InplaceBackwardError
 from .points import HookPoint
 from .sites import REGISTRARS, Binding
+from .transfer import HostCopier
 
 __all__ = ["HookGraph", "Plan", "Attachment"]
 
@@ -121,7 +122,8 @@ class HookGraph:
     def __init__(self, model: nn.Module, bindings: Sequence[Binding]):
         self.model = model
         self.bindings: tuple[Binding, ...] = tuple(bindings)
-        self.records: dict[str, Any] = {}
+        self._records: dict[str, Any] = {}
+        self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
         self._stat_rows: list = []
         self._attachment: Optional[Attachment] = None
         self._step = 0
@@ -157,6 +159,15 @@ class HookGraph:
         return self._attachment is not None
 
     # -- results -------------------------------------------------------------
+    @property
+    def records(self) -> dict[str, Any]:
+        """``records[spec][target]``: lists of recorded values (trace: ``records[spec]`` rows).
+
+        Reading waits for pending device-to-host copies first, so values are complete.
+        """
+        self.host.synchronize()
+        return self._records
+
     def plan(self) -> Plan:
         return Plan(b.plan_row() for b in self.bindings)
 
@@ -167,7 +178,11 @@ class HookGraph:
 
         if not self._stat_rows:
             return []
-        values = torch.stack([r[4].cpu() for r in self._stat_rows]).tolist()
+        vecs = [r[4] for r in self._stat_rows]
+        if len({v.device for v in vecs}) == 1:
+            values = torch.stack(vecs).cpu().tolist()  # one device-to-host copy for all rows
+        else:
+            values = torch.stack([v.cpu() for v in vecs]).tolist()
         calls: dict[tuple, int] = {}
         out = []
         for (spec, target, point, step, _), vals in zip(self._stat_rows, values):

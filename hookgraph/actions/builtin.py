@@ -162,10 +162,12 @@ def record(
         stages.append((f"topk={topk}", _topk(topk)))
     clone = clone and select is None and reduce is None and topk is None
 
+    to_host = ctx.graph.host.to_host
+
     def move(t: Tensor) -> Tensor:
         if device is not None and t.device != device:
-            # Pinned host memory makes the copy asynchronous; on CPU tensors nothing is copied.
-            return t.to(device, non_blocking=device.type == "cpu" and t.is_cuda)
+            # To the host: pinned buffers on a side stream, never a blocking .cpu() in the hook.
+            return to_host(t) if device.type == "cpu" else t.to(device)
         return t.clone() if clone else t
 
     def one(t: Tensor) -> Any:
