@@ -161,3 +161,40 @@ def test_files_are_written_atomically(tmp_path):
     leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
     assert leftovers == []
     assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}
+
+
+def test_full_disk_while_recording(tmp_path, monkeypatch):
+    import errno
+
+    import hookgraph.runs.writer as writer_mod
+
+    real = writer_mod.atomic_write
+
+    def full_after_first_shard(path, data):
+        if path.parent.name == "records" and path.name != "step-000000.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(writer_mod, "atomic_write", full_after_first_shard)
+    with pytest.raises(OSError, match="No space left"):
+        run(cfg_for(at_step=99), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left" in summary["error"]["message"]
+    assert summary["steps"] == 1
+    assert len(hg.load_run(tmp_path).records["rec"]["fc"]) == 1  # step 0 is intact
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+    import os as os_mod
+
+    from hookgraph.runs.writer import atomic_write
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os_mod, "fsync", no_space)
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "summary.json", b"{}")
+    assert list(tmp_path.iterdir()) == []

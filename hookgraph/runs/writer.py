@@ -26,11 +26,15 @@ __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "flatten_entry"]
 
 def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
+        raise
 
 
 def flatten_entry(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> None:
