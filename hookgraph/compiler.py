@@ -10,6 +10,7 @@ replacing specs at one site without an order) are collected and raised once.
 from __future__ import annotations
 
 import functools
+import gc
 from typing import Any, Mapping, Optional
 
 from torch import nn
@@ -18,7 +19,7 @@ from .actions.registry import ActionContext, check_args, resolve_action
 from .errors import Problem, SpecError
 from .graph import HookGraph
 from .points import POINTS, HookPoint
-from .resolve import resolve_names
+from .resolve import NameIndex, resolve_names
 from .sites import Binding
 from .spec import Mode, check_specs, parse_steps
 
@@ -45,6 +46,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
+@functools.lru_cache(maxsize=1024)
 def _class_names(cls: type) -> tuple[str, ...]:
     names = []
     for c in cls.__mro__:
@@ -52,6 +54,10 @@ def _class_names(cls: type) -> tuple[str, ...]:
             continue
         names += [c.__name__, f"{c.__module__}.{c.__qualname__}"]
     return tuple(names)
+
+
+def _owner_name(param_name: str) -> str:
+    return param_name.rpartition(".")[0]
 
 
 def module_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
@@ -82,6 +88,24 @@ def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Parameter], dict[str, nn.Module]]:
+    """Modules, parameters and each parameter's owner, in one walk of the module tree."""
+    modules: dict[str, nn.Module] = {}
+    params: dict[str, nn.Parameter] = {}
+    owners: dict[str, nn.Module] = {}
+    seen: set[int] = set()
+    for name, m in model.named_modules():
+        modules[name] = m
+        for pname, p in m._parameters.items():
+            if p is None or id(p) in seen:  # shared parameters keep their first name, as named_parameters() does
+                continue
+            seen.add(id(p))
+            full = f"{name}.{pname}" if name else pname
+            params[full] = p
+            owners[full] = m
+    return modules, params, owners
+
+
 def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph:  # noqa: A001
     """Compile hook specs against a model. Nothing is registered until ``graph.attach()``.
 
@@ -89,19 +113,33 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
     HookSpec objects. ``prefix`` is the config key under which errors name the specs.
     Raises :class:`hookgraph.SpecError` listing every problem.
     """
+    # Compiling against a large model allocates many small objects while the model's own
+    # are alive; full collections in between would cost more than the compile itself.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(model, specs, prefix)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     parsed, problems, broken = check_specs(specs, prefix=prefix)
     bare = unwrap_model(model)
-    modules = dict(bare.named_modules())
-    params = dict(bare.named_parameters())
-    kinds = module_kinds(bare)
-    param_kinds = {n: kinds.get(n.rpartition(".")[0], ()) for n in params}
+    modules, params, owners = _walk(bare)
+    kinds = {name: _class_names(type(m)) for name, m in modules.items()}
+    module_index = NameIndex(list(modules), kinds)
+    param_index: Optional[NameIndex] = None  # built on first use: most specs target modules
     graph = HookGraph(model, [])
     bindings: list[Binding] = []
 
     for spec_index, spec in enumerate(parsed):
         key = f"{prefix}.{spec.name}"
         info = POINTS[spec.at]
-        names = list(params) if info.on_params else list(modules)
+        if info.on_params and param_index is None:
+            param_index = NameIndex(list(params), {n: kinds[_owner_name(n)] for n in params})
+        names = param_index if info.on_params else module_index
         expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
         if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
             matched, found = [], []
@@ -112,7 +150,6 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
                 excludes=spec.excludes,
                 names=names,
                 types=_canonical_types(spec.type_names),
-                kinds=param_kinds if info.on_params else kinds,
                 expect_min=spec.expect.min if spec.enabled else 0,
                 expect_max=spec.expect.max,
                 known_types=_torch_module_types(),
@@ -140,7 +177,7 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
             continue
         start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
         for target_index, name in enumerate(matched):
-            module = modules[name.rpartition(".")[0]] if info.on_params else modules[name]
+            module = owners[name] if info.on_params else modules[name]
             param = params[name] if info.on_params else None
             if spec.at in (HookPoint.backward, HookPoint.backward_pre) and getattr(module, "inplace", False) is True:
                 problems.append(
