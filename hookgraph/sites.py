@@ -233,13 +233,28 @@ def _forward(b: Binding) -> list[RemovableHandle]:
 
 
 def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
-    call = make_caller(b if b.spec.index is None else _without_index(b))
+    unindexed = b if b.spec.index is None else _without_index(b)
+    direct = direct_caller(unindexed)
+    if direct is None:
+        call = make_caller(unindexed)
 
-    def hook(grad: Tensor) -> Any:
-        # Checked again at backward time: after detach, b.active is False.
-        return call(grad, None, None) if b.active else None
+        def hook(grad: Tensor) -> Any:
+            # Checked again at backward time: after detach, b.active is False.
+            return call(grad, None, None) if b.active else None
 
-    return hook
+        return hook
+
+    def direct_hook(grad: Tensor) -> Any:
+        if b.active:
+            try:
+                return direct(grad)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
+        return None
+
+    return direct_hook
 
 
 def _without_index(b: Binding) -> Binding:
@@ -266,6 +281,10 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
 
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
         if b.active and _mode_ok(b, module):
+            if index is None and type(output) is Tensor:  # the common case, without a list
+                if output.requires_grad:
+                    output.register_hook(tensor_hook)
+                return
             for t in _grad_leaves(output, index):
                 t.register_hook(tensor_hook)
 

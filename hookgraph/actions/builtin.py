@@ -193,6 +193,16 @@ def record(
 
         def fn(value: Any) -> None:
             append(value.detach() if type(value) is Tensor else tree_map(one, value))
+    elif not stages and not clone and device is not None and device.type == "cpu":
+        # `to: cpu`, the other common case: nothing to do for CPU tensors.
+        append = slot.append
+
+        def fn(value: Any) -> None:
+            if type(value) is Tensor:
+                t = value.detach()
+                append(t if t.is_cpu else to_host(t))
+            else:
+                append(tree_map(one, value))
     else:
         def fn(value: Any) -> None:
             slot.append(tree_map(one, value))
