@@ -143,7 +143,18 @@ def resolve_names(
                 hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"types in this model: {', '.join(index.short_kinds[:15])}"
                 problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
         wanted = set(types)
+        before_types = matched
         matched = [n for n in matched if wanted.intersection(index.kinds.get(n, ()))]
+        if before_types and not matched and expect_min > 0 and not problems:
+            present = sorted({index.kinds[n][0] for n in before_types if index.kinds.get(n)})
+            return [], [
+                Problem(
+                    f"{key}.types",
+                    f"{', '.join(map(repr, targets))} matched {len(before_types)} names, none of type "
+                    f"{', '.join(map(repr, types))}; types among them: {', '.join(present[:12])} "
+                    "(set expect.min=0 to allow no match, or leave this spec out)",
+                )
+            ]
 
     count = len(matched)
     if count < expect_min or (expect_max is not None and count > expect_max):

@@ -301,3 +301,13 @@ def test_resolution_is_pure_and_repeatable():
     second = resolve(["**.conv*"], names=names, excludes=["conv"])
     assert first == second
     assert names == NAMES  # the input list is not modified
+
+
+def test_types_filter_that_removes_every_match_says_so():
+    names = ["", "fc1", "act1", "head"]
+    kinds = {"": ("MLP",), "fc1": ("Linear",), "act1": ("ReLU",), "head": ("Linear",)}
+    matched, problems = resolve_names(key="hooks.r", targets=["**"], names=names, types=["Conv2d"], kinds=kinds,
+                                      known_types={"Conv2d"})
+    assert matched == []
+    assert [p.key for p in problems] == ["hooks.r.types"]
+    assert "'**' matched 3 names, none of type 'Conv2d'; types among them: Linear, ReLU" in problems[0].message
