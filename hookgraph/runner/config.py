@@ -48,7 +48,7 @@ class RunnerConfig:
     seed: int = 0  # torch.manual_seed before the model is built
     steps: int = 1  # forward(/backward) passes
     batch_size: int = 1
-    mode: str = "train"  # train or eval: the model's .train()/.eval() mode
+    mode: str = "eval"  # eval (default: BatchNorm statistics stay as they are, any batch size works) or train
     backward: bool = True  # false: forward only, under torch.no_grad()
     loss: str = "sum"  # sum, mean, cross_entropy (needs labels), target_class
     target_class: int = 0  # the class whose score is the loss when loss=target_class

@@ -130,6 +130,18 @@ def _check_gradcam(cfg: DictConfig, graph: HookGraph) -> None:
         raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
 
 
+_GRADIENT_POINTS = (HookPoint.backward_pre, HookPoint.backward, HookPoint.output_grad, HookPoint.input_grad,
+                    HookPoint.param_grad, HookPoint.param_accumulated)
+
+
+def _check_forward_only(graph: HookGraph) -> None:
+    """A gradient hook in a run without backward would silently never fire: refuse it."""
+    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if b.point in _GRADIENT_POINTS})
+    if problems:
+        specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
+        raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
+
+
 def _versions() -> dict[str, str]:
     import torchvision
 
@@ -204,6 +216,8 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         timings["compile_s"] = time.perf_counter() - t
         if cfg.sink.gradcam is not None:
             _check_gradcam(cfg, graph)
+        if not r.backward:
+            _check_forward_only(graph)
         plan = graph.plan()
         writer.json("plan.json", list(plan))
         if cfg.dry_run:
