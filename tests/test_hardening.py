@@ -198,3 +198,33 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         atomic_write(tmp_path / "summary.json", b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_distributed_data_parallel_resolves_like_the_bare_model(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        specs = {"r": {"target": "*", "types": ["Linear"], "action": "record"},
+                 "z": {"target": "0.bias", "at": "param_grad", "action": "zero"}}
+        graph = hg.compile(ddp, specs)
+        assert graph.plan() == hg.compile(model, specs).plan()
+        with graph.attach():
+            ddp(torch.randn(3, 4)).sum().backward()
+        assert list(graph.records["r"]) == ["0", "2"]
+        assert torch.equal(model[0].bias.grad, torch.zeros(4))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_malformed_override_at_the_command_line(tmp_path):
+    from tests.cli_helpers import run_cli
+
+    proc = run_cli(["+hooks.bad={target: [conv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "'{target: [conv'" in proc.stderr and "override_grammar" in proc.stderr  # Hydra quotes what it could not parse
+    assert not (tmp_path / "run" / "summary.json").exists()  # nothing that looks like a run
