@@ -89,9 +89,8 @@ class HookgraphConfig:
 
 
 def register_configs() -> None:
-    """Register the schemas so config files can name them in their defaults lists."""
+    """Register the schema that conf/config.yaml names first in its defaults list: every
+    group's values are then validated against these dataclasses (unknown keys and wrong
+    types fail with the full key)."""
     cs = ConfigStore.instance()
     cs.store(name="hookgraph_schema", node=HookgraphConfig)
-    cs.store(group="model", name="schema", node=ModelConfig)
-    cs.store(group="data", name="schema", node=DataConfig)
-    cs.store(group="runner", name="schema", node=RunnerConfig)
