@@ -1,6 +1,6 @@
 """compile(): hook specs + a model -> a validated HookGraph, nothing registered yet.
 
-Public names: compile, unwrap_model, module_kinds.
+Public names: compile, unwrap_model.
 
 All problems (spec fields, names that match nothing, unknown actions, bad arguments,
 points that ignore replacement, in-place modules under full backward hooks, two
@@ -18,12 +18,12 @@ from torch import nn
 from .actions.registry import ActionContext, check_args, resolve_action
 from .errors import Problem, SpecError
 from .graph import HookGraph
-from .points import POINTS, HookPoint
+from .points import POINTS
 from .resolve import NameIndex, resolve_names
 from .sites import Binding
 from .spec import Mode, check_specs, parse_steps
 
-__all__ = ["compile", "unwrap_model", "module_kinds"]
+__all__ = ["compile", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -60,15 +60,11 @@ def _owner_name(param_name: str) -> str:
     return param_name.rpartition(".")[0]
 
 
-def module_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
-    """name -> class names (short and dotted, whole MRO) for every module of the model."""
-    return {name: _class_names(type(m)) for name, m in model.named_modules()}
-
-
 @functools.lru_cache(maxsize=1)
 def _torch_module_types() -> frozenset[str]:
     """Short names of torch.nn's module classes: valid in ``types`` even if a model lacks them."""
-    return frozenset(n for n, v in vars(nn).items() if isinstance(v, type) and issubclass(v, nn.Module))
+    classes = [v for v in vars(nn).values() if isinstance(v, type) and issubclass(v, nn.Module)]
+    return frozenset([c.__name__ for c in classes] + [f"{c.__module__}.{c.__qualname__}" for c in classes])
 
 
 def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
@@ -131,7 +127,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     kinds = {name: _class_names(type(m)) for name, m in modules.items()}
     module_index = NameIndex(list(modules), kinds)
     param_index: Optional[NameIndex] = None  # built on first use: most specs target modules
-    graph = HookGraph(model, [])
+    graph = HookGraph(model)
     bindings: list[Binding] = []
 
     for spec_index, spec in enumerate(parsed):
@@ -158,6 +154,8 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
                 ),
             )
         problems += found
+        if info.on_params and spec.index is not None:
+            problems.append(Problem(f"{key}.index", f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
         defn, found = resolve_action(spec.action, f"{key}.action")
         problems += found
         if defn is None or found:
@@ -179,7 +177,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         for target_index, name in enumerate(matched):
             module = owners[name] if info.on_params else modules[name]
             param = params[name] if info.on_params else None
-            if spec.at in (HookPoint.backward, HookPoint.backward_pre) and getattr(module, "inplace", False) is True:
+            if info.full_backward and getattr(module, "inplace", False) is True:
                 problems.append(
                     Problem(
                         f"{key}.at",
@@ -215,9 +213,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     if problems:
         raise SpecError(problems)
     bindings.sort(key=lambda b: b.rank)
-    graph.bindings = tuple(bindings)
-    graph._backward_modules = {b.module for b in bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)}
-    graph.set_step(0)
+    graph._bind(bindings)
     return graph
 
 

@@ -5,10 +5,13 @@ Public names: list_targets, format_targets.
 
 from __future__ import annotations
 
+import re
+
 from torch import nn
 
 from .compiler import unwrap_model
-from .resolve import match_names
+from .errors import ConfigError
+from .resolve import compile_pattern, match_names
 
 __all__ = ["list_targets", "format_targets"]
 
@@ -20,9 +23,14 @@ def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False)
     type (of the owning module), shape, dtype, requires_grad.
     """
     bare = unwrap_model(model)
+    try:
+        compile_pattern(pattern)
+    except re.error as exc:
+        raise ConfigError("list_targets", f"invalid regular expression {pattern!r}: {exc}") from None
     if params:
         named = dict(bare.named_parameters())
         owners = dict(bare.named_modules())
+        keep = set(match_names([pattern], list(named)))
         return [
             {
                 "name": n,
@@ -32,7 +40,7 @@ def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False)
                 "requires_grad": p.requires_grad,
             }
             for n, p in named.items()
-            if n in set(match_names([pattern], list(named)))
+            if n in keep
         ]
     modules = dict(bare.named_modules())
     keep = set(match_names([pattern], list(modules)))

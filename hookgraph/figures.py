@@ -186,9 +186,10 @@ def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Te
         targets = records[spec]
         first = {}
         for target in targets:
-            entries = targets[target]
-            if entries and isinstance(entries[0], torch.Tensor):
-                first[target] = entries[0]
+            calls = targets.calls(target)
+            entry = targets.entry(target, *calls[0]) if calls else None  # only the first call is read
+            if isinstance(entry, torch.Tensor):
+                first[target] = entry
         if not first:
             continue
         out_dir.mkdir(exist_ok=True)

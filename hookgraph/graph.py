@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .errors import HookGraphError, InplaceBackwardError
-from .points import HookPoint
+from .points import POINTS
 from .sites import REGISTRARS, Binding
 from .transfer import HostCopier
 
@@ -53,7 +53,8 @@ class Attachment:
         # register_full_backward_hook sets this flag for good; restore it on removal so a
         # user's later register_backward_hook is not refused because of us.
         self._flags = {m: m._is_full_backward_hook for m in graph._backward_modules}
-        graph.set_step(graph.step)  # re-activate bindings a previous remove() switched off
+        graph._attachment = self
+        graph.set_step(graph.step)  # switch the bindings on for the current step
         b = None
         try:
             for b in graph.bindings:
@@ -70,7 +71,6 @@ class Attachment:
         except BaseException:
             self.remove()
             raise
-        graph._attachment = self
 
     @property
     def attached(self) -> bool:
@@ -84,7 +84,8 @@ class Attachment:
         for h in reversed(handles):
             h.remove()
         for m, flag in self._flags.items():
-            m._is_full_backward_hook = flag
+            if not m._backward_hooks:  # a full hook the user added meanwhile needs the flag kept
+                m._is_full_backward_hook = flag
         self._flags = {}
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.
@@ -119,16 +120,22 @@ class HookGraph:
     - ``step``: the current step; ``set_step(n)`` re-evaluates every spec's schedule.
     """
 
-    def __init__(self, model: nn.Module, bindings: Sequence[Binding]):
+    def __init__(self, model: nn.Module, bindings: Sequence[Binding] = ()):
         self.model = model
-        self.bindings: tuple[Binding, ...] = tuple(bindings)
+        self.bindings: tuple[Binding, ...] = ()
         self._records: dict[str, Any] = {}
         self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
         self._stat_rows: list = []
         self._attachment: Optional[Attachment] = None
         self._step = 0
-        self._backward_modules = {b.module for b in self.bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)}
-        self.set_step(0)
+        self._backward_modules: set[nn.Module] = set()
+        self._bind(bindings)
+
+    def _bind(self, bindings: Sequence[Binding]) -> None:
+        """Set the bindings (the compiler builds them after the graph, whose context they need)."""
+        self.bindings = tuple(bindings)
+        self._backward_modules = {b.module for b in self.bindings if POINTS[b.point].full_backward}
+        self.set_step(self._step)
 
     # -- schedule -----------------------------------------------------------
     @property
@@ -138,8 +145,10 @@ class HookGraph:
     def set_step(self, step: int) -> None:
         """Set the step counter and re-evaluate schedules (once per step, not per call)."""
         self._step = int(step)
+        live = self._attachment is not None
         for b in self.bindings:
-            b.update(self._step)
+            # Detached, everything stays off: tensor hooks left on activations must not act.
+            b.update(self._step) if live else setattr(b, "active", False)
 
     # -- registration ---------------------------------------------------------
     def attach(self, *, compiled: bool = False) -> Attachment:
@@ -202,7 +211,7 @@ class HookGraph:
         self._stat_rows.clear()
 
     def _backward_specs(self) -> list[str]:
-        return sorted({b.spec.name for b in self.bindings if b.point in (HookPoint.backward, HookPoint.backward_pre)})
+        return sorted({b.spec.name for b in self.bindings if POINTS[b.point].full_backward})
 
     def __iter__(self) -> Iterator[Binding]:
         return iter(self.bindings)

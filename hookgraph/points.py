@@ -36,25 +36,33 @@ class PointInfo:
     replaceable: bool  # PyTorch honours a value the hook returns
     mechanism: str
     value: str
+    needs_backward: bool = False  # fires only when a backward pass runs
+    full_backward: bool = False  # a full backward module hook (PyTorch's in-place restrictions apply)
 
 
 POINTS: dict[HookPoint, PointInfo] = {
     HookPoint.forward_pre: PointInfo(False, True, "register_forward_pre_hook", "the module's positional inputs"),
     HookPoint.forward: PointInfo(False, True, "register_forward_hook", "the module's output"),
-    HookPoint.backward_pre: PointInfo(False, True, "register_full_backward_pre_hook", "grad_output"),
-    HookPoint.backward: PointInfo(False, True, "register_full_backward_hook", "grad_input"),
+    HookPoint.backward_pre: PointInfo(
+        False, True, "register_full_backward_pre_hook", "grad_output", needs_backward=True, full_backward=True
+    ),
+    HookPoint.backward: PointInfo(
+        False, True, "register_full_backward_hook", "grad_input", needs_backward=True, full_backward=True
+    ),
     HookPoint.output_grad: PointInfo(
-        False, True, "forward hook + Tensor.register_hook on the output", "gradient w.r.t. the output"
+        False, True, "forward hook + Tensor.register_hook on the output", "gradient w.r.t. the output", needs_backward=True
     ),
     HookPoint.input_grad: PointInfo(
-        False, True, "forward pre-hook + Tensor.register_hook on the inputs", "gradient w.r.t. the inputs"
+        False, True, "forward pre-hook + Tensor.register_hook on the inputs", "gradient w.r.t. the inputs", needs_backward=True
     ),
     HookPoint.param_value: PointInfo(
         True, True, "forward pre-hook on the owning module, in-place copy", "the parameter, before its module runs"
     ),
-    HookPoint.param_grad: PointInfo(True, True, "Tensor.register_hook on the parameter", "the parameter's gradient"),
+    HookPoint.param_grad: PointInfo(
+        True, True, "Tensor.register_hook on the parameter", "the parameter's gradient", needs_backward=True
+    ),
     # PyTorch ignores what a post-accumulate-grad hook returns: read-only here.
     HookPoint.param_accumulated: PointInfo(
-        True, False, "register_post_accumulate_grad_hook", "param.grad after accumulation"
+        True, False, "register_post_accumulate_grad_hook", "param.grad after accumulation", needs_backward=True
     ),
 }

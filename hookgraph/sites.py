@@ -40,7 +40,6 @@ class Binding:
     active: bool = True
     want_training: Optional[bool] = None  # None: any mode
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
-    extra: dict = field(default_factory=dict)
 
     def plan_row(self) -> dict:
         return {
@@ -121,15 +120,7 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     if index is not None:
 
         def call(value: Any, inputs: Any, output: Any) -> Any:
-            try:
-                picked = value[index]
-            except (IndexError, KeyError, TypeError):
-                raise ActionError(
-                    f"hooks.{b.spec.name}.index: {index!r} does not select an element of the value at "
-                    f"{b.target!r} ({b.point}), a {type(value).__name__}"
-                    + (f" of length {len(value)}" if isinstance(value, (tuple, list, dict)) else "")
-                ) from None
-            new = base(picked, inputs, output)
+            new = base(_pick(b, value, index), inputs, output)
             if new is None:
                 return None
             if isinstance(value, dict):
@@ -264,9 +255,25 @@ def _without_index(b: Binding) -> Binding:
     return replace(b, spec=replace(b.spec, index=None))
 
 
-def _grad_leaves(value: Any, index: Any) -> list[Tensor]:
+def _pick(b: Binding, value: Any, index: Any) -> Any:
+    """``value[index]`` for a tuple/list/dict value; anything else is an ActionError (indexing a
+    tensor would silently take one row)."""
+    try:
+        if not isinstance(value, (tuple, list, dict)):
+            raise TypeError
+        return value[index]
+    except (IndexError, KeyError, TypeError):
+        raise ActionError(
+            f"hooks.{b.spec.name}.index: {index!r} does not select an element of the value at "
+            f"{b.target!r} ({b.point}), a {type(value).__name__}"
+            + (f" of length {len(value)}" if isinstance(value, (tuple, list, dict)) else "")
+            + "; index picks one element of a tuple, list or dict"
+        ) from None
+
+
+def _grad_leaves(value: Any, index: Any, b: Optional[Binding] = None) -> list[Tensor]:
     if index is not None:
-        value = value[index]
+        value = _pick(b, value, index)
     if isinstance(value, Tensor):
         return [value] if value.requires_grad else []
     if isinstance(value, (tuple, list)):
@@ -285,7 +292,7 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
                 if output.requires_grad:
                     output.register_hook(tensor_hook)
                 return
-            for t in _grad_leaves(output, index):
+            for t in _grad_leaves(output, index, b):
                 t.register_hook(tensor_hook)
 
     return [b.module.register_forward_hook(_module_hook(b, hook))]
@@ -299,8 +306,9 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
             return None
         new = list(args)
         changed = False
+        chosen = None if index is None else _position(b, args, index)
         for i, a in enumerate(args):
-            if isinstance(a, Tensor) and a.requires_grad and (index is None or i == index):
+            if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
                 # A fresh alias carries the hook, so it sees the gradient through this module
                 # only (not the input's other uses, e.g. a residual branch).
                 alias = a.clone() if a.is_leaf else a.view_as(a)
@@ -310,6 +318,15 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
         return tuple(new) if changed else None
 
     return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
+
+
+def _position(b: Binding, args: tuple, index: Any) -> int:
+    """A positional index into the inputs, negatives counted from the end; out of range is an error."""
+    if isinstance(index, int) and -len(args) <= index < len(args):
+        return index % len(args)
+    raise ActionError(
+        f"hooks.{b.spec.name}.index: {index!r} does not select one of the {len(args)} positional inputs of {b.target!r}"
+    )
 
 
 def _param_value(b: Binding) -> list[RemovableHandle]:

@@ -86,7 +86,6 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-_PREFIX_HINT = "hooks"
 _FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
 _SCHEMA = OmegaConf.structured(HookSpec)
 # Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
@@ -95,7 +94,7 @@ for _k in ("when", "expect"):
     OmegaConf.set_readonly(_SCHEMA._get_node(_k), False)
 
 
-def _plain(specs: Any) -> Mapping[str, Any]:
+def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     """Any accepted input form -> a mapping of spec name -> spec body."""
     if specs is None:
         return {}
@@ -118,7 +117,7 @@ def _plain(specs: Any) -> Mapping[str, Any]:
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
         unnamed = [i for i, s in enumerate(specs) if not s.name]
         if unnamed:
-            raise SpecError([Problem(f"{_PREFIX_HINT}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed])
+            raise SpecError([Problem(f"{prefix}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed])
         return {s.name: s for s in specs}
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
@@ -221,7 +220,7 @@ def parse_steps(text: str) -> tuple[int, Optional[int]]:
 
 def check_specs(specs: Any, *, prefix: str = "hooks") -> tuple[list[HookSpec], list[Problem], set[str]]:
     """Specs (best effort), every problem found, and the names of the specs that had problems."""
-    mapping = _plain(specs)
+    mapping = _plain(specs, prefix)
     out: list[HookSpec] = []
     problems: list[Problem] = []
     broken: set[str] = set()

@@ -44,8 +44,8 @@ def no_hook_left(monkeypatch):
     seen: list = []
     original = graph_mod.HookGraph.__init__
 
-    def tracking_init(self, model, bindings):
-        original(self, model, bindings)
+    def tracking_init(self, model, *args, **kwargs):
+        original(self, model, *args, **kwargs)
         seen.append((weakref.ref(self), weakref.ref(model), hook_snapshot(model)))
 
     monkeypatch.setattr(graph_mod.HookGraph, "__init__", tracking_init)

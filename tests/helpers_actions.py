@@ -24,3 +24,11 @@ NOT_CALLABLE = 42
 
 def no_params() -> None:
     """Takes no value: refused as an action."""
+
+
+SEEN: list = []
+
+
+def observe(value: torch.Tensor) -> None:
+    """Keep the value's norm and return None: an observer, declared with replaces: false."""
+    SEEN.append(float(value.norm()))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ..dtypes import DTYPES
 from ..errors import HookGraphError, NonFiniteError, did_you_mean
 from ..points import HookPoint
 from .registry import ActionContext, register_action
@@ -48,7 +49,7 @@ def shapes(value: Any) -> Any:
     return None
 
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+_DTYPES = DTYPES
 REDUCTIONS = ("mean", "max", "norm")
 
 
@@ -144,7 +145,10 @@ def record(
     # A parameter (edited in place) and an accumulated .grad (updated in place by the next
     # backward) would change under a plain detach: keep a copy.
     clone = clone or ctx.point in (HookPoint.param_value, HookPoint.param_accumulated)
-    device = torch.device(to) if to is not None else None
+    try:
+        device = torch.device(to) if to is not None else None
+    except RuntimeError:
+        raise ValueError(f"to: {to!r} is not a device; use cpu, cuda, cuda:N or mps") from None
     cast = _DTYPES.get(dtype) if dtype else None
     slot = ctx.record_slot()
 

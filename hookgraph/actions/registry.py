@@ -13,7 +13,9 @@ compile time, so argument checks and allocations happen there; ``fn`` runs in th
   points where PyTorch ignores returned values.
 
 A plain user function given by ``{_target_: pkg.mod.fn}`` is wrapped as
-``fn(value, **args) -> value or None`` (``replaces=True``, ``per_tensor=False``).
+``fn(value, **args) -> value or None`` (``per_tensor=False``); it may replace values unless
+the config says ``{_target_: pkg.mod.fn, replaces: false}`` (an observer, allowed at
+read-only points such as param_accumulated).
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ class ActionContext:
     point: HookPoint
     module_type: str
     graph: "HookGraph"
-    extras: dict = field(default_factory=dict)
 
     @property
     def step(self) -> int:
@@ -107,7 +108,7 @@ def register_action(
     return deco
 
 
-def _plain_function_action(fn: Callable[..., Any], label: str) -> ActionDef:
+def _plain_function_action(fn: Callable[..., Any], label: str, replaces: bool = True) -> ActionDef:
     """Wrap ``fn(value, **args)`` as a factory; arguments are checked against fn's signature."""
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
@@ -121,7 +122,7 @@ def _plain_function_action(fn: Callable[..., Any], label: str) -> ActionDef:
     factory.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=[inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params[1:]
     )
-    return ActionDef(label, factory, replaces=True, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "")
+    return ActionDef(label, factory, replaces=replaces, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "")
 
 
 def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Problem]]:
@@ -131,9 +132,12 @@ def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Pro
             return ACTIONS[action], []
         return None, [Problem(key, f"unknown action {action!r}; {did_you_mean(action, ACTIONS, 'registered actions')}")]
     if isinstance(action, Mapping) and "_target_" in action:
-        extra = set(action) - {"_target_"}
+        extra = set(action) - {"_target_", "replaces"}
         if extra:
-            return None, [Problem(key, f"only '_target_' belongs here; put arguments under 'args' (found {sorted(extra)})")]
+            return None, [Problem(key, f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})")]
+        replaces = action.get("replaces", True)
+        if not isinstance(replaces, bool):
+            return None, [Problem(f"{key}.replaces", f"expected true or false, got {replaces!r}")]
         path = str(action["_target_"])
         from hydra.utils import get_object  # lazy: hydra is heavy and only needed for _target_
 
@@ -154,7 +158,7 @@ def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Pro
         if not callable(obj):
             return None, [Problem(f"{key}._target_", f"{path!r} is not callable")]
         try:
-            return _plain_function_action(obj, path), []
+            return _plain_function_action(obj, path, replaces), []
         except (TypeError, ValueError) as exc:
             return None, [Problem(f"{key}._target_", str(exc))]
     return None, [Problem(key, f"expected an action name or {{_target_: pkg.fn}}, got {action!r}")]

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from ..dtypes import DTYPES
 from ..errors import ConfigError, did_you_mean
 
 __all__ = ["resolve_device", "resolve_dtype", "DTYPES"]
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _available() -> list[str]:

@@ -31,7 +31,7 @@ from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
 from ..models import build_model
-from ..points import HookPoint
+from ..points import POINTS, HookPoint
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .device import resolve_device, resolve_dtype
 
@@ -93,6 +93,23 @@ def _loss(out: Any, labels: Optional[torch.Tensor], r: DictConfig) -> torch.Tens
     return out[:, r.target_class].float().sum()
 
 
+def _call(forward: Any, inputs: tuple, step: int, cfg: DictConfig) -> Any:
+    """The model's forward; at the first step, inputs that do not fit its signature are a config error."""
+    if step > 0:
+        return forward(*inputs)
+    try:
+        return forward(*inputs)
+    except TypeError as exc:
+        if "positional argument" not in str(exc):
+            raise  # a TypeError from inside the model is the model's own
+        shapes = [list(x.shape) for x in inputs]
+        raise ConfigError(
+            "data.kind",
+            f"{cfg.data.kind!r} gave the model {len(inputs)} input(s) {shapes}, which its forward does not take: {exc}. "
+            "data=auto picks the model's own input; data=none calls forward() without arguments",
+        ) from exc
+
+
 def _validate(r: DictConfig) -> None:
     if r.loss not in LOSSES:
         raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
@@ -101,7 +118,7 @@ def _validate(r: DictConfig) -> None:
     if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
         raise ConfigError("runner.optimizer", f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}")
     if r.steps < 0 or r.batch_size < 1:
-        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "must be positive")
+        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
 
@@ -130,13 +147,9 @@ def _check_gradcam(cfg: DictConfig, graph: HookGraph) -> None:
         raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
 
 
-_GRADIENT_POINTS = (HookPoint.backward_pre, HookPoint.backward, HookPoint.output_grad, HookPoint.input_grad,
-                    HookPoint.param_grad, HookPoint.param_accumulated)
-
-
 def _check_forward_only(graph: HookGraph) -> None:
     """A gradient hook in a run without backward would silently never fire: refuse it."""
-    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if b.point in _GRADIENT_POINTS})
+    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if POINTS[b.point].needs_backward})
     if problems:
         specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
         raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
@@ -157,7 +170,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _headline(graph: HookGraph, writer: RunWriter, losses: list[float]) -> dict[str, Any]:
+def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     per_spec: dict[str, dict[str, int]] = {}
     for b in graph.bindings:
         s = per_spec.setdefault(b.spec.name, {"bindings": 0, "records": 0})
@@ -246,7 +259,7 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
                 inputs = tuple(x.to(device=device, dtype=dtype if x.is_floating_point() else None) for x in inputs)
                 labels = labels.to(device) if labels is not None else None
                 with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
-                    out = forward(*inputs)
+                    out = _call(forward, inputs, step, cfg)
                     loss = _loss(out, labels, r)
                 if r.backward:
                     if not loss.requires_grad:
@@ -295,7 +308,7 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
             summary["loss"] = losses[-1]
             summary["losses"] = losses
         if graph is not None:
-            summary["specs"] = _headline(graph, writer, losses)
+            summary["specs"] = _headline(graph, writer)
         summary["records_bytes"] = writer.bytes_written
         summary["shards"] = writer.shards
         writer.json("summary.json", summary)

@@ -92,15 +92,17 @@ class RunWriter:
             for target, slot in targets.items():
                 for call, entry in enumerate(slot):
                     flatten_entry(f"{spec}/{target}/{step}/{call}", entry, tensors)
-                self.counts[spec] = self.counts.get(spec, 0) + len(slot)
         if not tensors:
             return 0
         seen: set[int] = set()
         for k, t in tensors.items():
             t = t.detach().to("cpu").contiguous()
-            if t.data_ptr() in seen:  # safetensors refuses shared storage
+            # safetensors refuses tensors whose storage overlaps (a view and its base, two
+            # slices of one output): each storage is written once, copies take the rest.
+            storage = t.untyped_storage().data_ptr()
+            if storage in seen:
                 t = t.clone()
-            seen.add(t.data_ptr())
+            seen.add(t.untyped_storage().data_ptr())
             tensors[k] = t
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
@@ -117,6 +119,9 @@ class RunWriter:
         atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
+        for spec, targets in records.items():
+            if isinstance(targets, dict):
+                self.counts[spec] = self.counts.get(spec, 0) + sum(len(slot) for slot in targets.values())
         for targets in records.values():
             if isinstance(targets, dict):
                 for slot in targets.values():
