@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .common import Variant, Workload
-from .workloads import GraphHooks, names_of
+from .workloads import GraphHooks, HandBase, names_of
 
 TITLE = ("resnet50 (weights=None), train mode, batch 64 at 224, forward + backward; every Conv2d output "
          "recorded to the host and stats on every module")
@@ -43,7 +43,7 @@ def _stats(t: Tensor) -> list[Tensor]:
             (x == 0).float().mean(), torch.isnan(x).sum().float(), torch.isinf(x).sum().float()]
 
 
-class HandGPU:
+class HandGPU(HandBase):
     """Hand-written hooks for W5: ``rec`` in (None, device, cpu, pinned), ``stats`` in (None, item, device)."""
 
     def __init__(self, model: nn.Module, convs: list[str], every: list[str], *, rec: Optional[str], stats: Optional[str],
@@ -87,11 +87,6 @@ class HandGPU:
             self.handles += [modules[n].register_forward_hook(self._rec_hook(n)) for n in self.convs]
         if self.stats:
             self.handles += [modules[n].register_forward_hook(self._stats_hook(n)) for n in self.every]
-
-    def detach(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
     def clear(self) -> None:
         for lst in self.records.values():

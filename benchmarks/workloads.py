@@ -52,7 +52,18 @@ def names_of(model: nn.Module, kind: type) -> list[str]:
 # -- hand-written hooks ------------------------------------------------------------------
 
 
-class HandHooks:
+class HandBase:
+    """What every hand-written variant shares: its handles and their removal."""
+
+    handles: list
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+class HandHooks(HandBase):
     """What a user writes by hand: ``register_forward_hook`` storing ``output.detach()`` in a
     dict of lists per name (``.cpu()`` too with ``to_cpu``), and with ``grads`` also
     ``output.register_hook`` storing the output's gradient."""
@@ -84,11 +95,6 @@ class HandHooks:
     def attach(self) -> None:
         modules = dict(self.model.named_modules())
         self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in self.names]
-
-    def detach(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
     def clear(self) -> None:
         for lst in self.records.values():

@@ -25,6 +25,13 @@ from .errors import ConfigError, HookGraphError  # noqa: E402
 __all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure", "gradcam", "gradcam_figure"]
 
 
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)  # pyplot keeps every open figure alive otherwise
+    return path
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "root"
 
@@ -53,10 +60,7 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     ax.imshow(canvas.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.axis("off")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_panels: int = 16) -> Path:
@@ -73,10 +77,7 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     for ax in list(axes.flat)[len(items):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_lines: int = 20) -> Path:
@@ -92,10 +93,7 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     ax.set_ylabel(stat)
     if len(series) <= 12:
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: Union[int, Sequence[int]]) -> torch.Tensor:
@@ -144,10 +142,7 @@ def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path
         ax.imshow(heat.detach().cpu().numpy(), cmap="jet")
     ax.axis("off")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tensor], out_dir: Path) -> Path:
@@ -219,7 +214,4 @@ def sweep_figure(rows: Sequence[dict], path: Path) -> Path | None:
     ax.bar(range(len(pts)), [p[1] for p in pts])
     ax.set_xticks(range(len(pts)), [p[0] for p in pts], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("loss (last step)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
