@@ -144,6 +144,8 @@ def test_two_job_sweep_writes_one_table(tmp_path):
     ]
     assert all(r["status"] == "completed" for r in rows)
     assert float(rows[0]["loss"]) == float(rows[1]["loss"])  # the forward pass is the same
+    assert float(rows[0]["relu_grad_stats.min"]) == 0.0  # the headline a clamp sweep moves
+    assert -0.1 <= float(rows[1]["relu_grad_stats.min"]) < 0
     low = hg.load_run(sweep / "1").records["relu_grad"]["relu"][0]
     assert -0.1 <= low.min().item() < 0  # negatives above the swept bound pass
     assert hg.load_run(sweep / "0").records["relu_grad"]["relu"][0].min().item() >= 0

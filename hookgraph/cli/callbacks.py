@@ -1,7 +1,8 @@
 """Hydra callbacks. Public names: SweepTable.
 
 At the end of a multirun, SweepTable writes ``sweep.csv`` in the sweep folder: one row per
-job with its overrides and headline figures (status, steps, loss, records per spec).
+job with its overrides and headline figures (status, steps, loss, records per spec, and for
+each stats spec its min, max and mean norm at the last step).
 """
 
 from __future__ import annotations
@@ -35,12 +36,31 @@ def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
             row["run_s"] = round(s.get("timings", {}).get("run_s", float("nan")), 4)
             for spec, counts in (s.get("specs") or {}).items():
                 row[f"{spec}.records"] = counts.get("records")
+            row.update(_stat_headlines(job))
             if "error" in s:
                 row["error"] = s["error"].get("message", "")[:200]
         else:
             row["status"] = "missing"
         rows.append(row)
     return rows
+
+
+def _stat_headlines(job: Path) -> dict[str, float]:
+    """Per stats spec, over its targets at the job's last step: the smallest min, the largest
+    max and the mean norm (what a sweep over a clamp or a scale moves)."""
+    from ..runs.reader import _read_csv
+
+    rows = _read_csv(job / "stats.csv")
+    if not rows:
+        return {}
+    last = max(r["step"] for r in rows)
+    out: dict[str, float] = {}
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        mine = [r for r in rows if r["spec"] == spec and r["step"] == last]
+        out[f"{spec}.min"] = min(r["min"] for r in mine)
+        out[f"{spec}.max"] = max(r["max"] for r in mine)
+        out[f"{spec}.norm"] = sum(r["norm"] for r in mine) / len(mine)
+    return out
 
 
 class SweepTable(Callback):
