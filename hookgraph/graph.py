@@ -177,6 +177,14 @@ class HookGraph:
         self.host.synchronize()
         return self._records
 
+    @property
+    def calls(self) -> dict[str, int]:
+        """spec -> how many times its action ran (0: the spec never fired)."""
+        out: dict[str, int] = {}
+        for b in self.bindings:
+            out[b.spec.name] = out.get(b.spec.name, 0) + b.calls
+        return out
+
     def plan(self) -> Plan:
         return Plan(b.plan_row() for b in self.bindings)
 

@@ -40,6 +40,7 @@ class Binding:
     active: bool = True
     want_training: Optional[bool] = None  # None: any mode
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
+    calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
 
     def plan_row(self) -> dict:
         return {
@@ -181,6 +182,7 @@ def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Bin
 
         def hook(module: nn.Module, *hook_args: Any) -> Optional[tuple]:
             if b.active and _mode_ok(b, module):
+                b.calls += 1
                 value, inputs, output = select(hook_args)
                 new = call(unwrap(value), inputs, output)
                 if new is not None:
@@ -204,6 +206,7 @@ def _forward(b: Binding) -> list[RemovableHandle]:
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if b.active and (want is None or module.training is want):
+                b.calls += 1
                 return call(output, args, output)
             return None
 
@@ -212,6 +215,7 @@ def _forward(b: Binding) -> list[RemovableHandle]:
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if b.active and (want is None or module.training is want):
+                b.calls += 1
                 try:
                     return direct(output)
                 except HookGraphError:
@@ -231,12 +235,16 @@ def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
 
         def hook(grad: Tensor) -> Any:
             # Checked again at backward time: after detach, b.active is False.
-            return call(grad, None, None) if b.active else None
+            if b.active:
+                b.calls += 1
+                return call(grad, None, None)
+            return None
 
         return hook
 
     def direct_hook(grad: Tensor) -> Any:
         if b.active:
+            b.calls += 1
             try:
                 return direct(grad)
             except HookGraphError:
@@ -334,6 +342,7 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
 
     def hook(module: nn.Module, args: tuple) -> None:
         if b.active and _mode_ok(b, module):
+            b.calls += 1
             with torch.no_grad():
                 new = call(param, args, None)
                 if new is not None and new is not param:
@@ -348,6 +357,7 @@ def _param_grad(b: Binding) -> list[RemovableHandle]:
 
     def hook(grad: Tensor) -> Optional[Tensor]:
         if b.active and _mode_ok(b, module):
+            b.calls += 1
             return call(grad, None, None)
         return None
 
@@ -359,6 +369,7 @@ def _param_accumulated(b: Binding) -> list[RemovableHandle]:
 
     def hook(param: Tensor) -> None:
         if b.active and _mode_ok(b, module) and param.grad is not None:
+            b.calls += 1
             call(param.grad, None, None)
 
     return [b.param.register_post_accumulate_grad_hook(hook)]

@@ -60,3 +60,22 @@ def test_forward_only_refuses_gradient_hooks(tmp_path):
 def test_forward_only_records_activations(tmp_path):
     summary = run(cfg(runner={"backward": False, "steps": 2}), tmp_path)
     assert summary["steps"] == 2 and len(hg.load_run(tmp_path).records["acts"]["conv"]) == 2
+
+
+def test_a_spec_that_never_fires_is_reported(tmp_path):
+    # The image needs no gradient, so an input_grad hook on the first conv never runs.
+    summary = run(cfg(hooks={"x": {"target": "conv", "at": "input_grad", "action": "record"},
+                             "a": {"target": "conv", "action": "record"}}), tmp_path)
+    assert summary["never_fired"] == ["x"]
+    assert summary["specs"]["x"]["calls"] == 0 and summary["specs"]["a"]["calls"] == 1
+
+
+def test_calls_count_every_action_run():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
+    graph = hg.compile(model, {"f": {"target": "*", "action": "stats"},
+                               "g": {"target": "0", "at": "output_grad", "action": "record"},
+                               "p": {"target": "**.weight", "at": "param_grad", "action": "record"}})
+    with graph.attach():
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+    assert graph.calls == {"f": 6, "g": 3, "p": 3}

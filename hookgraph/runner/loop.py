@@ -172,8 +172,9 @@ def _versions() -> dict[str, str]:
 
 def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     per_spec: dict[str, dict[str, int]] = {}
+    calls = graph.calls
     for b in graph.bindings:
-        s = per_spec.setdefault(b.spec.name, {"bindings": 0, "records": 0})
+        s = per_spec.setdefault(b.spec.name, {"bindings": 0, "calls": calls[b.spec.name], "records": 0})
         s["bindings"] += 1
     for spec, n in writer.counts.items():
         per_spec.setdefault(spec, {"bindings": 0, "records": 0})["records"] = n
@@ -281,6 +282,12 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
 
             summary["figures"] = write_figures(writer.dir, graph, cfg.sink, image=first_input)
         timings["write_s"] = time.perf_counter() - t
+        silent = sorted(name for name, n in graph.calls.items() if n == 0)
+        if silent and r.steps > 0:
+            # Bound but never run: e.g. input_grad where no input needs a gradient.
+            summary["never_fired"] = silent
+            log.warning("specs bound but never fired: %s (a schedule that excludes every step, "
+                        "a gradient that never reaches the target, or a module the forward skips)", ", ".join(silent))
         summary["status"] = "completed"
         return summary
     except BaseException as exc:
