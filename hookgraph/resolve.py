@@ -55,7 +55,8 @@ def _is_literal(pattern: str) -> bool:
 
 @lru_cache(maxsize=4096)
 def compile_pattern(pattern: str) -> Callable[[str], bool]:
-    """A predicate for one pattern. Raises re.error for an invalid regular expression."""
+    """A predicate for one pattern. Raises re.error for an invalid regular expression (or a
+    glob whose character class does not translate, such as ``[]x``)."""
     if pattern.startswith("re:"):
         rx = re.compile(pattern[3:])
         return lambda name: name != "" and rx.fullmatch(name) is not None
@@ -127,7 +128,8 @@ def resolve_names(
             try:
                 compile_pattern(p)
             except re.error as exc:
-                problems.append(Problem(f"{key}.{field_name}", f"invalid regular expression {p!r}: {exc}"))
+                kind = "regular expression" if p.startswith("re:") else "glob"
+                problems.append(Problem(f"{key}.{field_name}", f"invalid {kind} {p!r}: {exc}"))
     if problems:
         return [], problems
 

@@ -1,9 +1,10 @@
 """Registrars: how a binding becomes PyTorch hooks at its hook point.
 
-Public names: Binding, make_caller, REGISTRARS.
+Public names: Binding, make_caller, direct_caller, action_error, REGISTRARS.
 
-Everything a hook needs is prepared here, before registration; the closures below do no
-lookups, matching or allocation of their own beyond the action's work.
+Everything a hook needs is prepared here, before registration: the closures below do no
+name lookups or matching. They allocate only what PyTorch asks for (a replaced tuple, an
+alias carrying an input-gradient hook) besides the action's own work.
 """
 
 from __future__ import annotations
