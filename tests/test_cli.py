@@ -143,6 +143,7 @@ def test_two_job_sweep_writes_one_table(tmp_path):
         "+experiment=clamp_conv hooks.clamp_grad.args.min=-0.1",
     ]
     assert all(r["status"] == "completed" for r in rows)
+    assert (sweep / "sweep.png").is_file()
     assert float(rows[0]["loss"]) == float(rows[1]["loss"])  # the forward pass is the same
     assert float(rows[0]["relu_grad_stats.min"]) == 0.0  # the headline a clamp sweep moves
     assert -0.1 <= float(rows[1]["relu_grad_stats.min"]) < 0

@@ -105,3 +105,20 @@ def test_resnet34_feature_maps_experiment(tmp_path):
     targets = hg.load_run(tmp_path).records["record_convs"]
     assert len(targets) == 36
     assert all(name.endswith(("conv1", "conv2", "downsample.0")) for name in targets)
+
+
+def test_histograms_and_stats_over_steps(tmp_path):
+    cfg = {"model": {"name": "mlp"}, "runner": {"steps": 3, "progress": False},
+           "hooks": {"acts": {"target": "*", "types": ["Linear"], "action": "record"},
+                     "grads": {"target": "*", "types": ["Linear"], "at": "output_grad", "action": "stats"}}}
+    summary = run(cfg, tmp_path)
+    assert sorted(summary["figures"]) == ["figures/hist_acts.png", "figures/stats_over_steps.png"]
+    assert all(_not_blank(tmp_path / f) for f in summary["figures"])
+
+
+def test_sweep_figure(tmp_path):
+    from hookgraph.figures import sweep_figure
+
+    rows = [{"job": 0, "overrides": "a=1", "loss": 1.0}, {"job": 1, "overrides": "a=2", "loss": 3.0}, {"job": 2, "status": "failed"}]
+    assert _not_blank(sweep_figure(rows, tmp_path / "sweep.png"))
+    assert sweep_figure([{"job": 0, "status": "failed"}], tmp_path / "none.png") is None
