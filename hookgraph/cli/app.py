@@ -49,6 +49,8 @@ def _app(cfg: DictConfig) -> float | None:
         sys.exit(2)
     loss = summary.get("loss")
     if summary.get("status") == "completed":
+        for spec, counts in (summary.get("specs") or {}).items():
+            log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])
         log.info("completed %d step(s); run folder: %s", summary["steps"], out_dir)
     return float(loss) if loss is not None else None  # an objective for Hydra sweepers
 
