@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import ConfigError, did_you_mean
+from ..plain import to_plain
 
 __all__ = [
     "Batches",
@@ -247,14 +248,7 @@ def build_data(
     ``normalize``: true for ImageNet mean/std, or ``{mean: [...], std: [...]}``; it
     applies to ``fake`` and ``images``. Parameters a kind does not use are ignored.
     """
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-        return value
-
-    shape, image_size, normalize = plain(shape), plain(image_size), plain(normalize)
+    shape, image_size, normalize = to_plain(shape), to_plain(image_size), to_plain(normalize)
     if kind not in DATA_KINDS:
         raise ConfigError(f"{key}.kind", f"unknown data kind {kind!r}; {did_you_mean(str(kind), DATA_KINDS, 'valid kinds')}")
     batch_size = _positive_int(batch_size, f"{key}.batch_size")

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, did_you_mean
+from ..plain import to_plain
 
 __all__ = ["MODEL_REGISTRY", "register_model", "build_model", "load_checkpoint"]
 
@@ -63,15 +64,6 @@ def _torchvision_names() -> list[str]:
     import torchvision.models
 
     return list(torchvision.models.list_models())
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> plain dicts/lists, so constructors see ordinary types."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 def _signature(obj: Any) -> str:
@@ -187,7 +179,7 @@ def build_model(
     if (name is None) == (target is None):
         both = "both" if name is not None else "neither"
         raise ConfigError(key, f"set exactly one of {key}.name and {key}._target_ ({both} given)")
-    kwargs = _plain(kwargs)
+    kwargs = to_plain(kwargs)
     if kwargs is None:
         kwargs = {}
     if not isinstance(kwargs, Mapping):

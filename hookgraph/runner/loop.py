@@ -56,17 +56,16 @@ def build_from_config(cfg: Any) -> torch.nn.Module:
     cfg = _cfg(cfg)
     torch.manual_seed(cfg.runner.seed)
     m = cfg.model
-    kwargs = OmegaConf.to_container(m.kwargs, resolve=True) if isinstance(m.kwargs, DictConfig) else dict(m.kwargs or {})
     target = m.get("_target_")
-    return build_model(None if target else m.name, target=target, kwargs=kwargs, weights=m.weights, checkpoint=m.checkpoint)
+    return build_model(None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint)
 
 
 def _data(cfg: DictConfig, model: torch.nn.Module):
     d = cfg.data
     kind = d.kind
-    params: dict[str, Any] = {"shape": tuple(d.shape), "num_classes": d.num_classes, "size": d.size, "root": d.root,
-                              "image_size": tuple(d.image_size) if d.image_size else None, "seed": d.seed,
-                              "normalize": OmegaConf.to_container(d.normalize) if isinstance(d.normalize, DictConfig) else d.normalize}
+    # build_data converts OmegaConf containers itself.
+    params: dict[str, Any] = {"shape": d.shape, "num_classes": d.num_classes, "size": d.size, "root": d.root,
+                              "image_size": d.image_size, "seed": d.seed, "normalize": d.normalize}
     if kind == "auto":
         # The model's own default input (seed nets carry one); otherwise random tensors of data.shape.
         default = dict(getattr(model, "default_data", None) or {"kind": "random"})
