@@ -170,18 +170,17 @@ def _versions() -> dict[str, str]:
 
 
 def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
-    per_spec: dict[str, dict[str, int]] = {}
-    calls = graph.calls
+    # Only bound specs record anything, so the bindings give every key.
+    per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
     for b in graph.bindings:
-        s = per_spec.setdefault(b.spec.name, {"bindings": 0, "calls": calls[b.spec.name], "records": 0})
-        s["bindings"] += 1
+        per_spec[b.spec.name]["bindings"] += 1
     for spec, n in writer.counts.items():
-        per_spec.setdefault(spec, {"bindings": 0, "records": 0})["records"] = n
+        per_spec[spec]["records"] = n
     for spec, rows in graph.records.items():
-        if isinstance(rows, list):
-            per_spec.setdefault(spec, {"bindings": 0, "records": 0})["records"] = len(rows)
+        if isinstance(rows, list):  # trace rows
+            per_spec[spec]["records"] = len(rows)
     for row in graph._stat_rows:
-        per_spec.setdefault(row[0], {"bindings": 0, "records": 0})["records"] += 1
+        per_spec[row[0]]["records"] += 1
     return per_spec
 
 
