@@ -112,24 +112,25 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     naming the spec, target and point; ``try`` costs nothing in CPython 3.11 until it raises.
     """
     fn, index = b.fn, b.spec.index
-    direct = direct_caller(b)
-    if b.action.wants_io:
-        base = fn
-    else:
-        inner = _each(fn) if b.action.per_tensor else fn
-        base = lambda value, inputs, output: inner(value)  # noqa: E731
-    call = base
-    if index is not None:
+    direct = direct_caller(b)  # no index and no inputs/outputs: called as it is
+    if direct is None:
+        if b.action.wants_io:
+            base = fn
+        else:
+            inner = _each(fn) if b.action.per_tensor else fn
+            base = lambda value, inputs, output: inner(value)  # noqa: E731
+        call = base
+        if index is not None:
 
-        def call(value: Any, inputs: Any, output: Any) -> Any:
-            new = base(_pick(b, value, index), inputs, output)
-            if new is None:
-                return None
-            if isinstance(value, dict):
-                return {**value, index: new}
-            items = list(value)
-            items[index] = new
-            return type(value)(items) if isinstance(value, list) else tuple(items)
+            def call(value: Any, inputs: Any, output: Any) -> Any:
+                new = base(_pick(b, value, index), inputs, output)
+                if new is None:
+                    return None
+                if isinstance(value, dict):
+                    return {**value, index: new}
+                items = list(value)
+                items[index] = new
+                return type(value)(items) if isinstance(value, list) else tuple(items)
 
     def guarded(value: Any, inputs: Any, output: Any) -> Any:
         try:
