@@ -1,0 +1,216 @@
+"""One structure walker for every value a hook sees, an action returns or a run folder stores.
+
+Public names: tree_map, tree_replace, tensors, tensors_with_paths, describe, rebuild.
+
+Built on ``torch.utils._pytree``: tuples, lists, dicts (any key type, in order),
+namedtuples, ``torch.return_types``, OrderedDict/defaultdict/deque and every type
+registered with pytree (Hugging Face ``ModelOutput`` registers itself) are walked and
+rebuilt as the same type. A dict, list or tuple subclass that is not registered (a
+ModelOutput-style container of the user's own) is walked through its items and rebuilt
+from a copy of itself, so its type survives too. Every other leaf (None, numbers,
+strings) passes through untouched.
+
+``describe`` turns a value into its tensors plus a JSON structure, and ``rebuild`` goes
+back: that structure is what a run folder stores, so a record reads back as the tuple,
+list, dict (with its key types) or namedtuple it was, with ``None`` in place. Types are
+never imported from a file: a namedtuple comes back as a namedtuple of the same name and
+fields, another registered container as the tuple, list or dict it flattens to.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+from typing import Any, Callable, Optional
+
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+__all__ = ["tree_map", "tree_replace", "tensors", "tensors_with_paths", "describe", "rebuild"]
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _unregistered_container(x: Any) -> bool:
+    # pytree treats these as leaves; they still hold tensors we must reach.
+    return isinstance(x, (dict, list, tuple)) and type(x) not in pytree.SUPPORTED_NODES and not pytree.is_namedtuple_instance(x)
+
+
+def _rebuild_container(x: Any, items: list) -> Any:
+    """``x``'s own type holding ``items`` (its values, in order)."""
+    if isinstance(x, dict):
+        new = copy.copy(x)
+        for k, v in zip(list(x), items):
+            new[k] = v
+        return new
+    if isinstance(x, list):
+        new = copy.copy(x)
+        new[:] = items
+        return new
+    try:
+        return type(x)(items)
+    except TypeError:  # a tuple subclass whose constructor takes other arguments
+        return tuple(items)
+
+
+def tree_map(fn: Callable[[Tensor], Any], value: Any) -> Any:
+    """``fn`` applied to every tensor in ``value``; containers are rebuilt as their own type."""
+    if type(value) is Tensor:  # the hot path: most hooked values are one tensor
+        return fn(value)
+    if isinstance(value, Tensor):
+        return fn(value)
+    leaves, spec = pytree.tree_flatten(value)
+    out = []
+    for x in leaves:
+        if isinstance(x, Tensor):
+            out.append(fn(x))
+        elif _unregistered_container(x):
+            out.append(_rebuild_container(x, [tree_map(fn, v) for v in (x.values() if isinstance(x, dict) else x)]))
+        else:
+            out.append(x)
+    return pytree.tree_unflatten(out, spec)
+
+
+def tree_replace(fn: Callable[[Tensor], Optional[Tensor]], value: Any) -> Any:
+    """Like :func:`tree_map`, for actions that may replace tensors: ``fn`` returns a new tensor
+    or None (keep it). Returns None when no tensor was replaced, so the hook leaves the
+    value alone."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    changed = False
+
+    def one(t: Tensor) -> Tensor:
+        nonlocal changed
+        new = fn(t)
+        if new is None:
+            return t
+        changed = True
+        return new
+
+    out = tree_map(one, value)
+    return out if changed else None
+
+
+def tensors(value: Any) -> list[Tensor]:
+    """The tensors in ``value``, in walk order."""
+    found: list[Tensor] = []
+    tree_map(lambda t: found.append(t) or t, value)
+    return found
+
+
+def tensors_with_paths(value: Any) -> list[tuple[str, Tensor]]:
+    """``(path, tensor)`` pairs, paths written as in Python (``[0]``, ``['logits']``, ``.h``)."""
+    out: list[tuple[str, Tensor]] = []
+
+    def walk(x: Any, path: str) -> None:
+        if isinstance(x, Tensor):
+            out.append((path, x))
+        elif pytree.is_namedtuple_instance(x):
+            for f, v in zip(x._fields, x):
+                walk(v, f"{path}.{f}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}[{k!r}]")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+        elif type(x) in pytree.SUPPORTED_NODES:
+            children, _ = pytree.SUPPORTED_NODES[type(x)].flatten_fn(x)
+            for i, v in enumerate(children):
+                walk(v, f"{path}[{i}]")
+
+    walk(value, "")
+    return out
+
+
+# -- the stored form -------------------------------------------------------------------
+
+
+def _key(k: Any) -> Any:
+    if isinstance(k, _SCALARS):
+        return k
+    return {"repr": repr(k)}  # a key JSON cannot hold (a tuple, an enum) is kept readable
+
+
+def _qualname(x: Any) -> str:
+    t = type(x)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def describe(value: Any) -> tuple[list[Tensor], Any]:
+    """``(tensors, structure)``: the tensors in walk order and a JSON-able description.
+
+    Structure forms: ``{"tensor": i}``; ``null`` for None; ``{"value": x}`` for a number or
+    string; ``{"tuple": [...]}``, ``{"list": [...]}``; ``{"dict": [[key, item], ...]}``
+    (keys keep their JSON type: int keys stay ints); ``{"namedtuple": name, "fields": [...],
+    "items": [...]}``; other containers add ``"type": "module.QualName"`` (informative only);
+    anything else is ``{"repr": "..."}``.
+    """
+    found: list[Tensor] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            found.append(x)
+            return {"tensor": len(found) - 1}
+        if x is None:
+            return None
+        if isinstance(x, _SCALARS):
+            return {"value": x}
+        if pytree.is_namedtuple_instance(x) or pytree.is_structseq_instance(x):
+            fields = list(getattr(x, "_fields", None) or [f"f{i}" for i in range(len(x))])
+            return {"namedtuple": type(x).__name__, "fields": fields, "items": [walk(v) for v in x]}
+        if isinstance(x, dict):
+            out: dict[str, Any] = {"dict": [[_key(k), walk(v)] for k, v in x.items()]}
+        elif isinstance(x, tuple):
+            out = {"tuple": [walk(v) for v in x]}
+        elif isinstance(x, list):
+            out = {"list": [walk(v) for v in x]}
+        elif type(x) in pytree.SUPPORTED_NODES:
+            children, _ = pytree.SUPPORTED_NODES[type(x)].flatten_fn(x)
+            out = {"list": [walk(v) for v in children]}
+        else:
+            return {"repr": repr(x)}
+        if type(x) not in (dict, tuple, list):
+            out["type"] = _qualname(x)
+        return out
+
+    return found, walk(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
+    # Fields that are not identifiers (a structseq's generated names are) are renamed.
+    return collections.namedtuple(name if name.isidentifier() else "Record", fields, rename=True)
+
+
+def rebuild(structure: Any, tensors: list[Tensor]) -> Any:
+    """The value :func:`describe` described, with ``tensors`` in its tensor slots.
+
+    Raises ValueError on a structure it does not know (a damaged or foreign file)."""
+
+    def walk(s: Any) -> Any:
+        if s is None:
+            return None
+        if not isinstance(s, dict):
+            raise ValueError(f"not a structure node: {s!r}")
+        if "tensor" in s:
+            return tensors[s["tensor"]]
+        if "value" in s:
+            return s["value"]
+        if "namedtuple" in s:
+            return _namedtuple_type(str(s["namedtuple"]), tuple(s["fields"]))(*[walk(v) for v in s["items"]])
+        if "tuple" in s:
+            return tuple(walk(v) for v in s["tuple"])
+        if "list" in s:
+            return [walk(v) for v in s["list"]]
+        if "dict" in s:
+            return {(k["repr"] if isinstance(k, dict) else k): walk(v) for k, v in s["dict"]}
+        if "repr" in s:
+            return s["repr"]
+        raise ValueError(f"not a structure node: {s!r}")
+
+    try:
+        return walk(structure)
+    except (IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"structure does not fit its {len(tensors)} tensor(s): {exc}") from None
