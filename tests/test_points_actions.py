@@ -587,11 +587,31 @@ def test_record_keep_all_default():
     assert [r.item() for r in graph.records["r"]["0"]] == [0.0, 1.0, 2.0]
 
 
-def test_record_to_cpu():
-    graph, _ = run_identity("record", {"to": "cpu"})
+def test_record_to_moves_the_record_not_the_value():
+    # On a CPU-only machine `to: cpu` is a no-op for CPU values; meta is a device here too,
+    # so this fails when `to` is ignored.
+    graph, out = run_identity("record", {"to": "meta"})
     rec = graph.records["a"]["0"][0]
-    assert rec.device == torch.device("cpu")
-    assert torch.equal(rec, X)
+    assert rec.device == torch.device("meta") and rec.shape == X.shape and rec.dtype == X.dtype
+    assert out.device == torch.device("cpu") and torch.equal(out, X)  # the model's value stays put
+
+
+@pytest.mark.parametrize("args", [{"to": "cpu"}, {"to": "cpu", "keep": "last"}], ids=["plain", "keep_last"])
+def test_record_to_cpu_copies_through_the_host_copier(monkeypatch, args):
+    """A value on another device reaches the host through HostCopier.to_host, never a blocking .cpu()."""
+    from hookgraph.transfer import HostCopier
+
+    seen = []
+
+    def to_host(self, t):
+        seen.append((t.device.type, tuple(t.shape)))
+        return torch.full(t.shape, 7.0)  # a meta tensor has no data to copy: stand in for the copy
+
+    monkeypatch.setattr(HostCopier, "to_host", to_host)
+    graph, _ = run_identity("record", args, x=X.to("meta"))
+    assert seen == [("meta", (2, 3))]
+    rec = graph.records["a"]["0"][0]
+    assert rec.device == torch.device("cpu") and torch.equal(rec, torch.full((2, 3), 7.0))
 
 
 @pytest.mark.parametrize(("name", "dtype"), [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16)])
