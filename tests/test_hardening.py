@@ -85,6 +85,7 @@ def test_keyboard_interrupt_between_steps(tmp_path):
     assert len(hg.load_run(tmp_path).records["rec"]["fc"]) >= 1
 
 
+@pytest.mark.slow  # 2000 attach cycles
 def test_model_and_graph_are_collected_after_many_cycles():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     graph = hg.compile(model, {
@@ -224,6 +225,7 @@ def test_distributed_data_parallel_resolves_like_the_bare_model(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # the command line in a subprocess
 def test_malformed_override_at_the_command_line(tmp_path):
     from tests.cli_helpers import run_cli
 

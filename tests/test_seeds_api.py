@@ -175,6 +175,7 @@ def test_types_accept_dotted_public_path():
     assert [r["target"] for r in graph.plan()] == conv_names(model)
 
 
+@pytest.mark.slow  # builds all of vgg16 (138M parameters) for its first two layers
 def test_vgg16_first_conv_shape():
     # Built with random weights; the input is the seed's 224x224 image size.
     model = torchvision.models.vgg16(weights=None).eval()
