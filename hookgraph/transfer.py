@@ -18,7 +18,7 @@ __all__ = ["HostCopier"]
 
 class HostCopier:
     def __init__(self) -> None:
-        self._streams: dict[torch.device, "torch.cuda.Stream"] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending = False
 
     def to_host(self, t: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ itself, so a literal cannot agree with a wrong answer by accident.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torchvision
@@ -36,12 +36,12 @@ def forward_order(model: nn.Module, *inputs: torch.Tensor) -> list[str]:
     return calls
 
 
-@lru_cache(maxsize=None)
+@cache
 def resnet18_order() -> tuple[str, ...]:
     """resnet18's forward order (weights and input size do not change it)."""
     return tuple(forward_order(torchvision.models.resnet18(weights=None).eval(), torch.randn(1, 3, 32, 32)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def resnet34_conv_names() -> tuple[str, ...]:
     return tuple(conv_names(torchvision.models.resnet34(weights=None)))

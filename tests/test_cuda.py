@@ -54,5 +54,7 @@ def test_absent_cuda_is_a_clear_error():
         pytest.skip("this machine has CUDA")
     from hookgraph.runner.device import resolve_device
 
-    with pytest.raises(hg.ConfigError, match=r"runner.device: 'cuda' asked, but CUDA is not available here.*valid here: auto, cpu"):
+    with pytest.raises(
+        hg.ConfigError, match=r"runner.device: 'cuda' asked, but CUDA is not available here.*valid here: auto, cpu"
+    ):
         resolve_device("cuda")

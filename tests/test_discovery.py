@@ -37,7 +37,12 @@ def test_module_rows_for_a_glob():
     assert rows == [
         {"name": "conv", "type": "Conv2d", "params": 3 * 4 * 9 + 4, "shapes": {"weight": [4, 3, 3, 3], "bias": [4]}},
         {"name": "layer1.0.conv1", "type": "Conv2d", "params": 4 * 4 * 9, "shapes": {"weight": [4, 4, 3, 3]}},
-        {"name": "layer1.0.conv2", "type": "Conv2d", "params": 4 * 4 + 4, "shapes": {"weight": [4, 4, 1, 1], "bias": [4]}},
+        {
+            "name": "layer1.0.conv2",
+            "type": "Conv2d",
+            "params": 4 * 4 + 4,
+            "shapes": {"weight": [4, 4, 1, 1], "bias": [4]},
+        },
     ]
 
 
@@ -58,7 +63,10 @@ def test_root_only_with_empty_pattern():
 
 
 def test_regex_pattern_and_no_match():
-    assert [r["name"] for r in hg.list_targets(Net(), r"re:layer1\.0\.(bn|conv)1")] == ["layer1.0.conv1", "layer1.0.bn1"]
+    assert [r["name"] for r in hg.list_targets(Net(), r"re:layer1\.0\.(bn|conv)1")] == [
+        "layer1.0.conv1",
+        "layer1.0.bn1",
+    ]
     assert hg.list_targets(Net(), "nothing*") == []
 
 

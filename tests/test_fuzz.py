@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hookgraph as hg
-from hookgraph.models.seeds import ConvNet, MLP, TinyLinear
+from hookgraph.models.seeds import MLP, ConvNet, TinyLinear
 
 # CI draws the same examples every run (derandomize): a red build must be reproducible.
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
@@ -41,9 +41,13 @@ actions = st.one_of(
     st.just({"_target_": "torch.nn.functional.relu"}),
     st.just({"_target_": "no.such.module.fn"}),
 )
-scalars = st.one_of(st.floats(-3, 3, allow_nan=False), st.integers(-2, 3), st.text(max_size=3), st.none(), st.booleans())
+scalars = st.one_of(
+    st.floats(-3, 3, allow_nan=False), st.integers(-2, 3), st.text(max_size=3), st.none(), st.booleans()
+)
 args = st.dictionaries(
-    st.sampled_from(["min", "max", "factor", "value", "std", "seed", "index", "dim", "max_norm", "keep", "stop", "bogus", "clone"]),
+    st.sampled_from(
+        ["min", "max", "factor", "value", "std", "seed", "index", "dim", "max_norm", "keep", "stop", "bogus", "clone"]
+    ),
     scalars,
     max_size=3,
 )
@@ -53,12 +57,24 @@ specs = st.fixed_dictionaries(
         "at": points,
         "action": actions,
         "args": args,
-        "types": st.one_of(st.sampled_from(["Conv2d", "Linear", "ReLU", "Conv2D", "torch.nn.Linear"]), st.lists(st.sampled_from(["Linear", "BatchNorm2d"]), max_size=2)),
+        "types": st.one_of(
+            st.sampled_from(["Conv2d", "Linear", "ReLU", "Conv2D", "torch.nn.Linear"]),
+            st.lists(st.sampled_from(["Linear", "BatchNorm2d"]), max_size=2),
+        ),
         "exclude": names,
         "order": st.one_of(st.integers(-2, 2), st.text(max_size=2)),
         "index": st.one_of(st.integers(-1, 2), st.none()),
-        "when": st.fixed_dictionaries({}, optional={"steps": st.sampled_from(["0:2", "1:", "x", "3:1", "0"]), "every": st.integers(0, 3), "mode": st.sampled_from(["train", "eval", "any", "sometimes"])}),
-        "expect": st.fixed_dictionaries({}, optional={"min": st.integers(-1, 2), "max": st.one_of(st.none(), st.integers(0, 40))}),
+        "when": st.fixed_dictionaries(
+            {},
+            optional={
+                "steps": st.sampled_from(["0:2", "1:", "x", "3:1", "0"]),
+                "every": st.integers(0, 3),
+                "mode": st.sampled_from(["train", "eval", "any", "sometimes"]),
+            },
+        ),
+        "expect": st.fixed_dictionaries(
+            {}, optional={"min": st.integers(-1, 2), "max": st.one_of(st.none(), st.integers(0, 40))}
+        ),
         "enabled": st.booleans(),
         "bogus_field": st.integers(),
     },
@@ -123,8 +139,11 @@ def test_resnet18(spec_set):
 RUNTIME_ERRORS = {
     "action_fails": ("tiny_linear", {"target": "l1", "action": "mask", "args": {"index": 3}}, hg.ActionError),
     "bad_index": ("tiny_linear", {"target": "l1", "at": "forward_pre", "index": 2, "action": "zero"}, hg.ActionError),
-    "record_misfit": ("conv_net", {"target": "fc1", "action": "record", "args": {"dim": 3, "select": "0:1"}},
-                      hg.HookGraphError),
+    "record_misfit": (
+        "conv_net",
+        {"target": "fc1", "action": "record", "args": {"dim": 3, "select": "0:1"}},
+        hg.HookGraphError,
+    ),
     # resnet18's relu(inplace=True) follows bn1 and edits its output under the full backward hook.
     "inplace_backward": ("resnet18", {"target": "bn1", "at": "backward", "action": "zero"}, hg.InplaceBackwardError),
 }

@@ -57,7 +57,10 @@ def cfg_for(**model_kwargs):
         "data": {"kind": "random", "shape": [4]},
         "runner": {"steps": 4, "progress": False},
         "sink": {"figures": False},
-        "hooks": {"rec": {"target": "fc", "action": "record"}, "grads": {"target": "fc", "at": "output_grad", "action": "stats"}},
+        "hooks": {
+            "rec": {"target": "fc", "action": "record"},
+            "grads": {"target": "fc", "at": "output_grad", "action": "stats"},
+        },
     }
 
 
@@ -88,11 +91,14 @@ def test_keyboard_interrupt_between_steps(tmp_path):
 @pytest.mark.slow  # 2000 attach cycles
 def test_model_and_graph_are_collected_after_many_cycles():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    graph = hg.compile(model, {
-        "r": {"target": "*", "action": "record", "args": {"keep": "last"}},
-        "g": {"target": "*", "at": "output_grad", "action": "stats"},
-        "p": {"target": "**.weight", "at": "param_grad", "action": "clip_norm", "args": {"max_norm": 1.0}},
-    })
+    graph = hg.compile(
+        model,
+        {
+            "r": {"target": "*", "action": "record", "args": {"keep": "last"}},
+            "g": {"target": "*", "at": "output_grad", "action": "stats"},
+            "p": {"target": "**.weight", "at": "param_grad", "action": "clip_norm", "args": {"max_norm": 1.0}},
+        },
+    )
     x = torch.randn(2, 8)
     for _ in range(2000):
         with graph.attach():
@@ -145,8 +151,12 @@ def test_wrapped_models_resolve_like_the_bare_one():
 
 
 def test_an_earlier_run_folder_is_never_overwritten(tmp_path):
-    cfg = {"model": {"name": "product"}, "sink": {"figures": False}, "runner": {"progress": False},
-           "hooks": {"c": {"target": "mul", "at": "output_grad", "action": "record"}}}
+    cfg = {
+        "model": {"name": "product"},
+        "sink": {"figures": False},
+        "runner": {"progress": False},
+        "hooks": {"c": {"target": "mul", "at": "output_grad", "action": "record"}},
+    }
     run(cfg, tmp_path)
     before = (tmp_path / "summary.json").read_bytes()
     shards = sorted(p.name for p in (tmp_path / "records").iterdir())
@@ -213,8 +223,10 @@ def test_distributed_data_parallel_resolves_like_the_bare_model(tmp_path):
     try:
         model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
         ddp = nn.parallel.DistributedDataParallel(model)
-        specs = {"r": {"target": "*", "types": ["Linear"], "action": "record"},
-                 "z": {"target": "0.bias", "at": "param_grad", "action": "zero"}}
+        specs = {
+            "r": {"target": "*", "types": ["Linear"], "action": "record"},
+            "z": {"target": "0.bias", "at": "param_grad", "action": "zero"},
+        }
         graph = hg.compile(ddp, specs)
         assert graph.plan() == hg.compile(model, specs).plan()
         with graph.attach():
@@ -231,5 +243,7 @@ def test_malformed_override_at_the_command_line(tmp_path):
 
     proc = run_cli(["+hooks.bad={target: [conv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode != 0
-    assert "'{target: [conv'" in proc.stderr and "override_grammar" in proc.stderr  # Hydra quotes what it could not parse
+    assert (
+        "'{target: [conv'" in proc.stderr and "override_grammar" in proc.stderr
+    )  # Hydra quotes what it could not parse
     assert not (tmp_path / "run" / "summary.json").exists()  # nothing that looks like a run

@@ -12,7 +12,6 @@ from hookgraph.models.seeds import ConvNet, Intermediate, NanNet, Product, TinyL
 from tests.reference import conv_names, forward_order
 
 
-
 def test_grad_plus_two_gives_39_21_3():
     model = Product()  # a = 7, b = 13, c = a * b
     graph = hg.compile(
@@ -130,7 +129,9 @@ def test_forward_pre_doubles_input_and_forward_doubles_output():
 def test_weights_doubled_every_batch():
     model = TinyLinear()
     w0, b0 = model.l1.weight.detach().clone(), model.l1.bias.detach().clone()
-    graph = hg.compile(model, {"double_w": {"target": "l1.*", "at": "param_value", "action": "scale", "args": {"factor": 2.0}}})
+    graph = hg.compile(
+        model, {"double_w": {"target": "l1.*", "at": "param_value", "action": "scale", "args": {"factor": 2.0}}}
+    )
     seen = []
     with graph.attach():
         for step in range(3):

@@ -68,7 +68,9 @@ def test_missing_target_is_reported_once():
 
 def test_target_of_wrong_type():
     found = problems_of(tiny(), {"s": {"target": 3}})
-    assert any(p.key == "hooks.s.target" and "expected a string or a list of strings, got 3" in p.message for p in found)
+    assert any(
+        p.key == "hooks.s.target" and "expected a string or a list of strings, got 3" in p.message for p in found
+    )
 
 
 def test_spec_body_must_be_a_mapping():
@@ -239,7 +241,9 @@ def test_disabled_spec_may_match_nothing():
 
 
 def test_replacing_action_at_param_accumulated_is_refused():
-    p = one_problem(tiny(), {"s": {"target": "0.weight", "at": "param_accumulated", "action": "scale", "args": {"factor": 2.0}}})
+    p = one_problem(
+        tiny(), {"s": {"target": "0.weight", "at": "param_accumulated", "action": "scale", "args": {"factor": 2.0}}}
+    )
     assert p.key == "hooks.s.action"
     assert "'scale' replaces values" in p.message
     assert "param_accumulated" in p.message
@@ -307,7 +311,10 @@ def test_replacing_and_reading_specs_share_a_site_without_order():
         model,
         {"plus": {"target": "0", "action": "add", "args": {"value": 1.0}}, "seen": {"target": "0", "action": "record"}},
     )
-    assert [(r["spec"], r["target"], r["at"]) for r in graph.plan()] == [("plus", "0", "forward"), ("seen", "0", "forward")]
+    assert [(r["spec"], r["target"], r["at"]) for r in graph.plan()] == [
+        ("plus", "0", "forward"),
+        ("seen", "0", "forward"),
+    ]
     x = torch.randn(2, 4)
     with torch.no_grad():
         plain = model[0](x)
@@ -399,7 +406,10 @@ def test_yaml_file_input(tmp_path, text):
     path.write_text(text)
     model = tiny()
     graph = hg.compile(model, str(path))
-    assert [(r["spec"], r["target"], r["at"]) for r in graph.plan()] == [("rec", "2", "forward"), ("twice", "0", "forward_pre")]
+    assert [(r["spec"], r["target"], r["at"]) for r in graph.plan()] == [
+        ("rec", "2", "forward"),
+        ("twice", "0", "forward_pre"),
+    ]
     x = torch.randn(3, 4)
     with graph.attach():
         out = model(x)
@@ -501,14 +511,19 @@ def test_hookspec_objects_with_schedule_and_expect():
     when = Schedule(steps="2:4", every=1, mode=Mode.train)
     graph = hg.compile(tiny(), {"s": HookSpec(target="nothing", when=when, expect=Expect(min=0))})
     assert list(graph.plan()) == []  # Expect(min=0) lets the spec match nothing...
-    assert one_problem(tiny(), {"s": HookSpec(target="nothing", when=when)}).key == "hooks.s.target"  # ...the default not
+    assert (
+        one_problem(tiny(), {"s": HookSpec(target="nothing", when=when)}).key == "hooks.s.target"
+    )  # ...the default not
     graph = hg.compile(tiny(), {"s": HookSpec(target="0", when=when, expect=Expect(max=1))})
     assert [(r["target"], r["when"]) for r in graph.plan()] == [("0", {"steps": "2:4", "every": 1, "mode": "train"})]
 
 
 def test_parse_specs_keeps_order_and_fills_names():
     specs = parse_specs({"b": {"target": "x"}, "a": {"target": "y", "at": "param_grad"}})
-    assert [(s.name, s.target, s.at) for s in specs] == [("b", "x", hg.HookPoint.forward), ("a", "y", hg.HookPoint.param_grad)]
+    assert [(s.name, s.target, s.at) for s in specs] == [
+        ("b", "x", hg.HookPoint.forward),
+        ("a", "y", hg.HookPoint.param_grad),
+    ]
     assert specs[0].targets == ("x",)
 
 
