@@ -9,8 +9,9 @@ iteration, all outside the timer, so every variant pays the same untimed costs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 def _noop() -> None:
@@ -26,8 +27,8 @@ class Variant:
     clear: Callable[[], None] = _noop  # untimed, after every iteration (records, grads)
     attach: Callable[[], None] = _noop  # untimed, before each visit (rarely needed)
     detach: Callable[[], None] = _noop  # untimed, after each visit
-    count: Optional[Callable[[], int]] = None  # tensors held after one step: the sanity column
-    probe: Optional[Callable[[], Any]] = None  # one recorded tensor, compared with the reference's
+    count: Callable[[], int] | None = None  # tensors held after one step: the sanity column
+    probe: Callable[[], Any] | None = None  # one recorded tensor, compared with the reference's
     slow: bool = False  # a peer so slow that it only takes part in the first pass of the first few rounds
     note: str = ""
 
@@ -38,11 +39,15 @@ class Target:
 
     variant: str
     limit: float
-    against: Optional[str] = None
+    against: str | None = None
     faster_than: tuple[str, ...] = ()  # and strictly faster than each of these, where they ran
 
     def label(self) -> str:
-        text = f"{self.variant}/{self.against} <= {self.limit:.2f}" if self.against else f"{self.variant} < {self.limit:g} ms"
+        text = (
+            f"{self.variant}/{self.against} <= {self.limit:.2f}"
+            if self.against
+            else f"{self.variant} < {self.limit:g} ms"
+        )
         if self.faster_than:
             text += f", faster than {' and '.join(self.faster_than)}"
         return text
@@ -53,13 +58,13 @@ class Workload:
     key: str
     title: str
     variants: list[Variant] = field(default_factory=list)
-    baseline: Optional[str] = "none"  # ratios are against this variant's median of the same run
-    reference: Optional[str] = "hand"  # the second ratio column
+    baseline: str | None = "none"  # ratios are against this variant's median of the same run
+    reference: str | None = "hand"  # the second ratio column
     hooked_calls: int = 0  # hooked module calls per iteration: overhead per call = (t - t_none) / this
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "variant: why" for variants that could not run
-    skip_reason: Optional[str] = None  # the whole workload is skipped
+    skip_reason: str | None = None  # the whole workload is skipped
     sync: Callable[[], None] = _noop  # inside the timer, after step (CUDA synchronise)
-    round_ms: Optional[float] = None  # per-workload override of the harness's --round-ms
+    round_ms: float | None = None  # per-workload override of the harness's --round-ms
     extra_rows: list[tuple[str, str]] = field(default_factory=list)  # (label, text) lines under the table

@@ -23,7 +23,8 @@ device-to-host bandwidth. ``--w5-smoke`` runs the same code on CPU with a small 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,7 +47,7 @@ def _stats(t: Tensor) -> list[Tensor]:
 class HandGPU(HandBase):
     """Hand-written hooks for W5: ``rec`` in (None, device, cpu, pinned), ``stats`` in (None, item, device)."""
 
-    def __init__(self, model: nn.Module, convs: list[str], every: list[str], *, rec: Optional[str], stats: Optional[str],
+    def __init__(self, model: nn.Module, convs: list[str], every: list[str], *, rec: str | None, stats: str | None,
                  shapes: dict[str, torch.Size], side: Any = None):
         self.model, self.convs, self.every, self.rec, self.stats = model, convs, every, rec, stats
         self.records: dict[str, list] = {n: [] for n in convs}
@@ -117,7 +118,9 @@ def pinned_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
     if not smoke and not torch.cuda.is_available():
-        return Workload("W5", TITLE, skip_reason="torch.cuda.is_available() is False: no CUDA device on this machine, W5 not run")
+        return Workload(
+            "W5", TITLE, skip_reason="torch.cuda.is_available() is False: no CUDA device on this machine, W5 not run"
+        )
     from torchvision.models import resnet18, resnet50
 
     cuda = not smoke
@@ -147,7 +150,7 @@ def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
 
         return train_step, lambda: m.zero_grad(set_to_none=True)
 
-    def hand(name: str, rec: Optional[str], stats: Optional[str], note: str = "") -> Variant:
+    def hand(name: str, rec: str | None, stats: str | None, note: str = "") -> Variant:
         m = copy.deepcopy(model)
         h = HandGPU(m, convs, every, rec=rec, stats=stats, shapes=shapes, side=side)
         train_step, zero = steps(m)
@@ -157,8 +160,9 @@ def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
             zero()
 
         probe = (lambda: h.records[convs[-1]][0]) if rec else None
-        return Variant(name, train_step, setup=h.attach, teardown=h.detach, clear=clear, count=h.count,
-                       probe=probe, note=note)
+        return Variant(
+            name, train_step, setup=h.attach, teardown=h.detach, clear=clear, count=h.count, probe=probe, note=note
+        )
 
     def graph(name: str, specs: dict, note: str = "") -> Variant:
         m = copy.deepcopy(model)
@@ -173,8 +177,9 @@ def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
             return g.count() + len(g.graph.stats)  # reading stats syncs once: only in the untimed check pass
 
         probe = (lambda: g.graph.records["rec"][convs[-1]][0]) if "rec" in specs else None
-        return Variant(name, train_step, setup=g.attach, teardown=g.detach, clear=clear, count=count,
-                       probe=probe, note=note)
+        return Variant(
+            name, train_step, setup=g.attach, teardown=g.detach, clear=clear, count=count, probe=probe, note=note
+        )
 
     base, aa = copy.deepcopy(model), copy.deepcopy(model)  # every variant on a copy (see workloads.py)
     none_step, none_zero = steps(base)
@@ -182,9 +187,13 @@ def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
 
     rec_spec = {"target": "**", "types": ["Conv2d"], "action": "record", "args": {"to": "cpu"}}
     stats_spec = {"target": "**", "action": "stats"}
-    wl = Workload("W5" if cuda else "W5-smoke", TITLE if cuda else "W5 plumbing check on CPU (resnet18, batch 2 at 64x64)",
-                  reference="hand_pinned" if cuda else "hand", sync=sync,
-                  hooked_calls=len(convs) + len(every))
+    wl = Workload(
+        "W5" if cuda else "W5-smoke",
+        TITLE if cuda else "W5 plumbing check on CPU (resnet18, batch 2 at 64x64)",
+        reference="hand_pinned" if cuda else "hand",
+        sync=sync,
+        hooked_calls=len(convs) + len(every),
+    )
     wl.variants = [
         Variant("none", none_step, clear=none_zero),
         Variant("none_aa", aa_step, clear=aa_zero, note="A/A control: a second copy, no hooks"),
@@ -206,16 +215,23 @@ def w5(use_peers: bool = True, smoke: bool = False) -> Workload:
         graph("hookgraph_rec", {"rec": rec_spec}),
         graph("hookgraph_stats", {"stats": stats_spec}),
     ]
-    wl.notes.append(f"{len(convs)} Conv2d outputs recorded and stats on {len(every)} modules per iteration; "
-                    f"{conv_bytes / 1e9:.3f} GB of conv outputs per iteration. "
-                    "Ratios in the second column are against hand_pinned, the best hand-written host version. "
-                    "rec_pinned reuses its buffers each iteration (the harness synchronises at the end of each).")
+    wl.notes.append(
+        f"{len(convs)} Conv2d outputs recorded and stats on {len(every)} modules per iteration; "
+        f"{conv_bytes / 1e9:.3f} GB of conv outputs per iteration. "
+        "Ratios in the second column are against hand_pinned, the best hand-written host version. "
+        "rec_pinned reuses its buffers each iteration (the harness synchronises at the end of each)."
+    )
     if cuda:
         bw = pinned_bandwidth()
         floor_ms = conv_bytes / bw * 1e3
-        wl.extra_rows.append(("transfer floor", f"{conv_bytes / 1e9:.3f} GB / {bw / 1e9:.1f} GB/s (measured pinned D2H, "
-                                                 f"1 GiB copy) = {floor_ms:.1f} ms per iteration; a variant that records to the host "
-                                                 f"cannot beat max(none, {floor_ms:.1f} ms) with full overlap, or none + {floor_ms:.1f} ms without"))
+        wl.extra_rows.append(
+            (
+                "transfer floor",
+                f"{conv_bytes / 1e9:.3f} GB / {bw / 1e9:.1f} GB/s (measured pinned D2H, "
+                f"1 GiB copy) = {floor_ms:.1f} ms per iteration; a variant that records to the host "
+                f"cannot beat max(none, {floor_ms:.1f} ms) with full overlap, or none + {floor_ms:.1f} ms without",
+            )
+        )
     else:
         wl.notes.append("Smoke run: CPU only, pinned/side-stream variants left out; timings mean nothing here.")
     return wl

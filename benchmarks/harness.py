@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -42,9 +42,9 @@ DEFAULT_WORKLOADS = "W1,W2,W3,W4,W5"
 class Result:
     variant: Variant
     samples: list[float] = field(default_factory=list)  # seconds per iteration
-    records: Optional[int] = None
-    probe_ok: Optional[bool] = None
-    error: Optional[str] = None
+    records: int | None = None
+    probe_ok: bool | None = None
+    error: str | None = None
 
     @property
     def median(self) -> float:
@@ -109,8 +109,11 @@ def machine_info(threads_arg: int, torch_default_threads: int) -> list[tuple[str
         ("cores", f"{os.cpu_count()} logical (os.cpu_count()); torch intra-op threads: {threads} ({how})"),
         ("device", device),
         ("python", platform.python_version()),
-        ("torch / torchvision / hookgraph", f"{torch.__version__} / {torchvision.__version__} / {hookgraph.__version__} "
-                                            f"({git_commit(os.path.dirname(hookgraph.__file__))})"),
+        (
+            "torch / torchvision / hookgraph",
+            f"{torch.__version__} / {torchvision.__version__} / {hookgraph.__version__} "
+            f"({git_commit(os.path.dirname(hookgraph.__file__))})",
+        ),
         ("peers", ", ".join(f"{k} {v}" for k, v in peers.versions().items())),
         ("date", _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")),
     ]
@@ -133,8 +136,18 @@ def _one(v: Variant, sync) -> float:
     return t1 - t0
 
 
-def run_workload(wl: Workload, *, rounds: int, warmup: int, round_ms: float, slow_rounds: int, min_passes: int,
-                 max_passes: int, log, seed: int = 0) -> tuple[list[Result], list[dict[str, float]]]:
+def run_workload(
+    wl: Workload,
+    *,
+    rounds: int,
+    warmup: int,
+    round_ms: float,
+    slow_rounds: int,
+    min_passes: int,
+    max_passes: int,
+    log,
+    seed: int = 0,
+) -> tuple[list[Result], list[dict[str, float]]]:
     """Time every variant of ``wl``; returns the results and, per pass, {variant: seconds}."""
     results = [Result(v) for v in wl.variants]
     sync = wl.sync
@@ -147,15 +160,40 @@ def run_workload(wl: Workload, *, rounds: int, warmup: int, round_ms: float, slo
             r.error = f"setup: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             log(f"  {wl.key} {r.variant.name}: {r.error}")
     try:
-        return _run(wl, results, ready, sync, rounds=rounds, warmup=warmup, round_ms=round_ms, slow_rounds=slow_rounds,
-                    min_passes=min_passes, max_passes=max_passes, log=log, seed=seed)
+        return _run(
+            wl,
+            results,
+            ready,
+            sync,
+            rounds=rounds,
+            warmup=warmup,
+            round_ms=round_ms,
+            slow_rounds=slow_rounds,
+            min_passes=min_passes,
+            max_passes=max_passes,
+            log=log,
+            seed=seed,
+        )
     finally:
         for r in ready:
             r.variant.teardown()
 
 
-def _run(wl: Workload, results: list[Result], ready: list[Result], sync, *, rounds: int, warmup: int, round_ms: float,
-         slow_rounds: int, min_passes: int, max_passes: int, log, seed: int) -> tuple[list[Result], list[dict[str, float]]]:
+def _run(
+    wl: Workload,
+    results: list[Result],
+    ready: list[Result],
+    sync,
+    *,
+    rounds: int,
+    warmup: int,
+    round_ms: float,
+    slow_rounds: int,
+    min_passes: int,
+    max_passes: int,
+    log,
+    seed: int,
+) -> tuple[list[Result], list[dict[str, float]]]:
     ref = next((r for r in results if r.variant.name == wl.reference), None)
 
     # Check pass: one step each; what it held, and the probe tensor.
@@ -259,7 +297,7 @@ def _ms(s: float) -> str:
     return f"{ms:.3f}" if ms < 10 else f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
 
 
-def _ratio(a: float, b: Optional[float]) -> str:
+def _ratio(a: float, b: float | None) -> str:
     if b is None or b != b or a != a or b == 0:
         return "-"
     return f"{a / b:.3f}"
@@ -273,7 +311,7 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
     base = by.get(wl.baseline) if wl.baseline else None
     ref = by.get(wl.reference) if wl.reference else None
 
-    def ratio(r: Result, other: Optional[Result]) -> Optional[float]:
+    def ratio(r: Result, other: Result | None) -> float | None:
         if other is None or not other.samples or not r.samples:
             return None
         pr = paired(passes, r.variant.name, other.variant.name)
@@ -299,8 +337,15 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
             rows.append({"variant": v.name, "error": why})
             continue
         m = r.median
-        cells = [f"`{v.name}`", "-" if r.records is None else str(r.records), probe, _ms(m),
-                 f"{_ms(r.quantile(0.25))}-{_ms(r.quantile(0.75))}", _ms(min(r.samples)), str(len(r.samples))]
+        cells = [
+            f"`{v.name}`",
+            "-" if r.records is None else str(r.records),
+            probe,
+            _ms(m),
+            f"{_ms(r.quantile(0.25))}-{_ms(r.quantile(0.75))}",
+            _ms(min(r.samples)),
+            str(len(r.samples)),
+        ]
         x_base, x_ref = ratio(r, base), ratio(r, ref)
         if wl.baseline:
             cells.append("-" if x_base is None else f"{x_base:.3f}")
@@ -314,10 +359,22 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
             cells.append("-" if overhead is None else f"{overhead:.2f}")
         cells.append(v.note)
         lines.append("| " + " | ".join(cells) + " |")
-        rows.append({"variant": v.name, "records": r.records, "probe_ok": r.probe_ok, "median_s": m,
-                     "p25_s": r.quantile(0.25), "p75_s": r.quantile(0.75), "min_s": min(r.samples),
-                     "n": len(r.samples), "x_baseline_paired": x_base, "x_reference_paired": x_ref,
-                     "overhead_us_per_hooked_call": overhead, "samples_s": r.samples})
+        rows.append(
+            {
+                "variant": v.name,
+                "records": r.records,
+                "probe_ok": r.probe_ok,
+                "median_s": m,
+                "p25_s": r.quantile(0.25),
+                "p75_s": r.quantile(0.75),
+                "min_s": min(r.samples),
+                "n": len(r.samples),
+                "x_baseline_paired": x_base,
+                "x_reference_paired": x_ref,
+                "overhead_us_per_hooked_call": overhead,
+                "samples_s": r.samples,
+            }
+        )
     lines.append("")
     for label, text in wl.extra_rows:
         lines.append(f"- {label}: {text}")
@@ -336,7 +393,10 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
             lo, hi = bootstrap_ci(pr)
             ok = value <= t.limit
             text = f"{value:.3f}"
-            ci = f"paired over {len(pr)} passes, 95% bootstrap CI {lo:.3f}-{hi:.3f}; ratio of medians {r.median / other.median:.3f}"
+            ci = (
+                f"paired over {len(pr)} passes, 95% bootstrap CI {lo:.3f}-{hi:.3f}; "
+                f"ratio of medians {r.median / other.median:.3f}"
+            )
             decided = hi <= t.limit or lo > t.limit
         else:
             value = r.median * 1e3
@@ -354,8 +414,12 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
             x = statistics.median(pr)
             ok = ok and x > 1.0
             extra.append(f"{peer} takes {x:.2f}x hookgraph's time" if x > 1.0 else f"{peer} is faster ({x:.2f}x)")
-        verdict = ("PASS" if ok else "FAIL") + ("" if decided else " (not significant: the interval straddles the limit)")
-        lines.append(f"- target {t.label()}: **{text}** ({ci}) -> **{verdict}**" + (f"; {'; '.join(extra)}" if extra else ""))
+        verdict = ("PASS" if ok else "FAIL") + (
+            "" if decided else " (not significant: the interval straddles the limit)"
+        )
+        lines.append(
+            f"- target {t.label()}: **{text}** ({ci}) -> **{verdict}**" + (f"; {'; '.join(extra)}" if extra else "")
+        )
     for s_ in wl.skipped:
         lines.append(f"- skipped {s_}")
     for n in wl.notes:
@@ -381,35 +445,67 @@ Compare ratios across machines, not raw milliseconds."""
 
 def render(args: argparse.Namespace, machine: list[tuple[str, str]], tables: list[list[str]], wall: float) -> str:
     cmd = "python -m benchmarks.harness " + shlex.join(sys.argv[1:])
-    out = ["# hookgraph benchmarks", "", "Reproduce with (from the repository root, in the project's venv):", "",
-           "```", cmd, "```", "", "## Machine", "", "| | |", "|---|---|"]
+    out = [
+        "# hookgraph benchmarks",
+        "",
+        "Reproduce with (from the repository root, in the project's venv):",
+        "",
+        "```",
+        cmd,
+        "```",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
     out += [f"| {k} | {v} |" for k, v in machine]
     try:
         out.append(f"| load average at end | {open('/proc/loadavg').read().split()[0]} |")
     except OSError:
         pass
-    out += [f"| harness | {args.rounds} rounds of ~{args.round_ms:g} ms (at least {args.min_passes} passes each), warmup {args.warmup}, "
-            f"slow peers in {args.slow_rounds} rounds, wall time {wall:.0f} s |", "", "## Results", "", READING, ""]
+    out += [
+        f"| harness | {args.rounds} rounds of ~{args.round_ms:g} ms (at least {args.min_passes} passes each), "
+        f"warmup {args.warmup}, "
+        f"slow peers in {args.slow_rounds} rounds, wall time {wall:.0f} s |",
+        "",
+        "## Results",
+        "",
+        READING,
+        "",
+    ]
     for t in tables:
         out += t
     return "\n".join(out).rstrip() + "\n"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.harness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"comma-separated, from W1..W5 (default {DEFAULT_WORKLOADS})")
+    p.add_argument(
+        "--workloads", default=DEFAULT_WORKLOADS, help=f"comma-separated, from W1..W5 (default {DEFAULT_WORKLOADS})"
+    )
     p.add_argument("--rounds", type=int, default=20, help="timed rounds per workload (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warmup iterations per variant (default 3)")
-    p.add_argument("--round-ms", type=float, default=500.0, help="target length of one round's timed passes (default 500)")
+    p.add_argument(
+        "--round-ms", type=float, default=500.0, help="target length of one round's timed passes (default 500)"
+    )
     p.add_argument("--min-passes", type=int, default=2, help="fewest passes per round (default 2)")
     p.add_argument("--max-passes", type=int, default=100, help="most passes per round (default 100)")
-    p.add_argument("--slow-rounds", type=int, default=3, help="rounds the slow peers (torchlens) take part in (default 3)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch.set_num_threads(N) (default 1: on a small shared CPU, intra-op threads make the "
-                        "baseline bimodal; 0 leaves torch's default)")
+    p.add_argument(
+        "--slow-rounds", type=int, default=3, help="rounds the slow peers (torchlens) take part in (default 3)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads(N) (default 1: on a small shared CPU, intra-op threads make the "
+        "baseline bimodal; 0 leaves torch's default)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the per-pass variant order (default 0)")
     p.add_argument("--no-peers", action="store_true", help="skip nnsight / pyvene / torchlens")
-    p.add_argument("--w5-smoke", action="store_true", help="run W5's code on CPU with a small model (plumbing check only)")
+    p.add_argument(
+        "--w5-smoke", action="store_true", help="run W5's code on CPU with a small model (plumbing check only)"
+    )
     p.add_argument("--out", help="also write the markdown report to this file")
     p.add_argument("--json", help="write raw samples to this JSON file")
     args = p.parse_args(argv)
@@ -438,9 +534,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         results: list[Result] = []
         passes: list[dict[str, float]] = []
         if not wl.skip_reason:
-            results, passes = run_workload(wl, rounds=args.rounds, warmup=args.warmup, round_ms=args.round_ms,
-                                           slow_rounds=args.slow_rounds, min_passes=args.min_passes,
-                                           max_passes=args.max_passes, log=log, seed=args.seed)
+            results, passes = run_workload(
+                wl,
+                rounds=args.rounds,
+                warmup=args.warmup,
+                round_ms=args.round_ms,
+                slow_rounds=args.slow_rounds,
+                min_passes=args.min_passes,
+                max_passes=args.max_passes,
+                log=log,
+                seed=args.seed,
+            )
         lines, rows = workload_table(wl, results, passes)
         tables.append(lines)
         raw[wl.key] = {"title": wl.title, "skip_reason": wl.skip_reason, "rows": rows}

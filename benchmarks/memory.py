@@ -48,8 +48,11 @@ def main() -> None:
     for steps in [int(s) for s in args.steps.split(",")]:
         base, rec = measure(steps, False), measure(steps, True)
         rows.append((steps, rec["records_mb"], base["peak_rss_mb"], rec["peak_rss_mb"]))
-    lines = ["| steps | records written (MiB) | peak RSS, no hooks (MiB) | peak RSS, recording (MiB) | recording / no hooks |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| steps | records written (MiB) | peak RSS, no hooks (MiB) | peak RSS, recording (MiB) "
+        "| recording / no hooks |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {s} | {r:.1f} | {b:.0f} | {p:.0f} | {p / b:.3f} |" for s, r, b, p in rows]
     text = "\n".join(lines)
     print(text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import types
 import warnings
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +54,7 @@ def _envoy(root: Any, name: str) -> Any:
 
 
 def nnsight_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: bool, no_grad: bool,
-                    probe_name: str) -> Union[Variant, str]:
+                    probe_name: str) -> Variant | str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -102,7 +102,7 @@ def nnsight_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: boo
 
 
 def pyvene_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: bool, no_grad: bool,
-                   probe_name: str) -> Union[Variant, str]:
+                   probe_name: str) -> Variant | str:
     if grads:
         return ("pyvene: skipped for backward: IntervenableModel freezes the model's parameters "
                 "(disable_model_gradients) and has no gradient-collecting intervention")
@@ -136,7 +136,7 @@ def pyvene_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: bool
 
 
 def torchlens_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: bool, no_grad: bool,
-                      probe_name: str) -> Union[Variant, str]:
+                      probe_name: str) -> Variant | str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -51,7 +51,7 @@ def cprofile_view(iters: int, top: int) -> str:
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime")
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+    for (file, line, func), (_cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
         rows.append((tt, ct, nc, f"{file.split('site-packages/')[-1].split('/work/main/')[-1]}:{line}({func})"))
     rows.sort(reverse=True)
     calls = iters * 200
@@ -110,12 +110,22 @@ def direct_view(repeats: int, number: int) -> str:
     clear()
     att.remove()
     width = max(map(len, cases))
-    lines = [f"Direct timings, best of {repeats} interleaved rounds of {number} calls (us per call; records cleared between rounds):"]
+    lines = [
+        f"Direct timings, best of {repeats} interleaved rounds of {number} calls "
+        "(us per call; records cleared between rounds):"
+    ]
     lines += [f"  {name:<{width}}  {us:7.3f}" for name, us in best.items()]
-    lines.append(f"  hookgraph - hand, hook function:  {best['hookgraph hook function'] - best['hand hook function']:+.3f} us")
-    lines.append(f"  hookgraph - hand, Linear call:    {best['Linear call + hookgraph hook'] - best['Linear call + hand hook']:+.3f} us")
-    lines.append(f"  hook cost in a Linear call: hand {best['Linear call + hand hook'] - best['Linear call, no hook']:+.3f} us, "
-                 f"hookgraph {best['Linear call + hookgraph hook'] - best['Linear call, no hook']:+.3f} us")
+    lines.append(
+        f"  hookgraph - hand, hook function:  {best['hookgraph hook function'] - best['hand hook function']:+.3f} us"
+    )
+    lines.append(
+        "  hookgraph - hand, Linear call:    "
+        f"{best['Linear call + hookgraph hook'] - best['Linear call + hand hook']:+.3f} us"
+    )
+    lines.append(
+        f"  hook cost in a Linear call: hand {best['Linear call + hand hook'] - best['Linear call, no hook']:+.3f} us, "
+        f"hookgraph {best['Linear call + hookgraph hook'] - best['Linear call, no hook']:+.3f} us"
+    )
     return "\n".join(lines)
 
 

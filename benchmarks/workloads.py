@@ -9,7 +9,8 @@ and memory stays flat across iterations.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +19,6 @@ import hookgraph
 
 from . import peers
 from .common import Target, Variant, Workload
-
 
 # -- models ---------------------------------------------------------------------------
 
@@ -212,15 +212,30 @@ def _forward_workload(key: str, title: str, model: nn.Module, x: Tensor, kind: t
 def w1(use_peers: bool = True) -> Workload:
     torch.manual_seed(1)
     model, x = resnet18(train=False), torch.randn(8, 3, 64, 64)
-    return _forward_workload("W1", "resnet18 (weights=None), eval, batch 8 at 64x64, record every Conv2d output, forward only",
-                             model, x, nn.Conv2d, use_peers, limit=1.05)
+    return _forward_workload(
+        "W1",
+        "resnet18 (weights=None), eval, batch 8 at 64x64, record every Conv2d output, forward only",
+        model,
+        x,
+        nn.Conv2d,
+        use_peers,
+        limit=1.05,
+    )
 
 
 def w3(use_peers: bool = True) -> Workload:
     torch.manual_seed(3)
     model, x = mlp(), torch.randn(4, 64)
-    return _forward_workload("W3", "launch-bound: Sequential of 200 x (Linear(64,64) + ReLU), batch 4, record every Linear output, forward only",
-                             model, x, nn.Linear, use_peers, limit=1.10, faster_than=("nnsight", "pyvene"))
+    return _forward_workload(
+        "W3",
+        "launch-bound: Sequential of 200 x (Linear(64,64) + ReLU), batch 4, record every Linear output, forward only",
+        model,
+        x,
+        nn.Linear,
+        use_peers,
+        limit=1.10,
+        faster_than=("nnsight", "pyvene"),
+    )
 
 
 # -- W2: forward + backward ---------------------------------------------------------------------
@@ -237,18 +252,37 @@ def w2(use_peers: bool = True) -> Workload:
     def hand(name: str, to_cpu: bool) -> Variant:
         m = copy.deepcopy(model)
         h = HandHooks(m, names, grads=True, to_cpu=to_cpu)
-        return Variant(name, _train(m, x), setup=h.attach, teardown=h.detach, clear=_both(h.clear, _zero_grad(m)),
-                       count=h.count, probe=lambda: h.grad_records[first][0])
+        return Variant(
+            name,
+            _train(m, x),
+            setup=h.attach,
+            teardown=h.detach,
+            clear=_both(h.clear, _zero_grad(m)),
+            count=h.count,
+            probe=lambda: h.grad_records[first][0],
+        )
 
     def graph(name: str, rec: dict, note: str = "") -> Variant:
         m = copy.deepcopy(model)
         g = GraphHooks(m, {"out": rec, "grad": {**rec, "at": "output_grad"}})
-        return Variant(name, _train(m, x), setup=g.attach, teardown=g.detach, clear=_both(g.clear, _zero_grad(m)),
-                       count=g.count, probe=lambda: g.graph.records["grad"][first][0], note=note)
+        return Variant(
+            name,
+            _train(m, x),
+            setup=g.attach,
+            teardown=g.detach,
+            clear=_both(g.clear, _zero_grad(m)),
+            count=g.count,
+            probe=lambda: g.graph.records["grad"][first][0],
+            note=note,
+        )
 
     base, aa = copy.deepcopy(model), copy.deepcopy(model)
-    wl = Workload("W2", "resnet18 (weights=None), train mode, batch 8 at 64x64, forward + backward; record every Conv2d output and its output gradient",
-                  hooked_calls=2 * len(names))
+    wl = Workload(
+        "W2",
+        "resnet18 (weights=None), train mode, batch 8 at 64x64, forward + backward; "
+        "record every Conv2d output and its output gradient",
+        hooked_calls=2 * len(names),
+    )
     wl.variants = [
         Variant("none", _train(base, x), clear=_zero_grad(base)),
         Variant("none_aa", _train(aa, x), clear=_zero_grad(aa), note="A/A control: a second copy, no hooks"),
@@ -259,9 +293,12 @@ def w2(use_peers: bool = True) -> Workload:
     ]
     _add_peers(wl, model, x, names, grads=True, no_grad=False, use_peers=use_peers, probe_name=first)
     wl.targets = [Target("hookgraph", 1.05, against="hand")]
-    wl.notes.append(f"{len(names)} Conv2d outputs and {len(names)} output gradients per iteration; loss = output.sum(); "
-                    "parameter grads are reset (zero_grad(set_to_none=True)) after every iteration, outside the timer, for every variant. "
-                    "The probe compares the first conv's output gradient with the hand variant's.")
+    wl.notes.append(
+        f"{len(names)} Conv2d outputs and {len(names)} output gradients per iteration; loss = output.sum(); "
+        "parameter grads are reset (zero_grad(set_to_none=True)) after every iteration, "
+        "outside the timer, for every variant. "
+        "The probe compares the first conv's output gradient with the hand variant's."
+    )
     return wl
 
 
@@ -276,9 +313,25 @@ W4_SPECS: dict[str, dict[str, Any]] = {
     "trace_relu": {"target": "re:1[0-9]\\.\\d+\\.1", "action": "trace"},
     "scale_weight_grads": {"target": "0.**.weight", "at": "param_grad", "action": "scale", "args": {"factor": 0.5}},
     "noise_block5": {"target": "5.*.0", "exclude": "5.0.0", "action": "noise", "args": {"std": 0.01, "seed": 0}},
-    "finite_last": {"target": ["124.**"], "types": ["Linear", "ReLU"], "action": "check_finite", "args": {"stop": False}},
-    "mask_inputs": {"target": "7.*.0", "at": "forward_pre", "action": "mask", "args": {"index": [0, 1]}, "when": {"mode": "train"}},
-    "record_sched": {"target": "1?.*.0", "action": "record", "args": {"dtype": "bf16"}, "when": {"steps": "0:100", "every": 10}},
+    "finite_last": {
+        "target": ["124.**"],
+        "types": ["Linear", "ReLU"],
+        "action": "check_finite",
+        "args": {"stop": False},
+    },
+    "mask_inputs": {
+        "target": "7.*.0",
+        "at": "forward_pre",
+        "action": "mask",
+        "args": {"index": [0, 1]},
+        "when": {"mode": "train"},
+    },
+    "record_sched": {
+        "target": "1?.*.0",
+        "action": "record",
+        "args": {"dtype": "bf16"},
+        "when": {"steps": "0:100", "every": 10},
+    },
     "print_off": {"target": "**", "types": ["ReLU"], "action": "print", "enabled": False},
 }
 
@@ -295,25 +348,42 @@ def w4(use_peers: bool = True) -> Workload:
     def attach_remove() -> None:
         graph.attach().remove()
 
-    wl = Workload("W4", f"compile time: hookgraph.compile of {len(W4_SPECS)} specs over a model of {n_modules:,} modules "
-                        "(nested Sequentials of Linear(4,4)/ReLU, built once)",
-                  baseline="named_modules", reference=None)
+    wl = Workload(
+        "W4",
+        f"compile time: hookgraph.compile of {len(W4_SPECS)} specs over a model of {n_modules:,} modules "
+        "(nested Sequentials of Linear(4,4)/ReLU, built once)",
+        baseline="named_modules",
+        reference=None,
+    )
     wl.variants = [
-        Variant("named_modules", lambda: dict(model.named_modules()), count=lambda: n_modules,
-                note="floor: one walk of the module tree"),
+        Variant(
+            "named_modules",
+            lambda: dict(model.named_modules()),
+            count=lambda: n_modules,
+            note="floor: one walk of the module tree",
+        ),
         Variant("compile", compile_once, count=lambda: n_bindings, note="records column: bindings compiled"),
-        Variant("attach+remove", attach_remove, count=lambda: n_bindings, note="register every hook of the compiled graph, then remove them"),
+        Variant(
+            "attach+remove",
+            attach_remove,
+            count=lambda: n_bindings,
+            note="register every hook of the compiled graph, then remove them",
+        ),
     ]
     wl.targets = [Target("compile", 250.0)]
-    wl.notes.append("Specs: " + "; ".join(f"`{k}`" for k in W4_SPECS) + " (see W4_SPECS in benchmarks/workloads.py: globs, a regex, "
-                    "types, excludes, param points, schedules, a disabled spec).")
+    wl.notes.append(
+        "Specs: "
+        + "; ".join(f"`{k}`" for k in W4_SPECS)
+        + " (see W4_SPECS in benchmarks/workloads.py: globs, a regex, "
+        "types, excludes, param points, schedules, a disabled spec)."
+    )
     return wl
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
 
 
-def probe_close(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[bool]:
+def probe_close(a: Tensor | None, b: Tensor | None) -> bool | None:
     if a is None or b is None:
         return None
     a, b = a.detach().float().cpu(), b.detach().float().cpu()

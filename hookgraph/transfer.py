@@ -18,13 +18,17 @@ __all__ = ["HostCopier"]
 
 class HostCopier:
     def __init__(self) -> None:
-        self._streams: dict[torch.device, "torch.cuda.Stream"] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pending = False
 
     def to_host(self, t: Tensor) -> Tensor:
-        """A CPU copy of ``t``: asynchronous for CUDA tensors, a plain copy otherwise."""
+        """A CPU copy of ``t``: asynchronous for CUDA tensors, a plain copy otherwise.
+
+        Always a new tensor, CPU input included: the caller may keep it while ``t`` is
+        changed in place, as with the pinned buffer of the CUDA path.
+        """
         if not t.is_cuda:
-            return t.to("cpu")
+            return t.to("cpu", copy=True)  # .to("cpu") alone returns a CPU tensor itself
         stream = self._streams.get(t.device)
         if stream is None:
             stream = self._streams[t.device] = torch.cuda.Stream(device=t.device)

@@ -92,7 +92,9 @@ def test_hooks_do_not_fire_outside_attach():
 
 def test_records_are_detached():
     model = mlp()
-    graph = hg.compile(model, {"fwd": {"target": "**", "action": "record"}, "pv": {"target": "0.weight", "at": "param_value"}})
+    graph = hg.compile(
+        model, {"fwd": {"target": "**", "action": "record"}, "pv": {"target": "0.weight", "at": "param_value"}}
+    )
     with graph.attach():
         out = model(torch.randn(2, 4, requires_grad=True))
     assert out.requires_grad
@@ -117,6 +119,7 @@ def test_user_hooks_before_compile_fire_during_and_after_and_stay():
     assert sorted(calls) == ["bwd", "fwd", "grad", "pre"]
     assert fwd.id in model[0]._forward_hooks and pre.id in model._forward_pre_hooks
     assert bwd.id in model[2]._backward_hooks
+    assert grad.id in model[0].weight._backward_hooks
     assert model[2]._is_full_backward_hook is True  # the user's own flag is kept
     step(model)
     assert sorted(calls) == ["bwd", "bwd", "fwd", "fwd", "grad", "grad", "pre", "pre"]
@@ -143,7 +146,10 @@ def test_user_hook_added_while_attached_survives_removal():
 def test_exit_when_the_model_raises_mid_forward():
     model = nn.Sequential(nn.Linear(4, 4), Boom(), nn.Linear(4, 2))
     before = hook_snapshot(model)
-    graph = hg.compile(model, ALL_POINTS | {"bwd_pre": {**ALL_POINTS["bwd_pre"], "target": "0"}, "bwd": {**ALL_POINTS["bwd"], "target": "0"}})
+    graph = hg.compile(
+        model,
+        ALL_POINTS | {"bwd_pre": {**ALL_POINTS["bwd_pre"], "target": "0"}, "bwd": {**ALL_POINTS["bwd"], "target": "0"}},
+    )
     with pytest.raises(RuntimeError, match="forward boom"), graph.attach():
         step(model)
     assert hook_snapshot(model) == before
@@ -166,7 +172,9 @@ def test_exit_when_backward_raises():
 def test_exit_when_an_action_raises():
     model = mlp()
     before = hook_snapshot(model)
-    graph = hg.compile(model, {"finite": {"target": "2", "at": "output_grad", "action": "check_finite"}, "rec": {"target": "**"}})
+    graph = hg.compile(
+        model, {"finite": {"target": "2", "at": "output_grad", "action": "check_finite"}, "rec": {"target": "**"}}
+    )
     with pytest.raises(hg.NonFiniteError), graph.attach():
         model(torch.randn(2, 4)).sum().mul(float("nan")).backward()
     assert hook_snapshot(model) == before
@@ -180,8 +188,12 @@ def test_failed_registration_rolls_back_earlier_hooks():
     model = mlp()
     legacy = model[2].register_backward_hook(lambda m, gi, go: None)  # a non-full backward hook
     before = hook_snapshot(model)
-    graph = hg.compile(model, {"first": {"target": "**", "action": "record"}, "full": {"target": "2", "at": "backward"}})
-    with pytest.raises(hg.HookGraphError, match=r"hooks\.full\.at: .*'2'.*regular backward hooks and full backward hooks"):
+    graph = hg.compile(
+        model, {"first": {"target": "**", "action": "record"}, "full": {"target": "2", "at": "backward"}}
+    )
+    with pytest.raises(
+        hg.HookGraphError, match=r"hooks\.full\.at: .*'2'.*regular backward hooks and full backward hooks"
+    ):
         graph.attach()
     assert hook_snapshot(model) == before
     assert not graph.attached
@@ -308,7 +320,11 @@ def test_many_attach_detach_cycles():
     assert graph.records["g"]["0.weight"] == [] and graph.records["bwd"]["2"] == []  # no backward ran
     with graph.attach():
         step(model)
-    assert (len(graph.records["fwd"]["0"]), len(graph.records["g"]["0.weight"]), len(graph.records["bwd"]["2"])) == (501, 1, 1)
+    assert (len(graph.records["fwd"]["0"]), len(graph.records["g"]["0.weight"]), len(graph.records["bwd"]["2"])) == (
+        501,
+        1,
+        1,
+    )
 
 
 # -- wrappers --------------------------------------------------------------------------------------

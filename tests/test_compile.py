@@ -41,22 +41,26 @@ def _run(compiled: bool):
 def test_compiled_model_gives_the_eager_records_and_outputs():
     eager, eager_out = _run(False)
     comp, comp_out = _run(True)
-    for a, b in zip(eager_out, comp_out):
+    for a, b in zip(eager_out, comp_out, strict=True):
         torch.testing.assert_close(a, b)
     assert eager.records.keys() == comp.records.keys()
     for spec, targets in eager.records.items():
         assert targets.keys() == comp.records[spec].keys(), spec
         for target, entries in targets.items():
             assert len(entries) == len(comp.records[spec][target]) == 2
-            for a, b in zip(entries, comp.records[spec][target]):
+            for a, b in zip(entries, comp.records[spec][target], strict=True):
                 torch.testing.assert_close(a, b)
     assert comp.records["grads"]["relu"][0].min() >= 0  # the clamp acted under compile too
     assert [r["mean"] for r in eager.stats] == [r["mean"] for r in comp.stats]
 
 
 def test_runner_compile_option(tmp_path):
-    cfg = {"model": {"name": "conv_net"}, "runner": {"compile": True, "compile_backend": "aot_eager", "steps": 2, "progress": False},
-           "sink": {"figures": False}, "hooks": {"acts": {"target": "conv", "action": "record"}}}
+    cfg = {
+        "model": {"name": "conv_net"},
+        "runner": {"compile": True, "compile_backend": "aot_eager", "steps": 2, "progress": False},
+        "sink": {"figures": False},
+        "hooks": {"acts": {"target": "conv", "action": "record"}},
+    }
     summary = run(cfg, tmp_path / "compiled")
     cfg["runner"]["compile"] = False
     eager = run(cfg, tmp_path / "eager")

@@ -43,7 +43,10 @@ def test_host_copier_on_cpu_is_a_plain_copy():
 
     t = torch.arange(4.0)
     out = HostCopier().to_host(t)
-    assert torch.equal(out, t)
+    assert out.device.type == "cpu" and torch.equal(out, torch.arange(4.0))
+    assert out.data_ptr() != t.data_ptr()  # its own storage, as on the CUDA path
+    t.add_(10)
+    assert torch.equal(out, torch.arange(4.0))  # a later in-place change of t leaves the copy alone
 
 
 def test_absent_cuda_is_a_clear_error():
@@ -51,5 +54,7 @@ def test_absent_cuda_is_a_clear_error():
         pytest.skip("this machine has CUDA")
     from hookgraph.runner.device import resolve_device
 
-    with pytest.raises(hg.ConfigError, match=r"runner.device: 'cuda' asked, but CUDA is not available here.*valid here: auto, cpu"):
+    with pytest.raises(
+        hg.ConfigError, match=r"runner.device: 'cuda' asked, but CUDA is not available here.*valid here: auto, cpu"
+    ):
         resolve_device("cuda")

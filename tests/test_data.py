@@ -33,7 +33,7 @@ def test_random_is_deterministic_per_seed_and_restarts() -> None:
     a = build_data("random", shape=[4], batch_size=2, seed=1).take(3)
     b = build_data("random", shape=[4], batch_size=2, seed=1).take(3)
     c = build_data("random", shape=[4], batch_size=2, seed=2).take(3)
-    assert all(torch.equal(p[0][0], q[0][0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
+    assert all(torch.equal(p[0][0], q[0][0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b, strict=True))
     assert not torch.equal(a[0][0][0], c[0][0][0])
     assert not torch.equal(a[0][0][0], a[1][0][0])  # steps differ within one stream
     data = build_data("random", shape=4, seed=1)

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import save_file
 
+import hookgraph as hg
 from hookgraph.data import build_data
 from hookgraph.errors import ConfigError
 from hookgraph.models import (
@@ -213,18 +214,30 @@ def test_register_model_warns_on_overwrite() -> None:
 
 
 def test_resnet18_by_name_seed_call_order() -> None:
-    model = build_model("resnet18")
+    model = build_model("resnet18").eval()
+    x = torch.randn(1, 3, 64, 64)
     calls: list[str] = []
-    for name, mod in model.named_modules():
-        if name:
-            mod.register_forward_hook(lambda m, i, o, name=name: calls.append(name))
-    with torch.no_grad():
-        model.eval()(torch.randn(1, 3, 64, 64))
+    handles = [
+        mod.register_forward_hook(lambda m, i, o, name=name: calls.append(name))
+        for name, mod in model.named_modules()
+        if name
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
     # The seed's table: 75 calls (relu runs twice per block), conv1 ... avgpool, fc.
     assert len(calls) == 75
     assert calls[:5] == ["conv1", "bn1", "relu", "maxpool", "layer1.0.conv1"]
     assert calls[-3:] == ["layer4", "avgpool", "fc"]
     assert len(list(model.named_modules())) == 68
+    # hookgraph's trace sees the very order the plain hooks saw.
+    graph = hg.compile(model, {"order": {"target": "**", "action": "trace"}})
+    with graph.attach(), torch.no_grad():
+        model(x)
+    assert [r["module"] for r in graph.records["order"]] == calls
 
 
 def test_resnet34_has_36_convs_and_kwargs() -> None:

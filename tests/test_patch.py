@@ -48,7 +48,9 @@ def test_patching_every_leaf_reproduces_the_clean_output(clean_run, tmp_path):
 def test_patch_through_the_python_api_moves_to_the_value_dtype(clean_run):
     torch.manual_seed(5)
     model = MLP().double()
-    graph = hg.compile(model, {"p": {"target": "fc2", "action": "patch", "args": {"run": str(clean_run), "spec": "leaves"}}})
+    graph = hg.compile(
+        model, {"p": {"target": "fc2", "action": "patch", "args": {"run": str(clean_run), "spec": "leaves"}}}
+    )
     seen = {}
     handle = model.act2.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))
     try:

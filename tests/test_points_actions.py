@@ -196,7 +196,14 @@ def case_print(capsys, tmp_path):
 def case_trace(capsys, tmp_path):
     graph, _ = run_identity("trace")
     assert graph.records["a"] == [
-        {"step": 0, "module": "0", "type": "Identity", "point": "forward", "input_shapes": [[2, 3]], "output_shapes": [2, 3]}
+        {
+            "step": 0,
+            "module": "0",
+            "type": "Identity",
+            "point": "forward",
+            "input_shapes": [[2, 3]],
+            "output_shapes": [2, 3],
+        }
     ]
 
 
@@ -283,7 +290,7 @@ def case_patch(capsys, tmp_path):
         run_identity("patch", {"run": str(tmp_path / "absent"), "spec": "a"})
 
 
-ACTION_CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
+ACTION_CASES = {name[len("case_") :]: fn for name, fn in globals().items() if name.startswith("case_")}
 BUILTIN_ACTIONS = sorted(n for n, d in hg.ACTIONS.items() if d.factory.__module__.startswith("hookgraph."))
 
 
@@ -376,7 +383,9 @@ def test_param_grad_scale_and_zero():
 
 def test_param_grad_clamp_before_accumulation():
     model = linear_12()
-    graph = hg.compile(model, {"w": {"target": "0.weight", "at": "param_grad", "action": "clamp", "args": {"max": 3.5}}})
+    graph = hg.compile(
+        model, {"w": {"target": "0.weight", "at": "param_grad", "action": "clamp", "args": {"max": 3.5}}}
+    )
     with graph.attach():
         for _ in range(2):
             model(torch.tensor([[3.0, 4.0]])).sum().backward()
@@ -386,7 +395,9 @@ def test_param_grad_clamp_before_accumulation():
 def test_param_value_add_edits_weight_in_place():
     model = linear_12()
     weight = model[0].weight
-    graph = hg.compile(model, {"w": {"target": "0.weight", "at": "param_value", "action": "add", "args": {"value": 1.0}}})
+    graph = hg.compile(
+        model, {"w": {"target": "0.weight", "at": "param_value", "action": "add", "args": {"value": 1.0}}}
+    )
     with graph.attach():
         out = model(torch.tensor([[3.0, 4.0]]))
     assert out.item() == 18.0  # 2 * 3 + 3 * 4
@@ -396,7 +407,9 @@ def test_param_value_add_edits_weight_in_place():
 
 def test_param_accumulated_sees_the_accumulated_grad():
     model = linear_12()
-    graph = hg.compile(model, {"acc": {"target": "0.weight", "at": "param_accumulated", "action": "record", "args": {"clone": True}}})
+    graph = hg.compile(
+        model, {"acc": {"target": "0.weight", "at": "param_accumulated", "action": "record", "args": {"clone": True}}}
+    )
     with graph.attach():
         for _ in range(2):
             model(torch.tensor([[3.0, 4.0]])).sum().backward()
@@ -552,7 +565,9 @@ def test_no_schedule_runs_every_step():
 
 def test_schedule_applies_to_gradient_points():
     model = chain()
-    graph = hg.compile(model, {"g": HookSpec(target="0", at=hg.HookPoint.output_grad, action="record", when=Schedule(steps="1:2"))})
+    graph = hg.compile(
+        model, {"g": HookSpec(target="0", at=hg.HookPoint.output_grad, action="record", when=Schedule(steps="1:2"))}
+    )
     with graph.attach():
         for step in range(3):
             graph.set_step(step)
@@ -587,14 +602,36 @@ def test_record_keep_all_default():
     assert [r.item() for r in graph.records["r"]["0"]] == [0.0, 1.0, 2.0]
 
 
-def test_record_to_cpu():
-    graph, _ = run_identity("record", {"to": "cpu"})
+def test_record_to_moves_the_record_not_the_value():
+    # On a CPU-only machine `to: cpu` is a no-op for CPU values; meta is a device here too,
+    # so this fails when `to` is ignored.
+    graph, out = run_identity("record", {"to": "meta"})
     rec = graph.records["a"]["0"][0]
-    assert rec.device == torch.device("cpu")
-    assert torch.equal(rec, X)
+    assert rec.device == torch.device("meta") and rec.shape == X.shape and rec.dtype == X.dtype
+    assert out.device == torch.device("cpu") and torch.equal(out, X)  # the model's value stays put
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize("args", [{"to": "cpu"}, {"to": "cpu", "keep": "last"}], ids=["plain", "keep_last"])
+def test_record_to_cpu_copies_through_the_host_copier(monkeypatch, args):
+    """A value on another device reaches the host through HostCopier.to_host, never a blocking .cpu()."""
+    from hookgraph.transfer import HostCopier
+
+    seen = []
+
+    def to_host(self, t):
+        seen.append((t.device.type, tuple(t.shape)))
+        return torch.full(t.shape, 7.0)  # a meta tensor has no data to copy: stand in for the copy
+
+    monkeypatch.setattr(HostCopier, "to_host", to_host)
+    graph, _ = run_identity("record", args, x=X.to("meta"))
+    assert seen == [("meta", (2, 3))]
+    rec = graph.records["a"]["0"][0]
+    assert rec.device == torch.device("cpu") and torch.equal(rec, torch.full((2, 3), 7.0))
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("fp16", torch.float16)]
+)
 def test_record_dtype(name, dtype):
     graph, out = run_identity("record", {"dtype": name})
     rec = graph.records["a"]["0"][0]
@@ -612,7 +649,10 @@ def test_record_clone_survives_later_inplace_change():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
     graph = hg.compile(
         model,
-        {"plain": {"target": "0", "action": "record"}, "cloned": {"target": "0", "action": "record", "args": {"clone": True}}},
+        {
+            "plain": {"target": "0", "action": "record"},
+            "cloned": {"target": "0", "action": "record", "args": {"clone": True}},
+        },
     )
     with graph.attach(), torch.no_grad():
         out = model(torch.tensor([[-10.0, 10.0]]))
@@ -641,13 +681,29 @@ def test_user_function_default_argument():
 
 
 def test_user_function_by_target_at_output_grad():
-    _, grad = grad_of_chain({"target": "0", "at": "output_grad", "action": {"_target_": "tests.helpers_actions.times"}, "args": {"factor": 0.5}})
+    _, grad = grad_of_chain(
+        {
+            "target": "0",
+            "at": "output_grad",
+            "action": {"_target_": "tests.helpers_actions.times"},
+            "args": {"factor": 0.5},
+        }
+    )
     assert grad.tolist() == [5.0, 5.0, 5.0]  # (5 * 0.5) * 2
 
 
 def test_user_function_is_refused_where_values_are_read_only():
     with pytest.raises(hg.SpecError) as info:
-        hg.compile(linear_12(), {"u": {"target": "0.weight", "at": "param_accumulated", "action": {"_target_": "tests.helpers_actions.add_offset"}}})
+        hg.compile(
+            linear_12(),
+            {
+                "u": {
+                    "target": "0.weight",
+                    "at": "param_accumulated",
+                    "action": {"_target_": "tests.helpers_actions.add_offset"},
+                }
+            },
+        )
     assert [p.key for p in info.value.problems] == ["hooks.u.action"]
 
 
@@ -746,7 +802,10 @@ def test_factory_with_var_positional_is_refused():
 
 def test_user_function_without_parameters_is_refused():
     with pytest.raises(hg.SpecError, match="must accept the hooked value"):
-        hg.compile(nn.Sequential(nn.Identity()), {"u": {"target": "0", "action": {"_target_": "tests.helpers_actions.no_params"}}})
+        hg.compile(
+            nn.Sequential(nn.Identity()),
+            {"u": {"target": "0", "action": {"_target_": "tests.helpers_actions.no_params"}}},
+        )
 
 
 def test_record_at_param_value_keeps_each_calls_value():
@@ -755,7 +814,13 @@ def test_record_at_param_value_keeps_each_calls_value():
         model,
         {
             "seen": {"target": "0.weight", "at": "param_value", "action": "record"},
-            "double": {"target": "0.weight", "at": "param_value", "action": "scale", "args": {"factor": 2.0}, "order": 1},
+            "double": {
+                "target": "0.weight",
+                "at": "param_value",
+                "action": "scale",
+                "args": {"factor": 2.0},
+                "order": 1,
+            },
         },
     )
     with graph.attach():

@@ -32,7 +32,12 @@ def compose(*overrides: str):
 
 def mlp_cfg(hooks: dict, **sections) -> dict:
     """A small runner config: the seeds' MLP on random (16,) inputs, no figures."""
-    cfg = {"model": {"name": "mlp"}, "runner": {"device": "cpu", "progress": False}, "sink": {"figures": False}, "hooks": hooks}
+    cfg = {
+        "model": {"name": "mlp"},
+        "runner": {"device": "cpu", "progress": False},
+        "sink": {"figures": False},
+        "hooks": hooks,
+    }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
     return cfg
@@ -61,9 +66,23 @@ def conv_site():
         ({"select": "::2", "dim": -1}, lambda y: y[..., ::2]),
         ({"select": 3}, lambda y: y[:, 3]),
         ({"select": "0:2", "reduce": "mean", "dims": [2, 3]}, lambda y: y[:, 0:2].mean(dim=(2, 3))),
-        ({"select": 0, "dim": 0, "reduce": "max", "dims": [1, 2], "dtype": "float16"}, lambda y: y[0].amax(dim=(1, 2)).half()),
+        (
+            {"select": 0, "dim": 0, "reduce": "max", "dims": [1, 2], "dtype": "float16"},
+            lambda y: y[0].amax(dim=(1, 2)).half(),
+        ),
     ],
-    ids=["mean-per-channel", "max-per-channel", "norm-last", "mean-all", "slice", "slice-dim0", "step", "index", "slice+mean", "index+max+fp16"],
+    ids=[
+        "mean-per-channel",
+        "max-per-channel",
+        "norm-last",
+        "mean-all",
+        "slice",
+        "slice-dim0",
+        "step",
+        "index",
+        "slice+mean",
+        "index+max+fp16",
+    ],
 )
 def test_record_reductions_match_torch(args, expected):
     model, x, y = conv_site()
@@ -177,13 +196,20 @@ def test_shards_are_written_per_step(tmp_path):
 
 
 def test_a_run_failing_at_step_2_keeps_the_earlier_steps(tmp_path):
-    cfg = mlp_cfg({"r": {"target": "fc1", "action": "record"}}, model={"name": None, "_target_": f"{__name__}.FailsAtStep2"}, runner={"steps": 3})
+    cfg = mlp_cfg(
+        {"r": {"target": "fc1", "action": "record"}},
+        model={"name": None, "_target_": f"{__name__}.FailsAtStep2"},
+        runner={"steps": 3},
+    )
     with pytest.raises(RuntimeError, match="boom at step 2"):
         run(cfg, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 2
     assert summary["error"] == {"type": "RuntimeError", "message": "boom at step 2"}
-    assert sorted(p.name for p in (tmp_path / "records").glob("*.safetensors")) == ["step-000000.safetensors", "step-000001.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "records").glob("*.safetensors")) == [
+        "step-000000.safetensors",
+        "step-000001.safetensors",
+    ]
     want = _fc1_outputs(mlp_cfg({}), 2)
     records = hg.load_run(tmp_path).records["r"]
     assert records.calls("fc1") == [(0, 0), (1, 0)]
@@ -193,8 +219,11 @@ def test_a_run_failing_at_step_2_keeps_the_earlier_steps(tmp_path):
 
 def test_record_budget_trips_at_step_1_and_step_0_stays_readable(tmp_path):
     # fc1's output is [1, 32] float32: 128 bytes a step, so 200 bytes admit step 0 only.
-    cfg = mlp_cfg({"r": {"target": "fc1", "action": "record"}, "s": {"target": "fc1", "action": "stats"}},
-                  runner={"steps": 3}, sink={"max_bytes": 200})
+    cfg = mlp_cfg(
+        {"r": {"target": "fc1", "action": "record"}, "s": {"target": "fc1", "action": "stats"}},
+        runner={"steps": 3},
+        sink={"max_bytes": 200},
+    )
     with pytest.raises(hg.RecordBudgetError) as err:
         run(cfg, tmp_path)
     msg = str(err.value)
@@ -266,9 +295,15 @@ def test_fused_stats_match_separate_reductions():
     row = _stats_of(x)
     std, mean = torch.std_mean(x, correction=0)
     want = {
-        "mean": mean.item(), "std": std.item(), "min": x.min().item(), "max": x.max().item(),
-        "absmax": x.abs().max().item(), "norm": torch.linalg.vector_norm(x).item(),
-        "zero_frac": 5 / x.numel(), "nan": 0.0, "inf": 0.0,
+        "mean": mean.item(),
+        "std": std.item(),
+        "min": x.min().item(),
+        "max": x.max().item(),
+        "absmax": x.abs().max().item(),
+        "norm": torch.linalg.vector_norm(x).item(),
+        "zero_frac": 5 / x.numel(),
+        "nan": 0.0,
+        "inf": 0.0,
     }
     assert row["spec"] == "s" and row["target"] == "0" and row["step"] == 0 and row["call"] == 0
     for k, v in want.items():
@@ -290,8 +325,11 @@ def test_tensorboard_sink_writes_stats_scalars_and_record_histograms(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = mlp_cfg({"r": {"target": "fc1", "action": "record"}, "s": {"target": "fc1", "action": "stats"}},
-                  runner={"steps": 2}, sink={"tensorboard": True})
+    cfg = mlp_cfg(
+        {"r": {"target": "fc1", "action": "record"}, "s": {"target": "fc1", "action": "stats"}},
+        runner={"steps": 2},
+        sink={"tensorboard": True},
+    )
     run(cfg, tmp_path)
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0

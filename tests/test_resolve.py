@@ -107,7 +107,13 @@ def test_regex_metacharacters_in_a_glob_are_literal():
 
 
 def test_several_patterns_keep_names_order_without_duplicates():
-    assert match_names(["fc1", "conv", "**.conv1", "conv"], NAMES) == ["conv", "conv1", "layer1.0.conv1", "layer2.0.conv1", "fc1"]
+    assert match_names(["fc1", "conv", "**.conv1", "conv"], NAMES) == [
+        "conv",
+        "conv1",
+        "layer1.0.conv1",
+        "layer2.0.conv1",
+        "fc1",
+    ]
 
 
 # -- regular expressions -------------------------------------------------------
@@ -174,7 +180,14 @@ def test_exclude_everything_is_a_no_match_problem():
 KINDS = {
     "": ("Net", "pkg.Net"),
     "conv": ("Conv2d", "torch.nn.modules.conv.Conv2d", "_ConvNd", "torch.nn.modules.conv._ConvNd"),
-    "conv1": ("MyConv", "pkg.MyConv", "Conv2d", "torch.nn.modules.conv.Conv2d", "_ConvNd", "torch.nn.modules.conv._ConvNd"),
+    "conv1": (
+        "MyConv",
+        "pkg.MyConv",
+        "Conv2d",
+        "torch.nn.modules.conv.Conv2d",
+        "_ConvNd",
+        "torch.nn.modules.conv._ConvNd",
+    ),
     "bn1": ("BatchNorm2d", "torch.nn.modules.batchnorm.BatchNorm2d"),
     "fc": ("Linear", "torch.nn.modules.linear.Linear"),
 }
@@ -245,7 +258,9 @@ def test_expect_min_above_count():
 def test_expect_max_below_count():
     _, problems = resolve(["fc?", "conv"], expect_max=2)
     assert [p.key for p in problems] == ["hooks.s.expect"]
-    assert problems[0].message == "'fc?', 'conv' matched 4 names, expected at least 1 and at most 2: conv, fc1, fc2, fcb"
+    assert (
+        problems[0].message == "'fc?', 'conv' matched 4 names, expected at least 1 and at most 2: conv, fc1, fc2, fcb"
+    )
 
 
 def test_expect_bounds_inclusive():
@@ -306,8 +321,9 @@ def test_resolution_is_pure_and_repeatable():
 def test_types_filter_that_removes_every_match_says_so():
     names = ["", "fc1", "act1", "head"]
     kinds = {"": ("MLP",), "fc1": ("Linear",), "act1": ("ReLU",), "head": ("Linear",)}
-    matched, problems = resolve_names(key="hooks.r", targets=["**"], names=names, types=["Conv2d"], kinds=kinds,
-                                      known_types={"Conv2d"})
+    matched, problems = resolve_names(
+        key="hooks.r", targets=["**"], names=names, types=["Conv2d"], kinds=kinds, known_types={"Conv2d"}
+    )
     assert matched == []
     assert [p.key for p in problems] == ["hooks.r.types"]
     assert "'**' matched 3 names, none of type 'Conv2d'; types among them: Linear, ReLU" in problems[0].message

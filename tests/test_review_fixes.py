@@ -30,7 +30,10 @@ def test_records_sharing_storage_are_written(tmp_path):
 def test_index_on_a_tensor_value_is_an_error_not_a_row():
     model = nn.Sequential(nn.Linear(3, 3))
     graph = hg.compile(model, {"s": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "index": 0}})
-    with pytest.raises(hg.ActionError, match=r"hooks\.s\.index: 0 does not select an element .* a Tensor"), graph.attach():
+    with (
+        pytest.raises(hg.ActionError, match=r"hooks\.s\.index: 0 does not select an element .* a Tensor"),
+        graph.attach(),
+    ):
         model(torch.ones(2, 3))
 
 
@@ -45,7 +48,10 @@ def test_input_grad_index(index):
     graph = hg.compile(model, {"g": {"target": "0", "at": "input_grad", "action": "record", "index": index}})
     x = torch.ones(2, 3, requires_grad=True)
     if index == 5:
-        with pytest.raises(hg.ActionError, match=r"hooks\.g\.index: 5 does not select one of the 1 positional inputs"), graph.attach():
+        with (
+            pytest.raises(hg.ActionError, match=r"hooks\.g\.index: 5 does not select one of the 1 positional inputs"),
+            graph.attach(),
+        ):
             model(x)
     else:
         with graph.attach():
@@ -76,17 +82,39 @@ def test_list_targets_with_a_bad_regex():
 
 
 def test_default_hook_sets_run_on_a_model_without_convolutions(tmp_path):
-    summary = run({"model": {"name": "mlp"}, "runner": {"progress": False}, "sink": {"figures": False},
-                   "hooks": {"record_convs": {"target": "**", "types": ["Conv2d"], "action": "record", "expect": {"min": 0}},
-                             "grad_stats": {"target": "**", "types": ["Linear"], "at": "output_grad", "action": "stats", "expect": {"min": 0}}}},
-                  tmp_path)
+    summary = run(
+        {
+            "model": {"name": "mlp"},
+            "runner": {"progress": False},
+            "sink": {"figures": False},
+            "hooks": {
+                "record_convs": {"target": "**", "types": ["Conv2d"], "action": "record", "expect": {"min": 0}},
+                "grad_stats": {
+                    "target": "**",
+                    "types": ["Linear"],
+                    "at": "output_grad",
+                    "action": "stats",
+                    "expect": {"min": 0},
+                },
+            },
+        },
+        tmp_path,
+    )
     assert summary["status"] == "completed" and summary["specs"]["grad_stats"]["records"] == 3
 
 
 def test_data_that_does_not_fit_the_model_is_a_config_error(tmp_path):
     with pytest.raises(hg.ConfigError, match=r"data.kind: 'none' gave the model 0 input\(s\)"):
-        run({"model": {"name": "conv_net"}, "data": {"kind": "none"}, "runner": {"progress": False},
-             "sink": {"figures": False}, "hooks": {}}, tmp_path)
+        run(
+            {
+                "model": {"name": "conv_net"},
+                "data": {"kind": "none"},
+                "runner": {"progress": False},
+                "sink": {"figures": False},
+                "hooks": {},
+            },
+            tmp_path,
+        )
 
 
 def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
@@ -100,7 +128,10 @@ def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
 
 
 def test_dotted_torch_types_are_known_like_short_ones():
-    graph = hg.compile(nn.Sequential(nn.Linear(2, 2)), {"r": {"target": "*", "types": ["torch.nn.Linear", "torch.nn.BatchNorm2d"], "action": "record"}})
+    graph = hg.compile(
+        nn.Sequential(nn.Linear(2, 2)),
+        {"r": {"target": "*", "types": ["torch.nn.Linear", "torch.nn.BatchNorm2d"], "action": "record"}},
+    )
     assert [r["target"] for r in graph.plan()] == ["0"]
 
 

@@ -46,15 +46,27 @@ def test_cross_entropy_needs_labels(tmp_path):
 
 
 def test_target_class_out_of_range(tmp_path):
-    with pytest.raises(hg.ConfigError, match=r"runner.target_class: class 7 is out of range for an output of shape \[1, 5\]"):
+    with pytest.raises(
+        hg.ConfigError, match=r"runner.target_class: class 7 is out of range for an output of shape \[1, 5\]"
+    ):
         run(cfg(runner={"loss": "target_class", "target_class": 7}), tmp_path)
 
 
 def test_forward_only_refuses_gradient_hooks(tmp_path):
     # They would never fire: an error, not a silent no-op.
-    with pytest.raises(hg.ConfigError, match=r"runner.backward: false, but hooks.g.at \(output_grad\) need a backward pass"):
-        run(cfg(runner={"backward": False}, hooks={"g": {"target": "conv", "at": "output_grad", "action": "record"},
-                                                   "a": {"target": "conv", "action": "record"}}), tmp_path)
+    with pytest.raises(
+        hg.ConfigError, match=r"runner.backward: false, but hooks.g.at \(output_grad\) need a backward pass"
+    ):
+        run(
+            cfg(
+                runner={"backward": False},
+                hooks={
+                    "g": {"target": "conv", "at": "output_grad", "action": "record"},
+                    "a": {"target": "conv", "action": "record"},
+                },
+            ),
+            tmp_path,
+        )
 
 
 def test_forward_only_records_activations(tmp_path):
@@ -64,17 +76,29 @@ def test_forward_only_records_activations(tmp_path):
 
 def test_a_spec_that_never_fires_is_reported(tmp_path):
     # The image needs no gradient, so an input_grad hook on the first conv never runs.
-    summary = run(cfg(hooks={"x": {"target": "conv", "at": "input_grad", "action": "record"},
-                             "a": {"target": "conv", "action": "record"}}), tmp_path)
+    summary = run(
+        cfg(
+            hooks={
+                "x": {"target": "conv", "at": "input_grad", "action": "record"},
+                "a": {"target": "conv", "action": "record"},
+            }
+        ),
+        tmp_path,
+    )
     assert summary["never_fired"] == ["x"]
     assert summary["specs"]["x"]["calls"] == 0 and summary["specs"]["a"]["calls"] == 1
 
 
 def test_calls_count_every_action_run():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
-    graph = hg.compile(model, {"f": {"target": "*", "action": "stats"},
-                               "g": {"target": "0", "at": "output_grad", "action": "record"},
-                               "p": {"target": "**.weight", "at": "param_grad", "action": "record"}})
+    graph = hg.compile(
+        model,
+        {
+            "f": {"target": "*", "action": "stats"},
+            "g": {"target": "0", "at": "output_grad", "action": "record"},
+            "p": {"target": "**.weight", "at": "param_grad", "action": "record"},
+        },
+    )
     with graph.attach():
         for _ in range(3):
             model(torch.ones(1, 2)).sum().backward()
