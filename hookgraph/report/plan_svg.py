@@ -90,7 +90,8 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None,
     width = max(width, int(len(summary) * CHAR) + 20, int(len(title) * CHAR) + 20)
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
             f'font-family="ui-monospace, Menlo, Consolas, monospace" font-size="12">'
-            f'<style>.mod text{{fill:#555}} .hooked>text:first-child{{fill:#111;font-weight:bold}} text.binding{{fill:#111;font-size:11px}} .note{{fill:#777}}</style>'
+            f'<style>svg.plan text{{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}} svg.plan .mod text{{fill:#555}} '
+            f'svg.plan .hooked>text:first-child{{fill:#111;font-weight:bold}} svg.plan text.binding{{fill:#111;font-size:11px}} svg.plan .note{{fill:#777}}</style>'
             f'<rect width="100%" height="100%" fill="#fff"/><text x="10" y="16" font-weight="bold">{escape(title)}</text>'
             f'<text class="note" x="10" y="30">{escape(summary)}</text>')
     if not plan:
