@@ -1,4 +1,5 @@
-"""Run folders the report tests share (built once per test module, in-process)."""
+"""Run folders the report tests share, built once per test module (a pytest plugin:
+``pytest_plugins = ["tests.report_fixtures"]``)."""
 
 from __future__ import annotations
 
@@ -7,36 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
 import hookgraph as hg
 from hookgraph.report import module_tree, write_report
-from hookgraph.runner import build_from_config, run
 
-from .test_records import compose
-
-CPU = ("runner.device=cpu", "runner.progress=false")
-
-
-def make_run(out: Path, *overrides: str, modules: bool = True) -> Path:
-    """A run folder written by hookgraph.runner.run, with .hydra/overrides.yaml as Hydra
-    writes it and, with ``modules``, modules.json as the runner will write it."""
-    cfg = compose(*overrides, *CPU)
-    try:
-        run(cfg, out)
-    except hg.HookGraphError:
-        pass  # a failed run still leaves its folder: the report must show it
-    (out / ".hydra").mkdir(exist_ok=True)
-    (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-    if modules:
-        (out / "modules.json").write_text(json.dumps(module_tree(build_from_config(cfg))))
-    return out
-
-
-def conv_names(*overrides: str) -> list[str]:
-    model = build_from_config(compose(*overrides, *CPU))
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+from .report_helpers import make_run
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import yaml
 
 import hookgraph as hg
 from hookgraph.report import module_tree, plan_svg, write_report, write_sweep_report
@@ -19,7 +16,10 @@ from hookgraph.report import page as page_mod
 from hookgraph.report.svg import line_plot, sample
 from hookgraph.runner import build_from_config
 
-from .report_fixtures import big_plan_folder, clamp_run, conv_names, make_run, resnet_run  # noqa: F401 (fixtures)
+from .report_helpers import conv_names, make_run
+
+# The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
+pytest_plugins = ["tests.report_fixtures"]
 from .test_records import compose
 
 
@@ -60,7 +60,7 @@ def test_clamp_conv_page_marks_relu_with_its_three_specs(clamp_run):
     # modules.json gives the whole tree: every module of conv_net, with its type.
     model = build_from_config(compose("+experiment=clamp_conv"))
     assert [n[0] for n in data["nodes"]] == [n for n, _ in model.named_modules()]
-    assert dict((n[0], n[1]) for n in data["nodes"])["relu"] == "ReLU"
+    assert {n[0]: n[1] for n in data["nodes"]}["relu"] == "ReLU"
     assert 'id="status">completed<' in html
 
 
@@ -84,7 +84,7 @@ def test_old_folder_without_modules_json_builds_the_tree_from_plan_targets(tmp_p
     # The hooked modules and their ancestors, nothing else: '', conv1, layer1..4, the blocks, the downsamples.
     ancestors = {".".join(c.split(".")[:i]) for c in convs for i in range(len(c.split(".")))}
     assert set(names) == set(convs) | ancestors
-    assert dict((n[0], n[1]) for n in data["nodes"])["layer2.0.downsample.0"] == "Conv2d"
+    assert {n[0]: n[1] for n in data["nodes"]}["layer2.0.downsample.0"] == "Conv2d"
 
 
 def test_stats_plot_has_one_line_per_target(tmp_path):
@@ -132,7 +132,7 @@ def test_trace_table_shows_the_first_rows_and_the_counts(tmp_path, monkeypatch):
 
 def test_a_failed_run_shows_its_error_and_what_it_recorded(tmp_path):
     out = make_run(tmp_path / "f", "model=nan_net", "hooks=[]", "+hooks.fin={target: '**', action: check_finite}",
-                   "+hooks.acts={target: '**', action: record, expect: {min: 0}}", "sink.figures=false")
+                   "+hooks.acts={target: '**', action: record, expect: {min: 0}}", "sink.figures=false", fails=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed"
     html = write_report(out).read_text()

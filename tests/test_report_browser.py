@@ -17,7 +17,10 @@ import pytest
 
 from hookgraph.report import write_sweep_report
 
-from .report_fixtures import big_plan_folder, clamp_run, conv_names, make_run, resnet_run  # noqa: F401 (fixtures)
+from .report_helpers import conv_names, make_run
+
+# The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
+pytest_plugins = ["tests.report_fixtures"]
 
 pytestmark = pytest.mark.slow
 

@@ -164,7 +164,7 @@ def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], y
             r, g, b = (round(255 + (c - 255) * f) for c in (0x2b, 0x5c, 0x8a))
             ink = "#fff" if f > 0.55 else "#222"
             out.append(f'<g class="cell"><rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="rgb({r},{g},{b})">'
-                       f'<title>{escape(str(ylabels[i]))} / {escape(str(xlabels[j]))}: {fmt(v)}</title></rect>'
+                       f'<title>{escape(str(label))} / {escape(str(xlabels[j]))}: {fmt(v)}</title></rect>'
                        f'<text x="{left + j * cw + cw / 2:.1f}" y="{top + i * ch + 15}" text-anchor="middle" fill="{ink}" class="val">{fmt(v)}</text></g>')
     out.append(f'<text class="axis" x="{left + cols * cw / 2:.1f}" y="{height - 14}" text-anchor="middle">{escape(xname)} (columns)</text>'
                f'<text class="axis" x="4" y="{height - 2}">rows: {escape(yname)}</text></svg>')

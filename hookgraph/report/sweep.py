@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .html import document, esc, table
-from .page import _csv, _json
+from .page import _csv
 from .svg import heatmap, line_plot
 
 __all__ = ["is_sweep", "read_sweep_page", "render_sweep_page", "write_sweep_report"]
@@ -150,8 +150,8 @@ def render_sweep_page(p: dict) -> str:
         link = f'<a class="job-report" href="{esc(j["report"])}">report</a>' if j["report"] else "none"
         rows.append([int(j["job"]), link] + [j["row"].get(c) for c in cols[2:]])
     axes = ", ".join(p["axes"]) or "none (the jobs share their overrides)"
-    body = [f'<section id="table"><h2>Jobs</h2><p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
-            f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>',
+    body = [(f'<section id="table"><h2>Jobs</h2><p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
+             f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>'),
             f'<section id="metric"><h2>{esc(p["metric"])} per override</h2>{_metric_plots(p)}</section>']
     if p["figure"]:
         body.append(f'<section id="figure"><h2>sweep.png</h2><div class="figs"><figure><img alt="sweep.png" src="{p["figure"]}"></figure></div></section>')
