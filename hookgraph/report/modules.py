@@ -23,17 +23,19 @@ def module_tree(model: Any) -> list[dict]:
     from ..compiler import unwrap_model
 
     model = unwrap_model(model)
-    rows = [(name, type(m).__name__, sum(p.numel() for p in m.parameters(recurse=False))) for name, m in model.named_modules()]
-    total = {name: n for name, _, n in rows}
-    for name, _, n in rows:
-        if n and name:
-            # Add each module's own parameters to every ancestor: O(modules x depth).
-            parts = name.split(".")
-            for i in range(len(parts)):
-                anc = ".".join(parts[:i])
-                if anc in total:
-                    total[anc] += n
-    return [{"name": name, "type": typ, "params": total[name]} for name, typ, _ in rows]
+    mods = [(name, type(m).__name__) for name, m in model.named_modules()]
+    total = dict.fromkeys((name for name, _ in mods), 0)
+    for pname, p in model.named_parameters():  # each shared parameter once, under its first name
+        mod = pname.rpartition(".")[0]
+        if mod in total:
+            total[mod] += p.numel()
+    # Children follow their parent in named_modules(): summing in reverse order is one pass.
+    for name, _ in reversed(mods):
+        if name:
+            parent = name.rpartition(".")[0]
+            if parent in total:
+                total[parent] += total[name]
+    return [{"name": name, "type": typ, "params": total[name]} for name, typ in mods]
 
 
 def owner(row: dict) -> tuple[str, Optional[str]]:

@@ -57,15 +57,16 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return out
 
 
-def _range(values: Iterable[float]) -> tuple[float, float]:
+def _range(values: Iterable[float], pad: float = 0.0) -> tuple[float, float]:
     vals = [v for v in values if _finite(v)]
     if not vals:
         return 0.0, 1.0
     lo, hi = min(vals), max(vals)
     if lo == hi:
-        pad = abs(lo) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    return lo, hi
+        margin = abs(lo) * 0.1 or 1.0
+        return lo - margin, hi + margin
+    # A margin keeps extreme lines off the frame.
+    return lo - (hi - lo) * pad, hi + (hi - lo) * pad
 
 
 def line_plot(
@@ -84,7 +85,7 @@ def line_plot(
     left, right, top, bottom = 58, 10, 20 if title else 8, 30
     pw, ph = width - left - right, height - top - bottom
     x0, x1 = _range(x for pts in sampled.values() for x, _ in pts)
-    y0, y1 = _range(y for pts in sampled.values() for _, y in pts)
+    y0, y1 = _range((y for pts in sampled.values() for _, y in pts), pad=0.05)
     sx = lambda x: left + (x - x0) / (x1 - x0) * pw  # noqa: E731
     sy = lambda y: top + ph - (y - y0) / (y1 - y0) * ph  # noqa: E731
     out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
@@ -141,20 +142,24 @@ def histogram(counts: Sequence[float], lo: float, hi: float, title: str = "", wi
 
 def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], ylabels: Sequence[str],
             title: str = "", xname: str = "", yname: str = "") -> str:
-    """``grid[row][col]`` as coloured cells (light = low, dark = high); empty cells stay blank."""
+    """``grid[row][col]`` as coloured cells (light = low, dark = high); empty cells stay blank.
+    ``xname`` labels the columns (above them), ``yname`` the rows (left of them)."""
     cols, rows = len(xlabels), len(ylabels)
-    cw, ch = max(28, min(64, 640 // max(cols, 1))), 22
-    left, top = 120, 34 if title else 18
-    width, height = left + cols * cw + 10, top + rows * ch + 34
+    cw, ch = max(52, min(80, 720 // max(cols, 1))), 24
+    left = max(60, 8 + 7 * max([len(str(y)[:18]) for y in ylabels] + [len(yname[:24])]))
+    top = 50
+    width = max(left + cols * cw + 10, 12 + 7 * max(len(title), len(xname) + len(yname) // 2))
+    height = top + rows * ch + 8
     vals = [v for r in grid for v in r if _finite(v)]
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
-    out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
-    if title:
-        out.append(f'<text class="title" x="{left}" y="13">{escape(title)}</text>')
+    out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
+           f'<text class="title" x="4" y="13">{escape(title)}</text>',
+           f'<text class="axis" x="{left}" y="30">{escape(xname)} \u2192</text>',
+           f'<text class="axis" x="4" y="{top - 4}">{escape(yname[:24])} \u2193</text>']
     for j, label in enumerate(xlabels):
         out.append(f'<text class="tick" x="{left + j * cw + cw / 2:.1f}" y="{top - 4}" text-anchor="middle">{escape(str(label))[:10]}</text>')
     for i, label in enumerate(ylabels):
-        out.append(f'<text class="tick" x="{left - 4}" y="{top + i * ch + 15}" text-anchor="end">{escape(str(label))[:18]}</text>')
+        out.append(f'<text class="tick" x="{left - 4}" y="{top + i * ch + 16}" text-anchor="end">{escape(str(label))[:18]}</text>')
         for j in range(cols):
             v = grid[i][j] if j < len(grid[i]) else None
             if not _finite(v):
@@ -165,7 +170,6 @@ def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], y
             ink = "#fff" if f > 0.55 else "#222"
             out.append(f'<g class="cell"><rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="rgb({r},{g},{b})">'
                        f'<title>{escape(str(label))} / {escape(str(xlabels[j]))}: {fmt(v)}</title></rect>'
-                       f'<text x="{left + j * cw + cw / 2:.1f}" y="{top + i * ch + 15}" text-anchor="middle" fill="{ink}" class="val">{fmt(v)}</text></g>')
-    out.append(f'<text class="axis" x="{left + cols * cw / 2:.1f}" y="{height - 14}" text-anchor="middle">{escape(xname)} (columns)</text>'
-               f'<text class="axis" x="4" y="{height - 2}">rows: {escape(yname)}</text></svg>')
+                       f'<text x="{left + j * cw + cw / 2:.1f}" y="{top + i * ch + 16}" text-anchor="middle" fill="{ink}" class="val">{fmt(v)}</text></g>')
+    out.append("</svg>")
     return "".join(out)

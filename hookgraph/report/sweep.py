@@ -144,11 +144,14 @@ def _metric_plots(p: dict) -> str:
 
 
 def render_sweep_page(p: dict) -> str:
-    cols = ["job", "report"] + [c for c in p["columns"] if c != "job"]
+    # The axes first, as their own sortable columns; the full overrides last.
+    rest = [c for c in p["columns"] if c not in ("job", "overrides")] + (["overrides"] if "overrides" in p["columns"] else [])
+    cols = ["job", "report", *p["axes"], *rest]
     rows = []
     for j in p["jobs"]:
         link = f'<a class="job-report" href="{esc(j["report"])}">report</a>' if j["report"] else "none"
-        rows.append([int(j["job"]), link] + [j["row"].get(c) for c in cols[2:]])
+        axes_vals = [_num(v) if _num(v) is not None else v for v in (j["overrides"].get(a) for a in p["axes"])]
+        rows.append([int(j["job"]), link, *axes_vals, *(j["row"].get(c) for c in rest)])
     axes = ", ".join(p["axes"]) or "none (the jobs share their overrides)"
     body = [(f'<section id="table"><h2>Jobs</h2><p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
              f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>'),
