@@ -140,6 +140,17 @@ def test_a_failed_run_shows_its_error_and_what_it_recorded(tmp_path):
     assert re.search(r'<div class="error" id="error">NonFiniteError: .*' + re.escape(summary["error"]["message"][:40].replace("'", "&#x27;")), html)
 
 
+def test_a_spec_error_shows_every_problem_with_the_nearest_names(tmp_path):
+    out = make_run(tmp_path / "e", "+experiment=clamp_conv", "hooks.clamp_grad.target=rleu", "sink.figures=false", fails=True)
+    html = write_report(out).read_text()
+    error = re.search(r'<div class="error" id="error">(.*?)</div>', html, re.S).group(1)
+    assert error.startswith("SpecError: 1 problem in the hook specs:")
+    assert "hooks.clamp_grad.target: &#x27;rleu&#x27; matched nothing; nearest names: relu" in error
+    # modules.json still gives the model's tree, with nothing hooked
+    data = tree_json(html)
+    assert data["hooks"] == {} and "relu" in [n[0] for n in data["nodes"]]
+
+
 def test_unmatched_specs_and_warnings_are_listed(clamp_run, tmp_path):
     # summary.json's 'unmatched' and 'warnings' fields: what a spec with expect.min=0 matched
     # instead of its target, and the run's warnings.

@@ -111,7 +111,8 @@ def _stats(rows: list[dict]) -> list[dict]:
     for r in rows:
         spec, target = str(r.get("spec")), str(r.get("target"))
         points.setdefault(spec, str(r.get("point", "")))
-        by_spec.setdefault(spec, {}).setdefault(target, {}).setdefault(int(_num(r.get("step")) if _finite(r.get("step")) else 0), []).append(r)
+        step = int(r["step"]) if _finite(r.get("step")) else 0
+        by_spec.setdefault(spec, {}).setdefault(target, {}).setdefault(step, []).append(r)
     out = []
     for spec, targets in by_spec.items():
         plots: dict[str, dict[str, list]] = {stat: {} for stat, _ in STAT_PLOTS}
