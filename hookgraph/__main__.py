@@ -1,6 +1,31 @@
-"""``python -m hookgraph [overrides]``: see the README."""
+"""``python -m hookgraph [overrides]`` (and the ``hookgraph`` script): see the README.
 
-from hookgraph.cli.app import main
+Two sub-commands are taken before Hydra sees the command line (a bare word is never a
+Hydra override): ``hookgraph report DIR...`` rebuilds report.html of run or sweep folders,
+``hookgraph plan [--svg PATH] [overrides...]`` draws a config's plan without running it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = ("report", "plan")
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "report":
+        from .report.__main__ import main as report_main
+
+        sys.exit(report_main(argv[1:]))
+    if argv and argv[0] == "plan":
+        from .report.plan_cli import main as plan_main
+
+        sys.exit(plan_main(argv[1:]))
+    from .cli.app import main as app_main  # Hydra and the configs load only for runs
+
+    app_main()
+
 
 if __name__ == "__main__":
     main()

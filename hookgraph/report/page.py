@@ -1,0 +1,271 @@
+"""A run folder read into the model of its report page: plain, JSON-ready data.
+
+Public names: read_run_page, LIMITS.
+
+Everything the page shows comes from the folder alone (it works on a folder copied from
+a cluster); a missing file leaves its section empty. Sizes are bounded by ``LIMITS``:
+long series are sampled, long tables cut with their counts kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from .modules import hooks_by_module, merge_missing, tree_from_plan
+
+__all__ = ["read_run_page", "LIMITS", "STAT_PLOTS"]
+
+LIMITS = {
+    "trace_rows": 200,        # rows of the trace table shown
+    "lines_per_plot": 40,     # targets drawn per statistics plot
+    "points_per_line": 300,   # points per line after sampling
+    "hist_targets": 12,       # record histograms per spec
+    "hist_elements": 1_000_000,  # elements read into one histogram (strided)
+    "figure_bytes": 8_000_000,   # PNG bytes inlined in total; later figures are linked
+}
+
+# The statistics drawn over steps, and how several calls in one step combine.
+STAT_PLOTS = (("mean", "mean"), ("std", "mean"), ("absmax", "max"), ("nonfinite", "sum"))
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _csv(path: Path) -> list[dict]:
+    """Rows of a CSV with numbers parsed; a missing or unreadable file is no rows."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return []
+    for r in rows:
+        for k, v in r.items():
+            for cast in (int, float):
+                try:
+                    r[k] = cast(v)
+                    break
+                except (TypeError, ValueError):
+                    continue
+    return rows
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def schedule(when: Any) -> str:
+    """``when`` as a short phrase: "always", "steps 2:5, every 2, train"."""
+    if not isinstance(when, dict):
+        return "always"
+    parts = []
+    if when.get("steps") not in (None, ""):
+        parts.append(f"steps {when['steps']}")
+    if when.get("every") not in (None, 1):
+        parts.append(f"every {when['every']}")
+    if when.get("mode") not in (None, "any"):
+        parts.append(str(when["mode"]))
+    return ", ".join(parts) or "always"
+
+
+def _specs(summary: dict, plan: list[dict]) -> list[dict]:
+    counts = summary.get("specs") or {}
+    unmatched = summary.get("unmatched") or {}
+    never = set(summary.get("never_fired") or [])
+    out: dict[str, dict] = {}
+    for row in plan:
+        s = out.setdefault(row.get("spec"), {"spec": row.get("spec"), "at": [], "action": row.get("action"), "order": row.get("order", 0),
+                                             "schedule": schedule(row.get("when")), "targets": []})
+        if row.get("at") not in s["at"]:
+            s["at"].append(row.get("at"))
+        s["targets"].append(row.get("target"))
+    for name in [*counts, *unmatched]:
+        out.setdefault(name, {"spec": name, "at": [], "action": None, "order": None, "schedule": "", "targets": []})
+    for name, s in out.items():
+        c = counts.get(name) or {}
+        s["at"] = ", ".join(map(str, s["at"]))
+        s["bindings"] = c.get("bindings", len(s["targets"]))
+        s["calls"] = c.get("calls")
+        s["records"] = c.get("records")
+        s["never_fired"] = name in never
+        s["unmatched"] = unmatched.get(name)
+        s["targets"] = s["targets"][:8] + ([f"... {len(s['targets']) - 8} more"] if len(s["targets"]) > 8 else [])
+    return list(out.values())
+
+
+def _stats(rows: list[dict]) -> list[dict]:
+    """Per spec: ``{spec, point, targets, plots: {stat: {target: [(step, value)]}}}``."""
+    by_spec: dict[str, dict[str, dict[int, list[dict]]]] = {}
+    points: dict[str, str] = {}
+    for r in rows:
+        spec, target = str(r.get("spec")), str(r.get("target"))
+        points.setdefault(spec, str(r.get("point", "")))
+        step = int(r["step"]) if _finite(r.get("step")) else 0
+        by_spec.setdefault(spec, {}).setdefault(target, {}).setdefault(step, []).append(r)
+    out = []
+    for spec, targets in by_spec.items():
+        plots: dict[str, dict[str, list]] = {stat: {} for stat, _ in STAT_PLOTS}
+        for target, steps in list(targets.items())[: LIMITS["lines_per_plot"]]:
+            for stat, how in STAT_PLOTS:
+                pts = []
+                for step, calls in sorted(steps.items()):
+                    if stat == "nonfinite":
+                        vals = [_num(c.get("nan")) + _num(c.get("inf")) for c in calls]
+                    else:
+                        vals = [_num(c.get(stat)) for c in calls]
+                    v = sum(vals) / len(vals) if how == "mean" else max(vals) if how == "max" else sum(vals)
+                    pts.append((step, v))
+                plots[stat][target] = pts
+        out.append({"spec": spec, "point": points[spec], "targets": len(targets), "plots": plots})
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def _records(records: Any) -> list[dict]:
+    """Per record spec: targets, entries, and a histogram of each of the first targets' last call."""
+    import torch
+
+    out = []
+    for spec in records:
+        targets = records[spec]
+        entry_count, hists = 0, []
+        for i, target in enumerate(targets):
+            calls = targets.calls(target)
+            entry_count += len(calls)
+            if i >= LIMITS["hist_targets"] or not calls:
+                continue
+            step, call = calls[-1]
+            try:
+                t = _first_tensor(targets.entry(target, step, call))
+            except Exception as exc:  # a damaged shard: say so, keep the rest of the page
+                hists.append({"target": target, "error": str(exc)[:200]})
+                continue
+            if t is None:
+                continue
+            h = {"target": target, "step": step, "call": call, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+            if t.is_floating_point() or t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+                x = t.detach().flatten()
+                stride = max(1, x.numel() // LIMITS["hist_elements"])
+                x = x[::stride].float()
+                x = x[torch.isfinite(x)]
+                if x.numel():
+                    lo, hi = float(x.min()), float(x.max())
+                    h.update(lo=lo, hi=hi, counts=torch.histc(x, bins=30, min=lo, max=hi if hi > lo else lo + 1).tolist())
+            hists.append(h)
+        out.append({"spec": spec, "targets": len(targets), "entries": entry_count, "hists": hists})
+    return out
+
+
+def _trace(rows: list[dict]) -> dict:
+    def count(col: str) -> dict:
+        c: dict[str, int] = {}
+        for r in rows:
+            if col in r:
+                c[str(r[col])] = c.get(str(r[col]), 0) + 1
+        return c
+
+    cols = list(dict.fromkeys(k for r in rows[:50] for k in r))
+    head = [[r.get(c, "") for c in cols] for r in rows[: LIMITS["trace_rows"]]]
+    return {"columns": cols, "rows": head, "total": len(rows), "by_spec": count("spec"), "by_type": count("type")}
+
+
+def _figures(root: Path) -> list[dict]:
+    figs, budget = [], LIMITS["figure_bytes"]
+    folder = root / "figures"
+    for path in sorted(folder.glob("*.png")) if folder.is_dir() else []:
+        data = path.read_bytes()
+        fig = {"name": path.name, "href": f"figures/{path.name}"}
+        if len(data) <= budget:
+            budget -= len(data)
+            fig["src"] = "data:image/png;base64," + base64.b64encode(data).decode()
+        figs.append(fig)
+    return figs
+
+
+def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
+    """summary, plan, stats, trace, records, warnings: through load_run, or file by file
+    when the folder is too damaged for it."""
+    notes: list[str] = []
+    try:
+        from ..runs import load_run
+
+        run = load_run(root)
+        return run.summary, list(run.plan), list(run.stats), list(run.trace), run.records, notes
+    except Exception as exc:
+        notes.append(f"load_run could not read this folder ({type(exc).__name__}: {exc}); showing what the files hold")
+    records: Any = {}
+    try:
+        from ..runs.reader import load_records
+
+        records = load_records(root)
+    except Exception as exc:
+        notes.append(f"records unreadable: {exc}")
+    return (_json(root / "summary.json") or {}, _json(root / "plan.json") or [], _csv(root / "stats.csv"),
+            _csv(root / "trace.csv"), records, notes)
+
+
+def read_run_page(run_dir: str | Path, modules: Optional[list[dict]] = None) -> dict:
+    """The page model of one run folder (see the module docstring)."""
+    root = Path(run_dir)
+    summary, plan, stats, trace, records, notes = _load(root)
+    if modules is None:
+        modules = _json(root / "modules.json")
+    tree_source = "modules.json" if modules else "plan targets"
+    tree = merge_missing(list(modules), plan) if modules else tree_from_plan(plan)
+    hooks = hooks_by_module(plan)
+    config = None
+    cfg_path = root / ".hydra" / "config.yaml"
+    if cfg_path.is_file():
+        config = cfg_path.read_text()[:20000]
+    overrides = None
+    ov_path = root / ".hydra" / "overrides.yaml"
+    if ov_path.is_file():
+        overrides = ov_path.read_text()
+    losses = [v for v in summary.get("losses") or [] if isinstance(v, (int, float))]
+    return {
+        "title": root.resolve().name,
+        "path": str(root.resolve()),
+        "summary": summary,
+        "plan": plan,
+        "specs": _specs(summary, plan),
+        "tree": tree,
+        "tree_source": tree_source,
+        "hooks": hooks,
+        "stats": _stats(stats),
+        "records": _records(records),
+        "trace": _trace(trace),
+        "figures": _figures(root),
+        "losses": list(enumerate(losses)),
+        "config": config,
+        "overrides": overrides,
+        "notes": notes + [str(w) for w in summary.get("warnings") or []],
+    }

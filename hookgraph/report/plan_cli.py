@@ -1,0 +1,60 @@
+"""``hookgraph plan [--svg PATH] [--config-dir DIR] [overrides...]``: compile the hook specs
+of a config against its model, print the plan and draw it to an SVG. Nothing runs.
+
+Public names: main.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def _compose(overrides: list[str], config_dir: Optional[str]):
+    from hydra import compose, initialize_config_dir
+
+    from ..cli.app import CONFIG_DIR  # also registers the structured configs
+
+    if config_dir:
+        # What --config-dir does for the Hydra app: the user's groups join the search path.
+        overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hookgraph plan",
+        description="Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs.")
+    parser.add_argument("--svg", default="plan.svg", help="where to write the picture (default: ./plan.svg)")
+    parser.add_argument("--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=clamp_conv model=resnet18")
+    args = parser.parse_args(argv)
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..compiler import compile as compile_graph
+    from ..errors import HookGraphError
+    from ..runner import build_from_config
+    from . import module_tree, write_plan_svg
+
+    try:
+        cfg = _compose(list(args.overrides), args.config_dir)
+        model = build_from_config(cfg)
+        graph = compile_graph(model, cfg.hooks, prefix="hooks")
+        plan = graph.plan()
+        print(plan)
+        title = "hookgraph plan · " + (" ".join(args.overrides) or "defaults")
+        path = write_plan_svg(plan, module_tree(model), args.svg, title=title)
+    except (HookGraphError, HydraException, OmegaConfBaseException, OSError) as exc:
+        print(f"hookgraph: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"plan drawn: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

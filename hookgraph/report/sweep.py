@@ -1,0 +1,177 @@
+"""The sweep page: ``report.html`` of a multirun folder (``sweep.csv`` and numbered job folders).
+
+Public names: is_sweep, read_sweep_page, render_sweep_page, write_sweep_report.
+
+The sweep's axes are the override keys whose values differ between jobs. One axis gives
+the metric per value; two give a heatmap (e.g. layer x position for patching) and one line
+per value of the second axis; more give the metric per job.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from .html import document, esc, table
+from .page import _csv
+from .svg import heatmap, line_plot
+
+__all__ = ["is_sweep", "read_sweep_page", "render_sweep_page", "write_sweep_report"]
+
+log = logging.getLogger("hookgraph")
+
+
+def _jobs(root: Path) -> list[Path]:
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def is_sweep(path: str | Path) -> bool:
+    """A multirun folder: ``sweep.csv``, or numbered job folders and no ``summary.json`` of its own."""
+    root = Path(path)
+    if not root.is_dir() or (root / "summary.json").is_file():
+        return False
+    return (root / "sweep.csv").is_file() or any((j / "summary.json").is_file() for j in _jobs(root))
+
+
+def _overrides(job: Path, row: dict) -> dict[str, str]:
+    """key -> value of a job's overrides, from .hydra/overrides.yaml or the table's column."""
+    items: list[str] = []
+    path = job / ".hydra" / "overrides.yaml"
+    if path.is_file():
+        import yaml
+
+        try:
+            items = [str(x) for x in yaml.safe_load(path.read_text()) or []]
+        except Exception:  # a damaged file: the table's column still says it
+            items = []
+    if not items and row.get("overrides"):
+        items = str(row["overrides"]).split()
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def _num(v: Any) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
+    """The sweep page's model; with ``build_jobs``, every job without ``report.html`` gets one."""
+    from .run_page import write_report
+
+    root = Path(sweep_dir)
+    rows = _csv(root / "sweep.csv")
+    notes = []
+    if not rows:
+        from ..cli.callbacks import sweep_rows
+
+        rows = sweep_rows(root)
+        notes.append("no sweep.csv: the table was rebuilt from the job folders")
+    by_job = {str(r.get("job")): r for r in rows}
+    jobs = []
+    for job in _jobs(root):
+        row = by_job.get(job.name) or {"job": int(job.name), "status": "missing from sweep.csv"}
+        report = job / "report.html"
+        if build_jobs and not report.is_file() and ((job / "summary.json").is_file() or (job / "plan.json").is_file()):
+            try:
+                write_report(job)
+            except Exception as exc:  # one broken job must not hide the others
+                notes.append(f"job {job.name}: no report ({type(exc).__name__}: {exc})")
+        jobs.append({"job": job.name, "row": row, "overrides": _overrides(job, row),
+                     "report": f"{job.name}/report.html" if report.is_file() else None})
+    keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
+    axes = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
+    sweep_png = root / "sweep.png"
+    figure = None
+    if sweep_png.is_file() and sweep_png.stat().st_size < 4_000_000:
+        import base64
+
+        figure = "data:image/png;base64," + base64.b64encode(sweep_png.read_bytes()).decode()
+    return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes, "metric": "loss",
+            "columns": list(dict.fromkeys(k for r in rows for k in r)), "notes": notes, "figure": figure}
+
+
+def _values(jobs: list[dict], axis: str) -> tuple[list[str], bool]:
+    vals = list(dict.fromkeys(j["overrides"].get(axis, "") for j in jobs))
+    numeric = all(_num(v) is not None for v in vals)
+    return (sorted(vals, key=lambda v: float(v)) if numeric else vals), numeric
+
+
+def _metric_plots(p: dict) -> str:
+    metric, jobs, axes = p["metric"], p["jobs"], p["axes"]
+    got = [j for j in jobs if _num(j["row"].get(metric)) is not None]
+    if not got:
+        return f'<p class="muted">No job has a {esc(metric)}.</p>'
+    out = []
+    if len(axes) in (1, 2):
+        a = axes[0]
+        vals, numeric = _values(got, a)
+        xpos = {v: (float(v) if numeric else i) for i, v in enumerate(vals)}
+        ticks = None if numeric else [(i, v) for i, v in enumerate(vals)]
+        groups: dict[str, list] = {}
+        for j in got:
+            label = f"{axes[1]}={j['overrides'].get(axes[1], '')}" if len(axes) == 2 else metric
+            groups.setdefault(label, []).append((xpos[j["overrides"].get(a, "")], _num(j["row"][metric])))
+        series = {k: sorted(v) for k, v in groups.items()}
+        out.append(line_plot(series, title=f"{metric} per {a}", xlabel=a, width=560, height=260, xticks=ticks, markers=True,
+                             css_class="plot metric-plot"))
+        if len(series) > 1:
+            from .svg import color
+
+            out.append('<div class="legend">' + "".join(f'<span style="--c:{color(i)}">{esc(k)}</span>' for i, k in enumerate(series)) + "</div>")
+    if len(axes) == 2:
+        xs, _ = _values(got, axes[0])
+        ys, _ = _values(got, axes[1])
+        cells: dict[tuple[str, str], list[float]] = {}
+        for j in got:
+            cells.setdefault((j["overrides"].get(axes[1], ""), j["overrides"].get(axes[0], "")), []).append(_num(j["row"][metric]))
+        grid = [[(sum(c) / len(c)) if (c := cells.get((y, x))) else None for x in xs] for y in ys]
+        out.append(heatmap(grid, xs, ys, title=f"{metric}: {axes[1]} (rows) x {axes[0]} (columns)", xname=axes[0], yname=axes[1]))
+    if len(axes) not in (1, 2):
+        pts = [(int(j["job"]), _num(j["row"][metric])) for j in got]
+        out.append(line_plot({metric: pts}, title=f"{metric} per job", xlabel="job", width=560, height=240, markers=True,
+                             xticks=[(x, str(x)) for x, _ in pts], css_class="plot metric-plot"))
+    return "".join(out)
+
+
+def render_sweep_page(p: dict) -> str:
+    # The axes first, as their own sortable columns; the full overrides last.
+    rest = [c for c in p["columns"] if c not in ("job", "overrides")] + (["overrides"] if "overrides" in p["columns"] else [])
+    cols = ["job", "report", *p["axes"], *rest]
+    rows = []
+    for j in p["jobs"]:
+        link = f'<a class="job-report" href="{esc(j["report"])}">report</a>' if j["report"] else "none"
+        axes_vals = [_num(v) if _num(v) is not None else v for v in (j["overrides"].get(a) for a in p["axes"])]
+        rows.append([int(j["job"]), link, *axes_vals, *(j["row"].get(c) for c in rest)])
+    axes = ", ".join(p["axes"]) or "none (the jobs share their overrides)"
+    body = [(f'<section id="table"><h2>Jobs</h2><p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
+             f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>'),
+            f'<section id="metric"><h2>{esc(p["metric"])} per override</h2>{_metric_plots(p)}</section>']
+    if p["figure"]:
+        body.append(f'<section id="figure"><h2>sweep.png</h2><div class="figs"><figure><img alt="sweep.png" src="{p["figure"]}"></figure></div></section>')
+    body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
+    header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
+    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("figure", "sweep.png")] if p["figure"] else [])
+    return document(f"hookgraph sweep · {p['title']}", header, nav, "".join(body))
+
+
+def write_sweep_report(sweep_dir: str | Path, build_jobs: bool = True) -> Path:
+    """Write ``report.html`` into a sweep folder (and each job's own report where missing)."""
+    from ..errors import HookGraphError
+    from ..runs.writer import atomic_write
+
+    root = Path(sweep_dir)
+    if not is_sweep(root):
+        raise HookGraphError(f"{root} is not a hookgraph sweep folder (no sweep.csv and no numbered job folders with summary.json)")
+    path = root / "report.html"
+    atomic_write(path, render_sweep_page(read_sweep_page(root, build_jobs)).encode())
+    return path

@@ -1,0 +1,173 @@
+"""report.html in a real headless browser: it loads without console errors and without
+network requests, the hooked modules show after expanding, and each page leaves a
+screenshot (under tmp_path, and in $HOOKGRAPH_ARTIFACTS when set).
+
+Needs the ``playwright`` package and a Chromium binary: Debian's ``chromium`` package
+(``apt-get install -y chromium``) or the one named by $HOOKGRAPH_CHROMIUM. Playwright's
+own browser download is not used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hookgraph.report import write_sweep_report
+
+from .report_helpers import conv_names, make_run
+
+# The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
+pytest_plugins = ["tests.report_fixtures"]
+
+pytestmark = pytest.mark.slow
+
+
+def _chromium() -> str | None:
+    env = os.environ.get("HOOKGRAPH_CHROMIUM")
+    if env:
+        return env if Path(env).is_file() else None
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no Chromium binary found (apt-get install -y chromium, or set HOOKGRAPH_CHROMIUM=/path/to/chrome)")
+    with sync_api.sync_playwright() as p:
+        # --no-sandbox: CI containers run as root, where Chromium's sandbox refuses to start.
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+class Visit:
+    """One page load: console errors, page errors and every request the page makes."""
+
+    def __init__(self, browser, path: Path, shot: Path):
+        self.url = path.resolve().as_uri()
+        self.shot = shot
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.page = self.context.new_page()
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        # Anything that is not the page itself is refused, so a stray fetch cannot leave the machine.
+        self.page.route("**/*", lambda route: route.continue_() if route.request.url == self.url else route.abort())
+        self.page.goto(self.url, wait_until="load")
+
+    def foreign_requests(self) -> list[str]:
+        return [u for u in self.requests if u != self.url and not u.startswith("data:")]
+
+    def screenshot(self, full_page: bool = True) -> Path:
+        self.shot.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(self.shot), full_page=full_page)
+        artifacts = os.environ.get("HOOKGRAPH_ARTIFACTS")
+        if artifacts:
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.shot, Path(artifacts) / self.shot.name)
+        return self.shot
+
+    def visible_hooked(self) -> list[str]:
+        return self.page.eval_on_selector_all(
+            "#tree .row.hooked", "els => els.filter(e => e.offsetParent !== null).map(e => e.dataset.name)")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def check_clean(v: Visit) -> None:
+    assert v.errors == [], v.errors
+    assert v.foreign_requests() == [], v.foreign_requests()
+
+
+def test_clamp_conv_page(browser, clamp_run, tmp_path):
+    v = Visit(browser, clamp_run / "report.html", tmp_path / "report-clamp_conv.png")
+    try:
+        assert v.page.inner_text("#status") == "completed"
+        v.page.click("#expand-hooked")
+        assert v.visible_hooked() == ["relu"]
+        badges = v.page.locator('#tree .row.hooked[data-name="relu"] .badge').all_inner_texts()
+        assert badges == ["clamp_grad · output_grad → clamp", "relu_grad · output_grad → record", "relu_grad_stats · output_grad → stats"]
+        # one line per target (relu) in each statistics plot
+        assert v.page.locator('svg[data-spec="relu_grad_stats"] path.series').count() == 4
+        assert v.page.locator("#figures img").count() == len(list((clamp_run / "figures").glob("*.png"))) == 3
+        assert v.page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+
+
+def test_resnet18_record_convs_page(browser, resnet_run, tmp_path):
+    v = Visit(browser, resnet_run / "report.html", tmp_path / "report-resnet18-record_convs.png")
+    try:
+        # Containers start collapsed: of the 20 hooked convolutions only the stem's shows.
+        assert v.visible_hooked() == ["conv1"]
+        assert v.page.inner_text('#tree .row[data-name="layer1"] .inside') == "4 hooked inside"
+        v.page.click("#expand-hooked")
+        assert sorted(v.visible_hooked()) == sorted(conv_names("model=resnet18"))
+        assert v.page.locator('#tree .row.hooked[data-name="layer4.1.conv2"]').is_visible()
+        v.page.click('#tree .row[data-name="layer4"]')  # a click folds a container again
+        assert len(v.visible_hooked()) == 15
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+
+
+def test_sweep_page_and_a_job_page(browser, tmp_path):
+    for i, lo in enumerate([0, -1]):
+        make_run(tmp_path / "sweep" / str(i), "+experiment=clamp_conv", f"hooks.clamp_grad.args.min={lo}", "sink.figures=false",
+                 modules=False)
+    sweep = write_sweep_report(tmp_path / "sweep")
+    v = Visit(browser, sweep, tmp_path / "report-sweep.png")
+    try:
+        links = v.page.locator("#sweep-table a.job-report")
+        assert links.count() == 2
+        jobs = v.page.eval_on_selector_all("#sweep-table tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
+        assert jobs == ["0", "1"]
+        v.page.click("#sweep-table th:nth-child(1)")
+        v.page.click("#sweep-table th:nth-child(1)")  # second click: descending
+        jobs = v.page.eval_on_selector_all("#sweep-table tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
+        assert jobs == ["1", "0"]
+        assert v.page.locator("svg.metric-plot path.series").count() == 1
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+    job = Visit(browser, tmp_path / "sweep" / "1" / "report.html", tmp_path / "report-sweep-job1.png")
+    try:
+        assert job.page.inner_text("#status") == "completed"
+        job.screenshot()
+        check_clean(job)
+    finally:
+        job.close()
+
+
+def test_twenty_thousand_modules_render_lazily(browser, big_plan_folder, tmp_path):
+    v = Visit(browser, big_plan_folder / "report.html", tmp_path / "report-20k-modules.png")
+    try:
+        assert v.page.locator("#tree .row").count() == 41  # the root and its 40 blocks
+        v.page.click("#expand-hooked")
+        assert sorted(v.visible_hooked()) == ["0.0", "39.499"]
+        # Only the batches needed to reach the hooked modules are in the page.
+        assert v.page.locator("#tree .row").count() == 41 + 400 + 500
+        v.page.fill("#tree-search", "39.498")
+        v.page.click("#results div >> nth=0")
+        assert v.page.locator('#tree .row[data-name="39.498"]').is_visible()
+        v.screenshot(full_page=False)
+        check_clean(v)
+    finally:
+        v.close()
