@@ -61,12 +61,12 @@ def import_target(target: str, key: str) -> Callable[..., Any]:
         with _quiet_logger("hydra.utils"):
             obj = get_object(target)
     except ImportError as err:
-        raise ConfigError(
-            f"{key}._target_",
-            f"cannot import {target!r}: {str(err).strip().splitlines()[0]}{missing_extra(err)}\n"
-            "The code must be importable: installed in this environment or on PYTHONPATH "
-            "(a module path, not a file path).",
-        ) from err
+        extra = missing_extra(err)
+        # A missing optional package needs one line; user code needs the hint about sys.path.
+        hint = "" if extra else (
+            "\nThe code must be importable: installed in this environment or on PYTHONPATH (a module path, not a file path)."
+        )
+        raise ConfigError(f"{key}._target_", f"cannot import {target!r}: {str(err).strip().splitlines()[0]}{extra}{hint}") from err
     if not callable(obj):
         raise ConfigError(f"{key}._target_", f"{target!r} is a {type(obj).__name__}, not a class or function")
     return obj
