@@ -176,3 +176,13 @@ def test_a_run_with_a_dict_dataset_and_the_models_own_loss(tmp_path, gpt2):
     assert summary["losses"] == pytest.approx(losses, rel=1e-6)
     recs = hg.load_run(tmp_path).records["mlp"]["transformer.h.1.mlp"]
     assert len(recs) == 2 and all(torch.allclose(r, m, atol=1e-6) for r, m in zip(recs, mine))
+
+
+def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
+    cfg = {"model": {"name": None, "_target_": "transformers.GPT2LMHeadModel",
+                     "kwargs": {"config": {"_target_": "transformers.GPT2Config", **GPT2_SMALL}}},
+           "runner": {"progress": False, "backward": False}, "sink": {"figures": False},
+           "hooks": {"emb": {"target": "transformer.wte", "at": "forward_pre", "action": "record", "index": 0}}}
+    run(cfg, tmp_path)
+    (ids,) = hg.load_run(tmp_path).records["emb"]["transformer.wte"]
+    assert torch.equal(ids, torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0)))

@@ -1,6 +1,7 @@
 """The user's own data: a Dataset by ``_target_``, a torchvision dataset by name, token ids, text.
 
-Public names: custom_batches, torchvision_batches, token_batches, text_batches, as_batch, data_params.
+Public names: custom_batches, torchvision_batches, token_batches, text_batches, as_batch, data_params,
+default_data.
 
 Each returns a :class:`~hookgraph.data.build.Batches` whose items are ``(inputs, labels)``:
 ``inputs`` is a tuple of positional arguments, or a dict of keyword arguments
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from ..errors import ConfigError, did_you_mean
 from ..instantiate import import_target, instantiate_nested, missing_extra
 
-__all__ = ["custom_batches", "torchvision_batches", "token_batches", "text_batches", "as_batch", "data_params"]
+__all__ = ["custom_batches", "torchvision_batches", "token_batches", "text_batches", "as_batch", "data_params", "default_data"]
 
 
 def as_batch(batch: Any, key: str) -> tuple[Any, Any]:
@@ -209,3 +210,14 @@ def data_params(d: Any, model: Any) -> dict[str, Any]:
         "shuffle": d.get("shuffle", False), "vocab_size": vocab, "seq_len": d.get("seq_len", 16),
         "path": d.get("path"), "tokenizer": d.get("tokenizer"),
     }
+
+
+def default_data(model: Any) -> dict[str, Any]:
+    """What ``data=auto`` feeds ``model``: its own ``default_data`` (the seed nets), token ids
+    for a model whose main input is ``input_ids`` (Hugging Face language models), else random tensors."""
+    own = getattr(model, "default_data", None)
+    if own:
+        return dict(own)
+    if getattr(model, "main_input_name", None) == "input_ids":
+        return {"kind": "tokens"}
+    return {"kind": "random"}

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..compiler import compile as compile_graph
-from ..data import build_data, data_params
+from ..data import build_data, data_params, default_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
@@ -68,8 +68,9 @@ def _data(cfg: DictConfig, model: torch.nn.Module):
                               "image_size": d.image_size, "seed": d.seed, "normalize": d.normalize}
     params.update(data_params(d, model))
     if kind == "auto":
-        # The model's own default input (seed nets carry one); otherwise random tensors of data.shape.
-        default = dict(getattr(model, "default_data", None) or {"kind": "random"})
+        # The model's own default input (seed nets carry one), token ids for a language model,
+        # otherwise random tensors of data.shape.
+        default = default_data(model)
         kind = default.pop("kind")
         params.update(default)
     return build_data(kind, batch_size=cfg.runner.batch_size, **params)
