@@ -186,3 +186,12 @@ def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
     run(cfg, tmp_path)
     (ids,) = hg.load_run(tmp_path).records["emb"]["transformer.wte"]
     assert torch.equal(ids, torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0)))
+
+
+def test_custom_with_worker_processes_gives_the_same_batches():
+    one = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2).take(3)
+    two = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2, num_workers=2).take(3)
+    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[1], b[1]) for a, b in zip(one, two))
+    with pytest.raises(ConfigError) as info:
+        build_data("custom", target="tests.user_helpers.Pairs", num_workers=-1)
+    assert info.value.key == "data.num_workers"

@@ -184,3 +184,16 @@ def test_leaf_that_leaves_nothing_is_a_spec_error(gpt2):
     with pytest.raises(hg.SpecError) as info:
         hg.compile(gpt2, {"s": {"target": "transformer.h.*", "leaf": True, "action": "record"}})
     assert "hooks.s.leaf" in str(info.value) and "none of the 2 matched modules is a leaf" in str(info.value)
+
+
+@pytest.mark.parametrize("point", MODULE_POINTS)
+def test_every_module_point_on_a_timm_vit_block(point):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1).eval()
+    graph = hg.compile(vit, {"s": {"target": "blocks.0", "at": point, "action": "record"}})
+    with graph.attach():
+        vit(torch.randn(2, 3, 32, 32, requires_grad=True)).sum().backward()
+    (value,) = graph.records["s"]["blocks.0"]
+    value = value[0] if isinstance(value, tuple) else value  # pre-hooks and backward see argument tuples
+    assert value.shape == (2, 17, 192)  # 16 patches + the class token, width 192
