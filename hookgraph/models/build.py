@@ -4,7 +4,9 @@ Public names: MODEL_REGISTRY, register_model, build_model, load_checkpoint.
 
 A model comes from exactly one of three places: a name in :data:`MODEL_REGISTRY` (the
 seed networks), a torchvision model name (``torchvision.models.list_models()``), or a
-``_target_`` dotted path to any nn.Module class or factory. Every bad setting raises
+``_target_`` dotted path to any nn.Module class or factory (``timm.create_model``,
+``transformers.AutoModelForCausalLM.from_pretrained``), whose nested ``_target_`` kwargs
+are built first, as Hydra's instantiate does. Every bad setting raises
 :class:`~hookgraph.errors.ConfigError` under its full config key (``model.name``,
 ``model.kwargs``, ``model.checkpoint``, ...), with the nearest valid names.
 """
