@@ -174,7 +174,8 @@ def test_timm_model_by_name(tmp_path):
     seen = []
     h = model.blocks[1].attn.proj.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
     try:
-        out = model(x)
+        with torch.no_grad():
+            out = model(x)
     finally:
         h.remove()
     assert sorted(run.records["attn_proj"]) == ["blocks.0.attn.proj", "blocks.1.attn.proj"]
