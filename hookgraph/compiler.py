@@ -154,6 +154,11 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
                 ),
             )
         problems += found
+        if spec.leaf and not info.on_params and matched:
+            leaves = [n for n in matched if next(modules[n].children(), None) is None]
+            if not leaves and spec.enabled and spec.expect.min > 0:
+                problems.append(Problem(f"{key}.leaf", f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})"))
+            matched = leaves
         if info.on_params and spec.index is not None:
             problems.append(Problem(f"{key}.index", f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
         defn, found = resolve_action(spec.action, f"{key}.action")

@@ -55,6 +55,7 @@ class HookSpec:
     target: Any = None  # glob or list of globs over dotted names; "re:" prefix for a regex
     exclude: Any = None  # same forms as target; matches are dropped
     types: Any = None  # class names (Conv2d) or dotted paths; subclasses match too
+    leaf: bool = False  # only modules without children (after target/exclude/types)
     at: HookPoint = HookPoint.forward
     action: Any = "record"  # registered name, or {_target_: pkg.fn} for a user callable
     args: dict = field(default_factory=dict)

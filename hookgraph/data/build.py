@@ -1,11 +1,12 @@
-"""Input batches for a run: random tensors, torchvision FakeData, or a folder of images.
+"""Input batches for a run: random tensors, FakeData, image folders, and the user's own data.
 
 Public names: Batches, Batch, build_data, DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN,
 IMAGENET_STD.
 
 :func:`build_data` returns a :class:`Batches`: iterating it yields
 ``(inputs, labels)`` per step, forever (finite datasets cycle). ``inputs`` is a tuple of
-positional arguments for ``model(*inputs)``; ``labels`` is a tensor or None. Every
+positional arguments for ``model(*inputs)``, or a dict for ``model(**inputs)`` (tokens,
+text, dict items); ``labels`` is a tensor or None. Every
 iteration starts over from the same seed, so two passes see the same batches.
 """
 
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import ConfigError, did_you_mean
 from ..plain import to_plain
+from .sources import custom_batches, text_batches, token_batches, torchvision_batches
 
 __all__ = [
     "Batches",
@@ -31,9 +33,10 @@ __all__ = [
     "IMAGENET_STD",
 ]
 
-Batch = tuple[tuple[torch.Tensor, ...], Optional[torch.Tensor]]
+# (positional inputs, labels); the kinds for Hugging Face models give a dict of keyword inputs.
+Batch = tuple[Union[tuple[torch.Tensor, ...], dict[str, Any]], Optional[Any]]
 
-DATA_KINDS = ("none", "random", "fake", "images")
+DATA_KINDS = ("none", "random", "fake", "images", "custom", "torchvision", "tokens", "text")
 # torchvision's ImageFolder list, so a flat folder and class folders accept the same files.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -232,6 +235,15 @@ def build_data(
     normalize: Union[bool, Mapping[str, Sequence[float]]] = False,
     batch_size: int = 1,
     seed: int = 0,
+    target: Optional[str] = None,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    name: Optional[str] = None,
+    num_workers: int = 0,
+    shuffle: bool = False,
+    vocab_size: Optional[int] = None,
+    seq_len: int = 16,
+    path: Optional[str] = None,
+    tokenizer: Optional[str] = None,
     key: str = "data",
 ) -> Batches:
     """The batches a data config describes.
@@ -245,8 +257,16 @@ def build_data(
       flat folder gives none (with class subfolders, files directly in ``root`` are
       ignored, as ImageFolder does). ``image_size`` (int = square, or [h, w]) resizes.
 
+    - ``custom``: ``target(**kwargs)``, a Dataset class or factory (map-style or
+      iterable), batched by a DataLoader (``num_workers``, ``shuffle`` seeded by ``seed``).
+      Items: a tensor is the input, a tuple/list is (input, label), a dict is keyword inputs.
+    - ``torchvision``: ``torchvision.datasets.<name>(root, download=False, **kwargs)``.
+    - ``tokens``: ``{"input_ids": randint(vocab_size, [batch_size, seq_len])}``, seeded.
+    - ``text``: the lines of ``path`` through the tokenizer saved in the folder
+      ``tokenizer`` (padding, truncation to ``seq_len``, attention_mask).
+
     ``normalize``: true for ImageNet mean/std, or ``{mean: [...], std: [...]}``; it
-    applies to ``fake`` and ``images``. Parameters a kind does not use are ignored.
+    applies to ``fake``, ``images`` and ``torchvision``. Parameters a kind does not use are ignored.
     """
     shape, image_size, normalize = to_plain(shape), to_plain(image_size), to_plain(normalize)
     if kind not in DATA_KINDS:
@@ -270,6 +290,25 @@ def build_data(
                 yield (x,), y
 
         return Batches("random", random_epoch, batch_size=batch_size, description=f"random {list(dims)}, seed {seed}")
+
+    if kind in ("custom", "torchvision"):
+        kwargs = to_plain(kwargs) or {}
+        if not isinstance(kwargs, Mapping):
+            raise ConfigError(f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"{key}.num_workers", f"must be an integer >= 0, got {num_workers!r}")
+        loader_args = {"batch_size": batch_size, "num_workers": num_workers, "shuffle": bool(shuffle), "seed": seed, "key": key}
+        if kind == "custom":
+            return custom_batches(target, {str(k): v for k, v in kwargs.items()}, **loader_args)
+        transform = _transform(_image_size(image_size, f"{key}.image_size"), _normalize(normalize, f"{key}.normalize"))
+        return torchvision_batches(name, root, dict(kwargs), transform, **loader_args)
+    if kind == "tokens":
+        if vocab_size is None:
+            raise ConfigError(f"{key}.vocab_size", "data=tokens needs vocab_size (it defaults to the model's config.vocab_size, and this model has none)")
+        vocab = _positive_int(vocab_size, f"{key}.vocab_size")
+        return token_batches(vocab, _positive_int(seq_len, f"{key}.seq_len"), batch_size=batch_size, seed=seed)
+    if kind == "text":
+        return text_batches(path, tokenizer, _positive_int(seq_len, f"{key}.seq_len"), batch_size=batch_size, key=key)
 
     norm = _normalize(normalize, f"{key}.normalize")
     size_hw = _image_size(image_size, f"{key}.image_size")

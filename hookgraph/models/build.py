@@ -4,22 +4,22 @@ Public names: MODEL_REGISTRY, register_model, build_model, load_checkpoint.
 
 A model comes from exactly one of three places: a name in :data:`MODEL_REGISTRY` (the
 seed networks), a torchvision model name (``torchvision.models.list_models()``), or a
-``_target_`` dotted path to any nn.Module class or factory. Every bad setting raises
+``_target_`` dotted path to any nn.Module class or factory (``timm.create_model``,
+``transformers.AutoModelForCausalLM.from_pretrained``), whose nested ``_target_`` kwargs
+are built first, as Hydra's instantiate does. Every bad setting raises
 :class:`~hookgraph.errors.ConfigError` under its full config key (``model.name``,
 ``model.kwargs``, ``model.checkpoint``, ...), with the nearest valid names.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import logging
 import os
 import pickle
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, did_you_mean
+from ..instantiate import import_target, instantiate_nested, missing_extra
 from ..plain import to_plain
 
 __all__ = ["MODEL_REGISTRY", "register_model", "build_model", "load_checkpoint"]
@@ -74,36 +75,6 @@ def _signature(obj: Any) -> str:
         return f"{name}(...)"
 
 
-@contextlib.contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
-    # hydra.utils.get_object logs an error before re-raising; ours is the better message.
-    logger = logging.getLogger(name)
-    before = logger.disabled
-    logger.disabled = True
-    try:
-        yield
-    finally:
-        logger.disabled = before
-
-
-def _import_target(target: str, key: str) -> Callable[..., Any]:
-    from hydra.utils import get_object
-
-    try:
-        with _quiet_logger("hydra.utils"):
-            obj = get_object(target)
-    except ImportError as err:
-        raise ConfigError(
-            f"{key}._target_",
-            f"cannot import {target!r}: {str(err).strip()}\n"
-            "The code must be importable: installed in this environment or on PYTHONPATH "
-            "(a module path, not a file path).",
-        ) from err
-    if not callable(obj):
-        raise ConfigError(f"{key}._target_", f"{target!r} is a {type(obj).__name__}, not a class or function")
-    return obj
-
-
 def _call(factory: Callable[..., Any], kwargs: dict[str, Any], key: str, what: str, shown: Any = None) -> Any:
     """Call a model constructor, turning argument mistakes into ConfigError.
 
@@ -131,6 +102,22 @@ def _call(factory: Callable[..., Any], kwargs: dict[str, Any], key: str, what: s
             msg = str(err)[len(err.key) + 2 :]
             raise ConfigError(key + err.key[len("model") :], msg) from err
         raise
+
+
+def _build_target(target: str, kwargs: dict[str, Any], key: str) -> nn.Module:
+    """``target(**kwargs)`` with Hydra's semantics: nested ``_target_`` kwargs are built first."""
+    factory = import_target(target, key)
+    kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
+    try:
+        model = _call(factory, kwargs, key, target)
+    except (ConfigError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # the constructor's own failure, e.g. from_pretrained on a bad folder
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {first}{missing_extra(err)}") from err
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{key}._target_", f"{target!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
@@ -189,10 +176,7 @@ def build_model(
     if target is not None:
         if weights is not None:
             raise ConfigError(f"{key}.weights", f"weights only applies to torchvision names; pass it in {key}.kwargs or use {key}.checkpoint")
-        factory = _import_target(str(target), key)
-        model = _call(factory, kwargs, key, str(target))
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"{key}._target_", f"{target!r} returned a {type(model).__name__}, not a torch.nn.Module")
+        model = _build_target(str(target), kwargs, key)
     elif name in MODEL_REGISTRY:
         if weights is not None:
             raise ConfigError(f"{key}.weights", f"{name!r} is a built-in model without published weights; use {key}.checkpoint")

@@ -30,14 +30,23 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    kind: str = "auto"  # auto (the model's own default input), none, random, fake, images
+    kind: str = "auto"  # auto (the model's own default input), none, random, fake, images, custom, torchvision, tokens, text
     shape: list = field(default_factory=lambda: [3, 32, 32])  # one sample's shape (random, fake)
     num_classes: int = 10  # label range for random/fake data
     size: int = 64  # number of samples in FakeData
     root: Optional[str] = None  # image folder (flat, or ImageFolder class subfolders)
     image_size: Optional[list] = None  # resize images to [H, W]
     normalize: Any = False  # true: ImageNet mean/std; or {mean: [...], std: [...]}
-    seed: int = 0  # seed of the random inputs
+    seed: int = 0  # seed of the random inputs (and of shuffling)
+    _target_: Optional[str] = None  # custom: dotted path of a Dataset class or factory
+    kwargs: dict = field(default_factory=dict)  # custom/torchvision: constructor arguments
+    name: Optional[str] = None  # torchvision: dataset class name (MNIST, CIFAR10, ...)
+    num_workers: int = 0  # custom/torchvision: DataLoader workers
+    shuffle: bool = False  # custom/torchvision: shuffle (seeded by seed)
+    vocab_size: Optional[int] = None  # tokens: ids in [0, vocab_size); null = the model's config.vocab_size
+    seq_len: int = 16  # tokens: sequence length; text: truncation length
+    path: Optional[str] = None  # text: a text file, one sample per line
+    tokenizer: Optional[str] = None  # text: a local folder saved by tokenizer.save_pretrained()
 
 
 @dataclass
@@ -50,7 +59,7 @@ class RunnerConfig:
     batch_size: int = 1
     mode: str = "eval"  # eval (default: BatchNorm statistics stay as they are, any batch size works) or train
     backward: bool = True  # false: forward only, under torch.no_grad()
-    loss: str = "sum"  # sum, mean, cross_entropy (needs labels), target_class
+    loss: str = "sum"  # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
     target_class: int = 0  # the class whose score is the loss when loss=target_class
     optimizer: Optional[str] = None  # null, sgd or adam: step after each backward
     lr: float = 0.01

@@ -26,20 +26,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..compiler import compile as compile_graph
-from ..data import build_data
+from ..data import build_data, data_params, default_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
 from ..models import build_model
 from ..points import POINTS, HookPoint
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
+from .batches import LOSSES, call_model, compute_loss, to_device
 from .device import resolve_device, resolve_dtype
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
 log = logging.getLogger("hookgraph")
 
-LOSSES = ("sum", "mean", "cross_entropy", "target_class")
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
@@ -66,47 +66,14 @@ def _data(cfg: DictConfig, model: torch.nn.Module):
     # build_data converts OmegaConf containers itself.
     params: dict[str, Any] = {"shape": d.shape, "num_classes": d.num_classes, "size": d.size, "root": d.root,
                               "image_size": d.image_size, "seed": d.seed, "normalize": d.normalize}
+    params.update(data_params(d, model))
     if kind == "auto":
-        # The model's own default input (seed nets carry one); otherwise random tensors of data.shape.
-        default = dict(getattr(model, "default_data", None) or {"kind": "random"})
+        # The model's own default input (seed nets carry one), token ids for a language model,
+        # otherwise random tensors of data.shape.
+        default = default_data(model)
         kind = default.pop("kind")
         params.update(default)
     return build_data(kind, batch_size=cfg.runner.batch_size, **params)
-
-
-def _loss(out: Any, labels: Optional[torch.Tensor], r: DictConfig) -> torch.Tensor:
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    elif isinstance(out, dict):
-        out = next(iter(out.values()))
-    if r.loss == "sum":
-        return out.float().sum()
-    if r.loss == "mean":
-        return out.float().mean()
-    if r.loss == "cross_entropy":
-        if labels is None:
-            raise ConfigError("runner.loss", "cross_entropy needs labels, and this data has none; use sum, mean or target_class")
-        return torch.nn.functional.cross_entropy(out.float(), labels)
-    if out.dim() < 2 or not 0 <= r.target_class < out.shape[1]:
-        raise ConfigError("runner.target_class", f"class {r.target_class} is out of range for an output of shape {list(out.shape)}")
-    return out[:, r.target_class].float().sum()
-
-
-def _call(forward: Any, inputs: tuple, step: int, cfg: DictConfig) -> Any:
-    """The model's forward; at the first step, inputs that do not fit its signature are a config error."""
-    if step > 0:
-        return forward(*inputs)
-    try:
-        return forward(*inputs)
-    except TypeError as exc:
-        if "positional argument" not in str(exc):
-            raise  # a TypeError from inside the model is the model's own
-        shapes = [list(x.shape) for x in inputs]
-        raise ConfigError(
-            "data.kind",
-            f"{cfg.data.kind!r} gave the model {len(inputs)} input(s) {shapes}, which its forward does not take: {exc}. "
-            "data=auto picks the model's own input; data=none calls forward() without arguments",
-        ) from exc
 
 
 def _validate(r: DictConfig) -> None:
@@ -253,13 +220,12 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
             for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
                 graph.set_step(step)
                 inputs, labels = next(data)
-                if step == 0 and cfg.sink.gradcam is not None and inputs and inputs[0].dim() >= 3:
+                if step == 0 and cfg.sink.gradcam is not None and isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
                     first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
-                inputs = tuple(x.to(device=device, dtype=dtype if x.is_floating_point() else None) for x in inputs)
-                labels = labels.to(device) if labels is not None else None
+                inputs, labels = to_device(inputs, device, dtype), to_device(labels, device)
                 with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
-                    out = _call(forward, inputs, step, cfg)
-                    loss = _loss(out, labels, r)
+                    out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                 if r.backward:
                     if not loss.requires_grad:
                         raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
