@@ -14,7 +14,7 @@ import pytest
 
 import hookgraph as hg
 from hookgraph.runner import run
-from hookgraph.runner.loop import closing_lines
+from hookgraph.runner.messages import closing_lines
 from tests.cli_helpers import run_cli
 
 
@@ -56,19 +56,6 @@ def test_importing_hookgraph_changes_no_global_state():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["pdf", "0", "False"]
-
-
-def test_figures_draw_without_switching_the_users_backend(tmp_path):
-    import matplotlib
-
-    from hookgraph.figures import histograms
-
-    backend = matplotlib.get_backend()
-    import torch
-
-    histograms({"a/$b": torch.arange(10.0)}, tmp_path / "h.png", "spec $x")
-    assert (tmp_path / "h.png").stat().st_size > 0 and matplotlib.get_backend() == backend
-
 
 
 @pytest.mark.slow

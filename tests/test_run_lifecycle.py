@@ -20,7 +20,7 @@ import hookgraph as hg
 from hookgraph.cli.callbacks import sweep_rows
 from hookgraph.figures import _safe
 from hookgraph.runner import run
-from hookgraph.runner.loop import MARKER, RunFolderError, RunInterrupted
+from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
 from tests.cli_helpers import run_cli
 
 

@@ -30,7 +30,8 @@ from omegaconf import DictConfig
 
 from ..errors import ConfigError, HookGraphError, SpecError
 from ..runner import register_configs, run
-from ..runner.loop import RunInterrupted, closing_lines
+from ..runner.lifecycle import RunInterrupted
+from ..runner.messages import closing_lines
 from . import callbacks
 
 __all__ = ["main", "CONFIG_DIR"]

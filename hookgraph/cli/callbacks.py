@@ -57,7 +57,7 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from ..errors import ConfigError
-        from ..runner.loop import check_run_dir
+        from ..runner.lifecycle import check_run_dir
 
         try:
             # The same string run_job will use: ${now:...} is resolved once and cached.

@@ -1,7 +1,6 @@
 """run(): build the model and data, attach the hooks, run the passes, write the run folder.
 
-Public names: run, build_from_config, check_run_dir, closing_lines, RunInterrupted,
-RunFolderError, MARKER, LOSSES.
+Public names: run, build_from_config, LOSSES.
 
 ``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a
 folder; the Hydra entry point only supplies the folder. It reads as its steps:
@@ -27,11 +26,10 @@ import math
 import os
 import platform
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -39,37 +37,22 @@ from omegaconf import DictConfig, OmegaConf
 from ..compiler import compile as compile_graph
 from ..data import build_data
 from ..discovery import format_targets, list_targets
-from ..errors import ConfigError, HookGraphError, NonFiniteError, RecordBudgetError, did_you_mean
+from ..errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
 from ..models import build_model
 from ..plain import to_plain
 from ..points import POINTS, HookPoint
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .device import resolve_device, resolve_dtype
+from .lifecycle import MARKER, RunFolderError, RunInterrupted, check_run_dir, signals_as_interrupts
 
-__all__ = ["run", "build_from_config", "check_run_dir", "closing_lines", "RunInterrupted", "RunFolderError",
-           "MARKER", "LOSSES"]
+__all__ = ["run", "build_from_config", "LOSSES"]
 
 log = logging.getLogger("hookgraph")
 
 LOSSES = ("sum", "mean", "cross_entropy", "target_class")
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-MARKER = ".hookgraph"  # written first: a folder holding it belongs to a run, finished or not
-# What makes a folder an earlier run's: the marker, or what older versions wrote.
-_EARLIER = (MARKER, "summary.json", "plan.json", "records")
 _GRADCAM_KEYS = ("activations", "gradients", "target")
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """The run was stopped by a signal (SIGINT or SIGTERM); ``signum`` says which."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-
-
-class RunFolderError(HookGraphError):
-    """The run folder could not be written (read-only, full disk, removed midway)."""
 
 
 def _cfg(cfg: Any) -> DictConfig:
@@ -87,18 +70,6 @@ def build_from_config(cfg: Any) -> torch.nn.Module:
     m = cfg.model
     target = m.get("_target_")
     return build_model(None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint)
-
-
-def check_run_dir(out_dir: str | Path) -> None:
-    """Refuse a folder that holds anything an earlier hookgraph run wrote (finished or not)."""
-    root = Path(out_dir)
-    found = [name for name in _EARLIER if (root / name).exists()]
-    if found:
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{root} holds an earlier run ({', '.join(found)}); choose a new folder (the default "
-            "runs/<date>/<time> is new for every run)",
-        )
 
 
 # ---------------------------------------------------------------- validation
@@ -470,27 +441,6 @@ def _first_nonfinite(graph: HookGraph) -> Optional[dict[str, Any]]:
     return None
 
 
-def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
-    """What a run's end says besides its status, as (logging level, text): specs that matched
-    nothing or never fired, where NaN/Inf first appeared, and figures that could not be drawn."""
-    out: list[tuple[int, str]] = []
-    for spec, reason in (summary.get("unmatched") or {}).items():
-        out.append((logging.WARNING, f"spec {spec!r} matched nothing: {reason}"))
-    if summary.get("never_fired"):
-        out.append((logging.WARNING, "specs bound but never fired: " + ", ".join(summary["never_fired"])
-                    + " (a schedule that excludes every step, a gradient that never reaches the target, "
-                    "or a module the forward skips)"))
-    nf = summary.get("first_nonfinite")
-    if nf:
-        out.append((logging.WARNING, f"first non-finite values at module {nf['module']!r} ({nf['point']}, step {nf['step']}, "
-                                     f"spec {nf['spec']!r}): {nf['nan']} NaN and {nf['inf']} Inf of {nf['total']} elements"))
-    if summary.get("loss_nonfinite"):
-        out.append((logging.WARNING, f"the loss of the last step is {summary['loss_nonfinite']} (null in summary.json)"))
-    for w in summary.get("warnings") or []:
-        out.append((logging.WARNING, w))
-    return out
-
-
 def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     # Only bound specs record anything, so the bindings give every key.
     per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
@@ -506,30 +456,6 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     return per_spec
 
 
-@contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
-    """While the run lasts, SIGTERM stops it like Ctrl-C; the previous handler comes back after.
-
-    Only the main thread can set handlers; elsewhere (a launcher's worker thread) nothing changes.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        if fired:  # the summary is being written: a second signal must not cut it short
-            return
-        fired.append(signum)
-        raise RunInterrupted(signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Run one job described by ``cfg`` and write its folder; returns the summary.
 
@@ -541,7 +467,7 @@ def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = No
     cfg = _cfg(cfg)
     st = _claim(cfg, out_dir, {} if summary is None else summary)
     failing = True
-    with _signals_as_interrupts():
+    with signals_as_interrupts():
         try:
             _prepare(st)
             if cfg.list_targets is not None:
