@@ -6,34 +6,49 @@ gradcam, gradcam_figure.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-import logging
+import torch
+import torch.nn.functional as F
 
-import matplotlib
-
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font-cache notices are not ours to show
-matplotlib.use("Agg")  # headless: runs happen on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from .errors import ConfigError, HookGraphError  # noqa: E402
+from .errors import ConfigError, HookGraphError
 
 __all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure", "gradcam", "gradcam_figure"]
+
+
+def _figure(**kwargs: Any) -> Any:
+    """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
+    chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
+    alive between figures."""
+    from matplotlib.figure import Figure
+
+    # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
+    logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
+    return Figure(**kwargs)
 
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)  # pyplot keeps every open figure alive otherwise
     return path
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "root"
+    """A file-name part for ``name``: ASCII letters, digits, ``_.-`` only. A name that had to
+    change gets a short hash of the original, so two names never share a file (``αβ`` and
+    ``γδ`` would both be ``_``), and nothing can climb out of figures/ (``../x``)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._")[:60]
+    if safe == name and safe:
+        return safe
+    return f"{safe or 'x'}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+def _title(text: str) -> str:
+    return text.replace("$", r"\$")  # "$" would start matplotlib mathtext
 
 
 def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int = 64) -> Path:
@@ -43,6 +58,8 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     panels would be) and drawn with one ``imshow``: 64 matplotlib axes cost about a second
     per figure, which adds up over many layers and runs.
     """
+    if fmap.dim() != 4 or 0 in fmap.shape:
+        raise HookGraphError(f"a feature-map grid needs a non-empty [N, C, H, W] tensor, got shape {list(fmap.shape)}")
     maps = fmap.detach().float().cpu()[0][:channels]
     n, h, w = maps.shape
     cols = int(n**0.5 + 0.999)
@@ -55,11 +72,14 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     for i in range(n):
         r, c = divmod(i, cols)
         canvas[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = scaled[i]
+    import matplotlib
+
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
-    fig, ax = plt.subplots(figsize=(cols * 1.2, rows * 1.2))
+    fig = _figure(figsize=(cols * 1.2, rows * 1.2))
+    ax = fig.subplots()
     ax.imshow(canvas.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.axis("off")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_title(title), fontsize=9)
     return _save(fig, path)
 
 
@@ -68,15 +88,16 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     items = list(values.items())[:max_panels]
     cols = min(4, len(items))
     rows = (len(items) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 3, rows * 2.2), squeeze=False)
+    fig = _figure(figsize=(cols * 3, rows * 2.2))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, t) in zip(axes.flat, items):
         x = t.detach().float().cpu().flatten()
         x = x[torch.isfinite(x)]
         ax.hist(x.numpy(), bins=50)
-        ax.set_title(name, fontsize=8)
+        ax.set_title(_title(name), fontsize=8)
     for ax in list(axes.flat)[len(items):]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(_title(title), fontsize=9)
     return _save(fig, path)
 
 
@@ -85,10 +106,11 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     series: dict[str, dict[int, float]] = {}
     for r in rows:
         series.setdefault(f"{r['spec']}:{r['target']}", {})[r["step"]] = r[stat]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = _figure(figsize=(7, 4))
+    ax = fig.subplots()
     for name, pts in list(series.items())[:max_lines]:
         steps = sorted(pts)
-        ax.plot(steps, [pts[s] for s in steps], label=name)
+        ax.plot(steps, [pts[s] for s in steps], label=_title(name))
     ax.set_xlabel("step")
     ax.set_ylabel(stat)
     if len(series) <= 12:
@@ -133,7 +155,8 @@ def _picture(image: torch.Tensor) -> torch.Tensor:
 
 def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path, title: str) -> Path:
     """The heatmap over the input image (or alone when there is no image)."""
-    fig, ax = plt.subplots(figsize=(4, 4))
+    fig = _figure(figsize=(4, 4))
+    ax = fig.subplots()
     if image is not None:
         pic = _picture(image)
         ax.imshow(pic.numpy(), cmap="gray" if pic.dim() == 2 else None)
@@ -141,7 +164,7 @@ def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path
     else:
         ax.imshow(heat.detach().cpu().numpy(), cmap="jet")
     ax.axis("off")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_title(title), fontsize=9)
     return _save(fig, path)
 
 
@@ -166,15 +189,29 @@ def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tens
     return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
 
 
-def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Tensor] = None) -> list[str]:
+def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Tensor] = None,
+                  warnings: Optional[list[str]] = None, gradcam: Any = None) -> list[str]:
     """Figures for a finished run; returns their paths relative to the run folder.
 
     ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.
+    ``warnings``: when given, a figure that cannot be drawn adds a line there and the others
+    are still drawn (the runner's choice: figures never fail a run); otherwise it raises.
+    ``gradcam``: the Grad-CAM settings (default: ``sink.gradcam``).
     """
     from .runs.reader import load_records
 
     out_dir = Path(run_dir) / "figures"
     written: list[Path] = []
+
+    def draw(what: str, fn: Any, *args: Any) -> None:
+        try:
+            out_dir.mkdir(exist_ok=True)
+            written.append(fn(*args))
+        except Exception as exc:
+            if warnings is None:
+                raise
+            warnings.append(f"figure {what} not drawn: {type(exc).__name__}: {exc}")
+
     records = load_records(run_dir)
     picks = list(getattr(sink, "feature_maps", [0]) or [])
     for spec in records:
@@ -187,21 +224,20 @@ def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Te
                 first[target] = entry
         if not first:
             continue
-        out_dir.mkdir(exist_ok=True)
         if getattr(sink, "histograms", True):
-            written.append(histograms(first, out_dir / f"hist_{_safe(spec)}.png", f"{spec}: values at the first call"))
+            draw(f"hist of {spec!r}", histograms, first, out_dir / f"hist_{_safe(spec)}.png", f"{spec}: values at the first call")
         maps = [(t, v) for t, v in first.items() if v.dim() == 4]
         for i in picks:
             if -len(maps) <= i < len(maps):
                 target, v = maps[i]
-                written.append(feature_map_grid(v, out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png", f"{spec}: {target} (#{i})"))
-    gradcam_cfg = getattr(sink, "gradcam", None)
+                draw(f"feature maps of {spec!r} {target!r}", feature_map_grid, v,
+                     out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png", f"{spec}: {target} (#{i})")
+    gradcam_cfg = gradcam if gradcam is not None else getattr(sink, "gradcam", None)
     if gradcam_cfg is not None:
-        written.append(_gradcam_from_records(records, gradcam_cfg, image, out_dir))
+        draw("gradcam", _gradcam_from_records, records, gradcam_cfg, image, out_dir)
     stats = graph.stats
     if stats and len({r["step"] for r in stats}) > 1:
-        out_dir.mkdir(exist_ok=True)
-        written.append(stats_over_steps(stats, out_dir / "stats_over_steps.png"))
+        draw("stats_over_steps", stats_over_steps, stats, out_dir / "stats_over_steps.png")
     return [str(p.relative_to(run_dir)) for p in written]
 
 
@@ -210,7 +246,8 @@ def sweep_figure(rows: Sequence[dict], path: Path) -> Path | None:
     pts = [(r.get("overrides") or str(r["job"]), r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
     if not pts:
         return None
-    fig, ax = plt.subplots(figsize=(max(4, len(pts) * 1.2), 3.5))
+    fig = _figure(figsize=(max(4, len(pts) * 1.2), 3.5))
+    ax = fig.subplots()
     ax.bar(range(len(pts)), [p[1] for p in pts])
     ax.set_xticks(range(len(pts)), [p[0] for p in pts], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("loss (last step)")

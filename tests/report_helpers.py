@@ -32,7 +32,9 @@ def make_run(out: Path, *overrides: str, modules: bool = True, fails: bool = Fal
     (out / ".hydra").mkdir(exist_ok=True)
     (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
     if modules:
-        (out / "modules.json").write_text(json.dumps(module_tree(build_from_config(cfg))))
+        assert json.loads((out / "modules.json").read_text()) == module_tree(build_from_config(cfg))
+    else:  # a folder written before the runner wrote modules.json
+        (out / "modules.json").unlink()
     return out
 
 

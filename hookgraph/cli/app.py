@@ -3,21 +3,36 @@
 Public names: main, CONFIG_DIR.
 
 The entry point stays thin: it hands Hydra's output folder to :func:`hookgraph.runner.run`
-and turns hookgraph's errors into one clear message and a non-zero exit.
+and turns hookgraph's errors into one clear message and a non-zero exit:
+
+- a single run exits 2 on a hookgraph error, 128 + the signal number when interrupted
+  (130 for Ctrl-C, 143 for SIGTERM);
+- in a sweep (``-m``) a job's error is recorded in its summary and the next job runs;
+  the sweep exits 1 at the end when any job failed or is missing (see ``sweep.csv``);
+- a YAML syntax error in a ``--config-dir`` file is one line with the file, line and column.
+
+Each message reaches the terminal once (on stderr); the log file gets it too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import sys
 from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from ..errors import HookGraphError
+from ..errors import ConfigError, HookGraphError, SpecError
 from ..runner import register_configs, run
+from ..runner.lifecycle import RunInterrupted
+from ..runner.messages import closing_lines
+from . import callbacks
 
 __all__ = ["main", "CONFIG_DIR"]
 
@@ -35,25 +50,137 @@ def _config_dir() -> str:
 
 
 CONFIG_DIR = _config_dir()
-register_configs()
+
+
+def _to_log_file(level: int, msg: str, exc_info: Any = None) -> None:
+    """A line for the log file only: the terminal already shows it on stderr."""
+    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    for logger in (log, logging.getLogger()):
+        for handler in logger.handlers:
+            if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def _say(level: int, msg: str) -> None:
+    """Closing lines: warnings to stderr and the log file, information through the log."""
+    if level >= logging.WARNING:
+        print(f"hookgraph: warning: {msg}", file=sys.stderr)
+        _to_log_file(level, msg)
+    else:
+        log.log(level, "%s", msg)
+
+
+def _error(msg: str) -> None:
+    print(f"hookgraph: error: {msg}", file=sys.stderr)
+    _to_log_file(logging.ERROR, msg)
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    # hydra.utils logs an import error before hookgraph turns it into a better message.
+    logger = logging.getLogger(name)
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
+
+
+def _user_set_run_dir() -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
+
+
+def _tidy(out_dir: str, summary: dict[str, Any], exc: Optional[BaseException]) -> bool:
+    """A default run folder (runs/<date>/<time>) that this run created and that holds nothing
+    worth keeping is removed: a config error before the first step, a listing, a dry run.
+    A folder named with hydra.run.dir, or one that existed before, is never removed."""
+    if HydraConfig.get().mode != RunMode.RUN or _user_set_run_dir() or not callbacks.created_by_this_run(out_dir):
+        return False
+    config_error = isinstance(exc, (ConfigError, SpecError)) and summary.get("steps", 0) == 0
+    if not (config_error or summary.get("status") in ("listed", "planned")):
+        return False
+    if (Path(out_dir) / "records").exists():
+        return False
+    shutil.rmtree(out_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        Path(out_dir).parent.rmdir()  # runs/<date>/, when this was its only run
+    return True
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> float | None:
-    out_dir = HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    out_dir = hc.runtime.output_dir
+    sweep = hc.mode == RunMode.MULTIRUN
+    where = f"job {hc.job.num} " if sweep else ""
+    summary: dict[str, Any] = {}
     try:
-        summary = run(cfg, out_dir)
-    except HookGraphError as exc:
-        log.error("%s", exc)
-        print(f"hookgraph: error: {exc}\n(run folder: {out_dir})", file=sys.stderr)
+        with _quiet("hydra.utils"):
+            run(cfg, out_dir, summary=summary)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, RunInterrupted) else 2
+        for level, line in closing_lines(summary):
+            _say(level, line)
+        _error(f"{where}interrupted ({exc or 'SIGINT'}); what was recorded so far is in {out_dir}")
+        sys.exit(128 + signum)  # a sweep stops too: the signal was meant for all of it
+    except Exception as exc:
+        for level, line in closing_lines(summary):
+            _say(level, line)
+        if not isinstance(exc, HookGraphError):
+            if not sweep:
+                raise  # a bug, in hookgraph or the model: Hydra shows where
+            _to_log_file(logging.ERROR, f"job {hc.job.num}: {type(exc).__name__}", exc_info=sys.exc_info())
+        kept = not _tidy(out_dir, summary, exc)
+        _error(f"{where}{exc}" + (f"\n(run folder: {out_dir})" if kept else ""))
+        if sweep:
+            return None  # the summary says failed; SweepTable marks the job and the sweep exits 1 at the end
         sys.exit(2)
-    loss = summary.get("loss")
+    for level, line in closing_lines(summary):
+        _say(level, line)
+    if _tidy(out_dir, summary, None):
+        return None
     if summary.get("status") == "completed":
         for spec, counts in (summary.get("specs") or {}).items():
             log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])
         log.info("completed %d step(s); run folder: %s", summary["steps"], out_dir)
+    loss = summary.get("loss")
     return float(loss) if loss is not None else None  # an objective for Hydra sweepers
 
 
+def _yaml_syntax(argv: list[str]) -> Optional[str]:
+    """The first YAML syntax error in the files of ``--config-dir`` folders, as file:line:column."""
+    import yaml
+
+    dirs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
+    dirs += [a.split("=", 1)[1] for a in argv if a.startswith("--config-dir=")]
+    for d in dirs:
+        root = Path(d)
+        files = sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")) if root.is_dir() else []
+        for path in files:
+            try:
+                for _ in yaml.compose_all(path.read_text(), Loader=yaml.SafeLoader):
+                    pass
+            except yaml.MarkedYAMLError as exc:
+                mark = exc.problem_mark or exc.context_mark
+                at = f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
+                what = " ".join(x for x in (exc.context, exc.problem) if x)
+                return f"{path}:{at}: YAML syntax error: {what}"
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+                return f"{path}: cannot read: {exc}"
+    return None
+
+
 def main() -> None:
+    register_configs()
+    bad = _yaml_syntax(sys.argv[1:])
+    if bad is not None:
+        print(f"hookgraph: error: {bad}", file=sys.stderr)
+        sys.exit(2)
+    callbacks.reset()
     _app()
+    failed = callbacks.failed_jobs()
+    if failed:
+        # One line at the very end: the sweep ran every job, some did not complete.
+        print(f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
+              + ", ".join(f"{job} ({status})" for job, status in failed) + " (see sweep.csv)", file=sys.stderr)
+        sys.exit(1)

@@ -1,48 +1,148 @@
-"""Hydra callbacks. Public names: SweepTable.
+"""Hydra callbacks. Public names: RunDirGuard, SweepTable, sweep_rows.
+
+RunDirGuard refuses a run folder that holds an earlier hookgraph run before Hydra writes
+anything into it: Hydra saves ``.hydra/`` and opens the log in ``run_job``, after
+``on_run_start`` (a single run) and ``on_multirun_start`` (a sweep) have been called.
 
 At the end of a multirun, SweepTable writes ``sweep.csv`` in the sweep folder: one row per
 job with its overrides and headline figures (status, steps, loss, records per spec, and for
-each stats spec its min, max and mean norm at the last step).
+each stats spec its min, max and mean norm at the last step). A job that failed is a row
+with its status and error; a job whose folder or summary is missing is a row saying
+``missing``. The command line exits 1 after such a sweep (:func:`failed_jobs`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepTable", "sweep_rows"]
+__all__ = ["RunDirGuard", "SweepTable", "sweep_rows", "failed_jobs", "created_by_this_run", "reset"]
 
 log = logging.getLogger("hookgraph")
 
+# What this process learned about its run: set by the callbacks, read by the command line
+# (callbacks run in the process that launched the jobs, the command line's own).
+_state: dict[str, Any] = {"fresh": set(), "failed": []}
 
-def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job folder (numbered subfolders) of a sweep."""
+
+def reset() -> None:
+    _state["fresh"] = set()
+    _state["failed"] = []
+
+
+def created_by_this_run(path: str | Path) -> bool:
+    """Whether the run folder did not exist before this run started."""
+    return str(Path(path).resolve()) in _state["fresh"]
+
+
+def failed_jobs() -> list[tuple[int, str]]:
+    """(job, status) of the last sweep's jobs that did not complete."""
+    return list(_state["failed"])
+
+
+def _refuse(message: str) -> None:
+    # Callbacks' exceptions are turned into warnings by Hydra; SystemExit is not an Exception.
+    print(f"hookgraph: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class RunDirGuard(Callback):
+    """Refuse a folder with an earlier run before Hydra writes its config and log there."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ..errors import ConfigError
+        from ..runner.lifecycle import check_run_dir
+
+        try:
+            # The same string run_job will use: ${now:...} is resolved once and cached.
+            run_dir = Path(str(config.hydra.run.dir)).resolve()
+        except Exception:  # an interpolation only run_job can resolve: run() still checks
+            return
+        try:
+            check_run_dir(run_dir)
+        except ConfigError as exc:
+            _refuse(str(exc))
+        if not run_dir.exists():
+            _state["fresh"].add(str(run_dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+        except Exception:
+            return
+        if (sweep_dir / "sweep.csv").exists() or (sweep_dir.is_dir() and any(
+                p.is_dir() and p.name.isdigit() for p in sweep_dir.iterdir())):
+            _refuse(f"hydra.sweep.dir: {sweep_dir} holds an earlier sweep; choose a new folder (the default "
+                    "runs/multirun/<date_time> is new for every sweep)")
+
+
+def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """One row per job of a sweep: its numbered folder, or ``status: missing``.
+
+    ``expected``: each job's overrides in job order, when known; otherwise the jobs are the
+    numbered folders, and a gap in the numbers is a missing job.
+    """
+    found = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
+    count = max(len(expected or []), max(found, default=-1) + 1)
     rows = []
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    for job in jobs:
-        row: dict[str, Any] = {"job": int(job.name)}
+    for num in range(count):
+        row: dict[str, Any] = {"job": num}
+        if expected and num < len(expected):
+            row["overrides"] = expected[num]
+        job = found.get(num)
+        if job is None:
+            row.update(status="missing", error="no job folder")
+            rows.append(row)
+            continue
         overrides = job / ".hydra" / "overrides.yaml"
         if overrides.is_file():
             row["overrides"] = " ".join(OmegaConf.to_container(OmegaConf.load(overrides)))  # type: ignore[arg-type]
         summary_path = job / "summary.json"
-        if summary_path.is_file():
+        try:
             s = json.loads(summary_path.read_text())
-            row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
-            row["run_s"] = round(s.get("timings", {}).get("run_s", float("nan")), 4)
-            for spec, counts in (s.get("specs") or {}).items():
-                row[f"{spec}.records"] = counts.get("records")
+        except FileNotFoundError:
+            row.update(status="missing", error="no summary.json (the job was killed, or never started)")
+            rows.append(row)
+            continue
+        except (OSError, ValueError) as exc:
+            row.update(status="unreadable", error=f"summary.json: {exc}"[:200])
+            rows.append(row)
+            continue
+        row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
+        run_s = (s.get("timings") or {}).get("run_s")
+        if isinstance(run_s, (int, float)):
+            row["run_s"] = round(run_s, 4)
+        for spec, counts in (s.get("specs") or {}).items():
+            row[f"{spec}.records"] = counts.get("records")
+        try:
             row.update(_stat_headlines(job))
-            if "error" in s:
-                row["error"] = s["error"].get("message", "")[:200]
-        else:
-            row["status"] = "missing"
+        except Exception as exc:  # a damaged table must not hide the other jobs
+            log.warning("job %d: no stats headline: %s", num, exc)
+        if "error" in s:
+            row["error"] = str((s["error"] or {}).get("message", ""))[:200]
         rows.append(row)
     return rows
+
+
+def _expected_jobs(config: DictConfig) -> Optional[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper will launch them (None for other sweepers)."""
+    try:
+        if not str(config.hydra.sweeper._target_).endswith("BasicSweeper"):
+            return None
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+        return [" ".join(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # glob() and other sweeps that need the config loader: count the folders
+        return None
 
 
 def _stat_headlines(job: Path) -> dict[str, float]:
@@ -66,9 +166,11 @@ def _stat_headlines(job: Path) -> dict[str, float]:
 class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.is_dir():
+        rows = sweep_rows(sweep_dir, _expected_jobs(config))
+        _state["failed"] = [(r["job"], str(r.get("status"))) for r in rows
+                            if r.get("status") not in ("completed", "planned", "listed")]
+        if not rows:
             return
-        rows = sweep_rows(sweep_dir)
         from ..runs.writer import RunWriter
 
         path = RunWriter(sweep_dir).csv("sweep.csv", rows)
@@ -80,3 +182,9 @@ class SweepTable(Callback):
                 sweep_figure(rows, sweep_dir / "sweep.png")
             except Exception as exc:  # a figure must never hide the table
                 log.warning("no sweep figure: %s", exc)
+            try:
+                from ..report import write_sweep_report
+
+                log.info("sweep report: %s", write_sweep_report(sweep_dir))
+            except Exception as exc:  # the page only shows the table; it must never hide it
+                log.warning("no sweep report: %s: %s", type(exc).__name__, exc)

@@ -13,13 +13,15 @@ are built first, as Hydra's instantiate does. Every bad setting raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import pickle
 import re
+import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,29 +122,94 @@ def _build_target(target: str, kwargs: dict[str, Any], key: str) -> nn.Module:
     return model
 
 
+def hub_checkpoint_path(url: str) -> Path:
+    """Where torch.hub caches the file of a weights URL: ``$TORCH_HOME/hub/checkpoints/<name>``."""
+    from urllib.parse import urlparse
+
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+
+
+def _cached_state_dict(url: str, name: str, weights: str, key: str) -> Any:
+    """A torchvision weights file read from the hub cache with ``weights_only=True``.
+
+    Never downloads: a run must not depend on the network, and what is loaded must be a
+    file the user put there. torchvision's own loader unpickles with ``weights_only=False``,
+    so a file planted in the cache would run its code; this one refuses it.
+    """
+    path = hub_checkpoint_path(url)
+    wk = f"{key}.weights"
+    if not path.is_file():
+        raise ConfigError(
+            wk,
+            f"weights {weights!r} for {name!r} are not in the torch hub cache: put {url} at {str(path)!r} "
+            "(hookgraph never downloads; set TORCH_HOME to use another cache), or load a local file with "
+            f"{key}.checkpoint",
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        culprit = f" (it references {found.group(1)})" if found else ""
+        raise ConfigError(
+            wk,
+            f"refused to load {str(path)!r}: it holds Python objects other than tensors and plain containers"
+            f"{culprit}, and hookgraph only unpickles with weights_only=True. The file is not the published "
+            f"weights; delete it and put {url} there.",
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(wk, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+
+
+_HUB_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
+    """While a torchvision builder runs, its ``weights.get_state_dict(...)`` reads the cache
+    with :func:`_cached_state_dict` instead of ``torch.hub.load_state_dict_from_url``.
+
+    Swapping the one method keeps everything else the builder does with named weights
+    (num_classes from the weights' categories, transform_input, aux_logits...).
+    """
+    from torchvision.models._api import WeightsEnum
+
+    def get_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _cached_state_dict(self.url, name, weights, key)
+
+    with _HUB_LOCK:
+        original = WeightsEnum.__dict__["get_state_dict"]
+        WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            WeightsEnum.get_state_dict = original  # type: ignore[method-assign]
+
+
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
     import torchvision.models as tvm
 
     if weights is not None:
-        # Check the name before anything can reach the network.
+        # Check the name before anything can reach the cache.
         try:
             enum = tvm.get_model_weights(name)
         except (ValueError, KeyError):
             enum = None
-        if enum is not None:
-            valid = ["DEFAULT", *enum.__members__] + [f"{enum.__name__}.{m}" for m in enum.__members__]
-            if str(weights) not in valid:
-                raise ConfigError(f"{key}.weights", f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}")
-            weights = str(weights).split(".")[-1]
+        if enum is None:
+            raise ConfigError(f"{key}.weights", f"torchvision publishes no weights for {name!r}; use {key}.checkpoint")
+        valid = ["DEFAULT", *enum.__members__] + [f"{enum.__name__}.{m}" for m in enum.__members__]
+        if str(weights) not in valid:
+            raise ConfigError(f"{key}.weights", f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}")
+        weights = str(weights).split(".")[-1]
+    builder = tvm.get_model_builder(name)
+    hub = _weights_only_hub(name, str(weights), key) if weights is not None else contextlib.nullcontext()
     try:
-        builder = tvm.get_model_builder(name)
-        return _call(functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder)
-    except OSError as err:  # download failures (URLError is an OSError)
-        raise ConfigError(
-            f"{key}.weights",
-            f"could not fetch weights {weights!r} for {name!r}: {err}. "
-            "Without network access, load a local file with model.checkpoint instead.",
-        ) from err
+        with hub:
+            return _call(functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder)
+    except RuntimeError as err:
+        if weights is None:
+            raise
+        # load_state_dict inside the builder: the cached file is not these weights.
+        raise ConfigError(f"{key}.weights", f"the cached file for {weights!r} does not fit {name!r}: {err}") from err
 
 
 def build_model(

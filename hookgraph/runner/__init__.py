@@ -1,9 +1,15 @@
 """The runner: a config in, a run folder out.
 
-Public names: run, build_from_config, HookgraphConfig, register_configs.
+Public names: run, build_from_config, HookgraphConfig, register_configs, RunFolderError,
+RunInterrupted, closing_lines.
+
+Modules: config (the schema), loop (run's steps), lifecycle (the folder claim and signals),
+messages (what a run's end says), device.
 """
 
 from .config import HookgraphConfig, register_configs
+from .lifecycle import RunFolderError, RunInterrupted
 from .loop import build_from_config, run
+from .messages import closing_lines
 
-__all__ = ["HookgraphConfig", "build_from_config", "register_configs", "run"]
+__all__ = ["HookgraphConfig", "RunFolderError", "RunInterrupted", "build_from_config", "closing_lines", "register_configs", "run"]

@@ -70,6 +70,8 @@ class RunnerConfig:
 
 @dataclass
 class GradcamConfig:
+    """The keys of ``sink.gradcam`` and their defaults."""
+
     activations: str = "activations"  # spec that records the target's output (at: forward, action: record)
     gradients: str = "gradients"  # spec that records the gradient of that output (at: output_grad, action: record)
     target: str = MISSING  # the layer both specs record, e.g. layer4
@@ -81,7 +83,10 @@ class SinkConfig:
     feature_maps: list = field(default_factory=lambda: [0])  # which recorded 4-D targets (by record order) get a grid
     histograms: bool = True  # one histogram figure per record spec
     max_bytes: Optional[int] = None  # stop the run with an error before records exceed this size
-    gradcam: Optional[GradcamConfig] = None  # figures/gradcam_<target>.png over the first step's input (with figures)
+    # figures/gradcam_<target>.png over the first step's input (with figures): a mapping with
+    # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
+    # a None structured node (an AttributeError); run() checks the keys and fills the defaults.
+    gradcam: Any = None
     tensorboard: bool = False  # also write stats scalars and record histograms to tensorboard/ (pip install hookgraph[tensorboard])
 
 

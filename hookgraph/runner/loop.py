@@ -1,11 +1,16 @@
 """run(): build the model and data, attach the hooks, run the passes, write the run folder.
 
-Public names: run, build_from_config.
+Public names: run, build_from_config, LOSSES.
 
 ``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a
-folder; the Hydra entry point only supplies the folder. Records leave memory as one shard
-per step, so a run that fails still leaves its earlier steps readable; it writes
-``summary.json`` with ``status: failed`` and the error, then re-raises.
+folder; the Hydra entry point only supplies the folder. It reads as its steps:
+claim the folder, prepare (validate, device, model), compile, run the steps, write
+the tables and figures, and, whatever happened, write ``summary.json``.
+
+Records leave memory as one shard per step, so a run that fails still leaves its earlier
+steps readable; it writes ``summary.json`` with ``status: failed`` and the error, then
+re-raises. SIGTERM (what schedulers and ``kill`` send) is handled like Ctrl-C while the
+run lasts: status ``interrupted``, the records so far flushed, the summary written.
 
 With ``sink.gradcam`` set, the first step's input (sample 0) is kept in memory, on the
 host, for the Grad-CAM overlay only. It is not written as a record: records hold what the
@@ -17,8 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import platform
+import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,19 +37,23 @@ from omegaconf import DictConfig, OmegaConf
 from ..compiler import compile as compile_graph
 from ..data import build_data, data_params, default_data
 from ..discovery import format_targets, list_targets
-from ..errors import ConfigError, RecordBudgetError, did_you_mean
+from ..errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
 from ..models import build_model
+from ..plain import to_plain
 from ..points import POINTS, HookPoint
+from ..report import module_tree, write_plan_svg, write_report
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .batches import LOSSES, call_model, compute_loss, to_device
 from .device import resolve_device, resolve_dtype
+from .lifecycle import MARKER, RunFolderError, RunInterrupted, check_run_dir, signals_as_interrupts
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
 log = logging.getLogger("hookgraph")
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+_GRADCAM_KEYS = ("activations", "gradients", "target")
 
 
 def _cfg(cfg: Any) -> DictConfig:
@@ -60,6 +73,83 @@ def build_from_config(cfg: Any) -> torch.nn.Module:
     return build_model(None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint)
 
 
+# ---------------------------------------------------------------- validation
+
+
+def _validate_runner(r: DictConfig) -> None:
+    if r.loss not in LOSSES:
+        raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
+    if r.mode not in ("train", "eval"):
+        raise ConfigError("runner.mode", f"must be train or eval, got {r.mode!r}")
+    if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
+        raise ConfigError("runner.optimizer", f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}")
+    if r.steps < 0 or r.batch_size < 1:
+        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
+    if r.autocast not in (None, "bf16", "fp16"):
+        raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+
+
+def _validate_sink(sink: DictConfig) -> Optional[dict[str, str]]:
+    """Sink options are checked before the model runs; returns sink.gradcam with its defaults."""
+    picks = to_plain(sink.feature_maps)
+    if picks is None:
+        picks = []
+    if not isinstance(picks, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
+        raise ConfigError(
+            "sink.feature_maps",
+            f"must be a list of integers (positions among a spec's recorded 4-D targets, e.g. [0, 1] or [-1]), got {picks!r}",
+        )
+    g = to_plain(sink.gradcam)
+    if g is None:
+        return None
+    if not isinstance(g, dict):
+        raise ConfigError("sink.gradcam", f"must be a mapping {{activations: <spec>, gradients: <spec>, target: <layer>}}, got {g!r}")
+    unknown = [k for k in g if k not in _GRADCAM_KEYS]
+    if unknown:
+        raise ConfigError(f"sink.gradcam.{unknown[0]}", f"unknown key; {did_you_mean(str(unknown[0]), _GRADCAM_KEYS, 'valid keys')}")
+    from .config import GradcamConfig
+
+    out = {"activations": GradcamConfig.activations, "gradients": GradcamConfig.gradients, **g}
+    for k in _GRADCAM_KEYS:
+        if not isinstance(out.get(k), str) or not out[k]:
+            raise ConfigError(f"sink.gradcam.{k}", f"must be a name (a string), got {out.get(k)!r}")
+    return out
+
+
+def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None:
+    """sink.gradcam names two record specs that hook its target: checked before any pass runs."""
+    bound: dict[str, list] = {}
+    for b in graph.bindings:
+        bound.setdefault(b.spec.name, []).append(b)
+    wanted = {"activations": (HookPoint.forward,), "gradients": (HookPoint.output_grad, HookPoint.backward_pre)}
+    for name_key, points in wanted.items():
+        key, name = f"sink.gradcam.{name_key}", g[name_key]
+        if name not in bound:
+            raise ConfigError(key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}")
+        first = bound[name][0]
+        if first.action.name != "record" or first.point not in points:
+            raise ConfigError(
+                key, f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
+                f"it does {first.action.name} at {first.point}",
+            )
+        targets = [b.target for b in bound[name]]
+        if g["target"] not in targets:
+            raise ConfigError("sink.gradcam.target", f"spec {name!r} does not hook {g['target']!r}; {did_you_mean(str(g['target']), targets, 'its targets')}")
+    if not cfg.runner.backward:
+        raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
+
+
+def _check_forward_only(graph: HookGraph) -> None:
+    """A gradient hook in a run without backward would silently never fire: refuse it."""
+    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if POINTS[b.point].needs_backward})
+    if problems:
+        specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
+        raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
+
+
+# ---------------------------------------------------------------- one step
+
+
 def _data(cfg: DictConfig, model: torch.nn.Module):
     d = cfg.data
     kind = d.kind
@@ -76,49 +166,29 @@ def _data(cfg: DictConfig, model: torch.nn.Module):
     return build_data(kind, batch_size=cfg.runner.batch_size, **params)
 
 
-def _validate(r: DictConfig) -> None:
-    if r.loss not in LOSSES:
-        raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
-    if r.mode not in ("train", "eval"):
-        raise ConfigError("runner.mode", f"must be train or eval, got {r.mode!r}")
-    if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
-        raise ConfigError("runner.optimizer", f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}")
-    if r.steps < 0 or r.batch_size < 1:
-        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
-    if r.autocast not in (None, "bf16", "fp16"):
-        raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+# ---------------------------------------------------------------- the run's state
 
 
-def _check_gradcam(cfg: DictConfig, graph: HookGraph) -> None:
-    """sink.gradcam names two record specs that hook its target: checked before any pass runs."""
-    g = cfg.sink.gradcam
-    bound: dict[str, list] = {}
-    for b in graph.bindings:
-        bound.setdefault(b.spec.name, []).append(b)
-    wanted = {"activations": (HookPoint.forward,), "gradients": (HookPoint.output_grad, HookPoint.backward_pre)}
-    for field, points in wanted.items():
-        key, name = f"sink.gradcam.{field}", g[field]
-        if name not in bound:
-            raise ConfigError(key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}")
-        first = bound[name][0]
-        if first.action.name != "record" or first.point not in points:
-            raise ConfigError(
-                key, f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
-                f"it does {first.action.name} at {first.point}",
-            )
-        targets = [b.target for b in bound[name]]
-        if g.target not in targets:
-            raise ConfigError("sink.gradcam.target", f"spec {name!r} does not hook {g.target!r}; {did_you_mean(str(g.target), targets, 'its targets')}")
-    if not cfg.runner.backward:
-        raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
+@dataclass
+class _Run:
+    cfg: DictConfig
+    writer: RunWriter
+    summary: dict[str, Any]
+    t0: float = field(default_factory=time.perf_counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    graph: Optional[HookGraph] = None
+    tb: Optional[TensorBoardSink] = None
+    model: Optional[torch.nn.Module] = None
+    device: Optional[torch.device] = None
+    dtype: Optional[torch.dtype] = None
+    gradcam: Optional[dict[str, str]] = None
+    modules: Optional[list[dict]] = None  # the module tree, for plan.svg and the report page
+    first_input: Optional[torch.Tensor] = None
 
-
-def _check_forward_only(graph: HookGraph) -> None:
-    """A gradient hook in a run without backward would silently never fire: refuse it."""
-    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if POINTS[b.point].needs_backward})
-    if problems:
-        specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
-        raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
+    def lap(self, name: str, since: float) -> None:
+        self.timings[name] = time.perf_counter() - since
 
 
 def _versions() -> dict[str, str]:
@@ -136,6 +206,220 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any]) -> _Run:
+    """Refuse an earlier run's folder, then mark this one as ours before anything else."""
+    check_run_dir(out_dir)
+    try:
+        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
+        writer.json(MARKER, {"hookgraph": _versions()["hookgraph"], "pid": os.getpid()})
+    except OSError as exc:
+        raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
+    summary.update(status="running", steps=0, steps_requested=cfg.runner.steps, versions=_versions())
+    return _Run(cfg, writer, summary)
+
+
+def _prepare(st: _Run) -> None:
+    """Validate the settings, then build the model on its device."""
+    cfg, r = st.cfg, st.cfg.runner
+    _validate_runner(r)
+    st.gradcam = _validate_sink(cfg.sink)
+    if cfg.sink.tensorboard:
+        st.tb = TensorBoardSink(st.writer.dir)  # before the model is built: a missing package fails fast
+    st.device = resolve_device(r.device)
+    st.dtype = resolve_dtype(r.dtype)
+    st.summary["device"] = str(st.device)
+    st.model = build_from_config(cfg).to(device=st.device, dtype=st.dtype)
+    st.model.train(r.mode == "train")
+    st.lap("build_s", st.t0)
+    # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
+    st.modules = module_tree(st.model)
+    _write(st.writer.json, "modules.json", st.modules)
+
+
+def _list(st: _Run) -> dict[str, Any]:
+    assert st.model is not None
+    rows = list_targets(st.model, st.cfg.list_targets, params=st.cfg.list_params)
+    print(format_targets(rows))
+    st.summary.update(status="listed", targets=len(rows))
+    return st.summary
+
+
+def _compile(st: _Run) -> None:
+    """Compile the specs against the model, check what needs the whole graph, write plan.json."""
+    t = time.perf_counter()
+    st.graph = compile_graph(st.model, st.cfg.hooks, prefix="hooks")
+    st.lap("compile_s", t)
+    if st.gradcam is not None:
+        _check_gradcam(st.gradcam, st.cfg, st.graph)
+    if not st.cfg.runner.backward:
+        _check_forward_only(st.graph)
+    plan = st.graph.plan()
+    _write(st.writer.json, "plan.json", list(plan))
+    _write(write_plan_svg, plan, st.modules, st.writer.dir / "plan.svg")
+
+
+def _plan_only(st: _Run) -> dict[str, Any]:
+    assert st.graph is not None
+    plan = st.graph.plan()
+    print(plan)
+    st.summary.update(status="planned", bindings=len(plan))
+    return st.summary
+
+
+def _steps(st: _Run) -> None:
+    """The forward/backward passes with the hooks attached; one shard per step."""
+    cfg, r, graph, model = st.cfg, st.cfg.runner, st.graph, st.model
+    assert graph is not None and model is not None and st.device is not None
+    data = iter(_data(cfg, model))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
+    autocast = (
+        torch.autocast(st.device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
+        if r.autocast else contextlib.nullcontext()
+    )
+    from tqdm.auto import tqdm  # lazy: only runs need the bar
+
+    # Specs resolve against the bare model; the compiled wrapper shares its modules.
+    forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
+    t = time.perf_counter()
+    with graph.attach(compiled=r.compile):
+        for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
+            graph.set_step(step)
+            inputs, labels = next(data)
+            if step == 0 and st.gradcam is not None and isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
+                st.first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
+            inputs, labels = to_device(inputs, st.device, st.dtype), to_device(labels, st.device)
+            with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
+                out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+            if r.backward:
+                if not loss.requires_grad:
+                    raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
+                loss.backward()
+                if opt is not None:
+                    opt.step()
+                model.zero_grad(set_to_none=True)
+            st.losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
+            if st.tb is not None:
+                st.tb.histograms(graph.records, step)  # before the flush empties the slots
+            _write(st.writer.flush_records, graph.records, step)
+            st.summary["steps"] = step + 1
+    st.lap("run_s", t)
+
+
+def _outputs(st: _Run) -> None:
+    """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run."""
+    assert st.graph is not None
+    t = time.perf_counter()
+    _write(_write_tables, st.writer, st.graph, st.tb)
+    if st.cfg.sink.figures:
+        try:
+            from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
+
+            st.summary["figures"] = write_figures(st.writer.dir, st.graph, st.cfg.sink, image=st.first_input,
+                                                  warnings=st.warnings, gradcam=st.gradcam)
+        except Exception as exc:  # the records are the result; figures only show them
+            st.warnings.append(f"figures: {type(exc).__name__}: {exc}")
+    st.lap("write_s", t)
+
+
+def _write(fn: Any, *args: Any) -> Any:
+    """A write into the run folder; an OS error (read-only, disk full) becomes a RunFolderError."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise RunFolderError(f"cannot write into the run folder: {exc}") from exc
+
+
+def _fail(st: _Run, exc: BaseException) -> None:
+    """Status and error in the summary; whatever was recorded before the fault stays readable."""
+    st.summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    st.summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, RunInterrupted):
+        st.summary["signal"] = signal.Signals(exc.signum).name
+    if isinstance(exc, NonFiniteError):
+        st.summary["first_nonfinite"] = {"spec": exc.spec, "module": exc.target, "point": exc.point,
+                                         "step": exc.step, "nan": exc.nan, "inf": exc.inf, "total": exc.total}
+    if st.graph is None:
+        return
+    # Over budget, the step that tripped it is dropped: writing it would trip the budget again.
+    if not isinstance(exc, RecordBudgetError):
+        try:
+            st.writer.flush_records(st.graph.records, st.summary["steps"])
+        except Exception as inner:  # the original error matters more
+            st.warnings.append(f"could not write the partial records of step {st.summary['steps']}: {inner}")
+    try:
+        _write_tables(st.writer, st.graph, st.tb)
+    except Exception as inner:
+        st.warnings.append(f"could not write the stats and trace tables: {inner}")
+
+
+def _finite(x: float) -> Optional[float]:
+    return x if math.isfinite(x) else None  # strict JSON has no NaN or Infinity
+
+
+def _close(st: _Run, failing: bool) -> None:
+    """Fill in the summary and write it, whatever happened; raises only when the run itself succeeded."""
+    if st.tb is not None:
+        with contextlib.suppress(Exception):
+            st.tb.close()
+    s = st.summary
+    st.timings["total_s"] = time.perf_counter() - st.t0
+    s["timings"] = st.timings
+    if st.losses:
+        last = st.losses[-1]
+        s["loss"] = _finite(last)
+        if s["loss"] is None:
+            s["loss_nonfinite"] = str(last)  # "nan", "inf" or "-inf": why loss is null
+        s["losses"] = [_finite(v) for v in st.losses]
+    if st.graph is not None:
+        s["specs"] = _headline(st.graph, st.writer)
+        _silent_specs(st)
+        s.setdefault("first_nonfinite", _first_nonfinite(st.graph))
+        if s["first_nonfinite"] is None:
+            del s["first_nonfinite"]
+    s["records_bytes"] = st.writer.bytes_written
+    s["shards"] = st.writer.shards
+    if st.warnings:
+        s["warnings"] = st.warnings
+    try:
+        st.writer.json("summary.json", s)
+    except OSError as exc:
+        msg = f"could not write summary.json into {st.writer.dir}: {exc}"
+        s.setdefault("warnings", []).append(msg)
+        if not failing:
+            raise RunFolderError(msg) from exc
+        log.error("%s", msg)
+        return
+    if s.get("status") != "listed":
+        try:  # after summary.json, which the page reads; a page must never hide the run's result
+            write_report(st.writer.dir)
+        except Exception as exc:
+            log.warning("no report.html: %s: %s", type(exc).__name__, exc)
+
+
+def _silent_specs(st: _Run) -> None:
+    """Specs that matched nothing, and specs bound but never run: named in the summary."""
+    unmatched = dict(getattr(st.graph, "unmatched", None) or {})
+    if unmatched:
+        st.summary["unmatched"] = unmatched
+    if st.summary["steps"] > 0:
+        # Bound but never run: e.g. input_grad where no input needs a gradient.
+        silent = sorted(name for name, n in st.graph.calls.items() if n == 0)
+        if silent:
+            st.summary["never_fired"] = silent
+
+
+def _first_nonfinite(graph: HookGraph) -> Optional[dict[str, Any]]:
+    """The first check_finite row (rows are in execution order): where NaN/Inf started."""
+    checkers = {b.spec.name for b in graph.bindings if b.action.name == "check_finite"}
+    for row in _trace_rows(graph):
+        if row["spec"] in checkers and (row.get("nan") or row.get("inf")):
+            return {"spec": row["spec"], "module": row["module"], "point": row.get("point"), "step": row.get("step"),
+                    "nan": row.get("nan"), "inf": row.get("inf"), "total": row.get("total")}
+    return None
+
+
 def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     # Only bound specs record anything, so the bindings give every key.
     per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
@@ -151,138 +435,44 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     return per_spec
 
 
-def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Run one job described by ``cfg`` and write its folder; returns the summary.
 
-    The summary's ``loss`` (last step) is what Hydra sweepers can optimise.
+    The summary's ``loss`` (last step) is what Hydra sweepers can optimise. A folder that
+    holds anything an earlier run wrote is refused (:class:`ConfigError`) before it is touched.
+    ``summary``: a dict filled with the summary as the run goes, for callers that want it
+    when ``run`` raises (it is also in ``summary.json``, when the folder is writable).
     """
     cfg = _cfg(cfg)
-    t0 = time.perf_counter()
-    if (Path(out_dir) / "summary.json").exists():
-        # Checked before anything is written: an earlier run's folder is never overwritten.
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{out_dir} holds an earlier run (summary.json); choose a new folder (the default "
-            "runs/<date>/<time> is new for every run)",
-        )
-    writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
-    summary: dict[str, Any] = {"status": "running", "steps": 0, "steps_requested": cfg.runner.steps, "versions": _versions()}
-    timings: dict[str, float] = {}
-    graph: Optional[HookGraph] = None
-    tb: Optional[TensorBoardSink] = None
-    losses: list[float] = []
-    first_input: Optional[torch.Tensor] = None
-    try:
-        r = cfg.runner
-        _validate(r)
-        if cfg.sink.tensorboard:
-            tb = TensorBoardSink(writer.dir)  # before the model is built: a missing package fails fast
-        device = resolve_device(r.device)
-        dtype = resolve_dtype(r.dtype)
-        summary["device"] = str(device)
-        model = build_from_config(cfg).to(device=device, dtype=dtype)
-        model.train(r.mode == "train")
-        timings["build_s"] = time.perf_counter() - t0
+    st = _claim(cfg, out_dir, {} if summary is None else summary)
+    failing = True
+    with signals_as_interrupts():
+        try:
+            _prepare(st)
+            if cfg.list_targets is not None:
+                failing = False
+                return _list(st)
+            _compile(st)
+            if cfg.dry_run:
+                failing = False
+                return _plan_only(st)
+            _steps(st)
+            _outputs(st)
+            st.summary["status"] = "completed"
+            failing = False
+            return st.summary
+        except KeyboardInterrupt as exc:
+            _fail(st, exc if isinstance(exc, RunInterrupted) else RunInterrupted(signal.SIGINT))
+            raise
+        except BaseException as exc:
+            _fail(st, exc)
+            raise
+        finally:
+            _close(st, failing)
 
-        if cfg.list_targets is not None:
-            rows = list_targets(model, cfg.list_targets, params=cfg.list_params)
-            print(format_targets(rows))
-            summary.update(status="listed", targets=len(rows))
-            return summary
 
-        t = time.perf_counter()
-        graph = compile_graph(model, cfg.hooks, prefix="hooks")
-        timings["compile_s"] = time.perf_counter() - t
-        if cfg.sink.gradcam is not None:
-            _check_gradcam(cfg, graph)
-        if not r.backward:
-            _check_forward_only(graph)
-        plan = graph.plan()
-        writer.json("plan.json", list(plan))
-        if cfg.dry_run:
-            print(plan)
-            summary.update(status="planned", bindings=len(plan))
-            return summary
-
-        data = iter(_data(cfg, model))
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
-        autocast = (
-            torch.autocast(device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
-            if r.autocast else contextlib.nullcontext()
-        )
-        from tqdm.auto import tqdm  # lazy: only runs need the bar
-
-        # Specs resolve against the bare model; the compiled wrapper shares its modules.
-        forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
-        t = time.perf_counter()
-        with graph.attach(compiled=r.compile):
-            for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
-                graph.set_step(step)
-                inputs, labels = next(data)
-                if step == 0 and cfg.sink.gradcam is not None and isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
-                    first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
-                inputs, labels = to_device(inputs, device, dtype), to_device(labels, device)
-                with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
-                    out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
-                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
-                if r.backward:
-                    if not loss.requires_grad:
-                        raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
-                    loss.backward()
-                    if opt is not None:
-                        opt.step()
-                    model.zero_grad(set_to_none=True)
-                losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
-                if tb is not None:
-                    tb.histograms(graph.records, step)  # before the flush empties the slots
-                writer.flush_records(graph.records, step)
-                summary["steps"] = step + 1
-        timings["run_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        _write_tables(writer, graph, tb)
-        if cfg.sink.figures:
-            from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
-
-            summary["figures"] = write_figures(writer.dir, graph, cfg.sink, image=first_input)
-        timings["write_s"] = time.perf_counter() - t
-        silent = sorted(name for name, n in graph.calls.items() if n == 0)
-        if silent and r.steps > 0:
-            # Bound but never run: e.g. input_grad where no input needs a gradient.
-            summary["never_fired"] = silent
-            log.warning("specs bound but never fired: %s (a schedule that excludes every step, "
-                        "a gradient that never reaches the target, or a module the forward skips)", ", ".join(silent))
-        summary["status"] = "completed"
-        return summary
-    except BaseException as exc:
-        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
-        if graph is not None:
-            # Whatever was recorded before the fault stays readable. Over budget, the
-            # step that tripped it is dropped: writing it would trip the budget again.
-            try:
-                if not isinstance(exc, RecordBudgetError):
-                    writer.flush_records(graph.records, summary["steps"])
-            except Exception as inner:  # the original error matters more
-                log.warning("could not write partial records: %s", inner)
-            try:
-                _write_tables(writer, graph, tb)
-            except Exception as inner:
-                log.warning("could not write the stats and trace tables: %s", inner)
-        raise
-    finally:
-        if tb is not None:
-            tb.close()
-        timings["total_s"] = time.perf_counter() - t0
-        summary["timings"] = timings
-        if losses:
-            summary["loss"] = losses[-1]
-            summary["losses"] = losses
-        if graph is not None:
-            summary["specs"] = _headline(graph, writer)
-        summary["records_bytes"] = writer.bytes_written
-        summary["shards"] = writer.shards
-        writer.json("summary.json", summary)
+def _trace_rows(graph: HookGraph) -> list[dict]:
+    return list(rows_with_spec(graph.records))
 
 
 def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
@@ -292,5 +482,4 @@ def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardS
     writer.csv("stats.csv", stats)
     if tb is not None:
         tb.scalars(stats, STAT_NAMES)
-    trace = list(rows_with_spec(graph.records))
-    writer.csv("trace.csv", trace)
+    writer.csv("trace.csv", _trace_rows(graph))

@@ -1,0 +1,68 @@
+"""A run's claim on its folder and its response to signals.
+
+Public names: MARKER, check_run_dir, RunInterrupted, RunFolderError, signals_as_interrupts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import ConfigError, HookGraphError
+
+__all__ = ["MARKER", "check_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
+
+MARKER = ".hookgraph"  # written first: a folder holding it belongs to a run, finished or not
+# What makes a folder an earlier run's: the marker, or what older versions wrote.
+_EARLIER = (MARKER, "summary.json", "plan.json", "records")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT or SIGTERM); ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class RunFolderError(HookGraphError):
+    """The run folder could not be written (read-only, full disk, removed midway)."""
+
+
+def check_run_dir(out_dir: str | Path) -> None:
+    """Refuse a folder that holds anything an earlier hookgraph run wrote (finished or not)."""
+    root = Path(out_dir)
+    found = [name for name in _EARLIER if (root / name).exists()]
+    if found:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{root} holds an earlier run ({', '.join(found)}); choose a new folder (the default "
+            "runs/<date>/<time> is new for every run)",
+        )
+
+
+@contextlib.contextmanager
+def signals_as_interrupts() -> Iterator[None]:
+    """While the run lasts, SIGTERM stops it like Ctrl-C; the previous handler comes back after.
+
+    Only the main thread can set handlers; elsewhere (a launcher's worker thread) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if fired:  # the summary is being written: a second signal must not cut it short
+            return
+        fired.append(signum)
+        raise RunInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
