@@ -1,6 +1,7 @@
 """Name resolution: a pure function from spec patterns and name lists to matches.
 
-Public names: NameIndex, compile_pattern, match_names, resolve_names, suggest_names.
+Public names: NameIndex, compile_pattern, explain_no_match, match_names, no_match_hint,
+resolve_names, suggest_names.
 
 Patterns are globs over dotted names (``*`` and ``?`` stay inside one segment, ``**``
 spans any number of segments, ``[abc]`` is a character class) or regular expressions
@@ -26,7 +27,7 @@ from typing import Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
-__all__ = ["NameIndex", "compile_pattern", "match_names", "resolve_names", "suggest_names"]
+__all__ = ["NameIndex", "compile_pattern", "explain_no_match", "match_names", "no_match_hint", "resolve_names", "suggest_names"]
 
 _SEGMENT = "(?:[^.]+\\.)"  # one whole segment of ``name + "."``
 _ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
@@ -293,3 +294,31 @@ def no_match_hint(targets: Sequence[str], names: Sequence[str] | NameIndex) -> s
         return f"nearest names: {', '.join(close)}"
     real = index.nonroot
     return f"names here: {', '.join(real[:10])}{', ...' if len(real) > 10 else ''}"
+
+
+def explain_no_match(
+    *,
+    targets: Sequence[str],
+    names: Sequence[str] | NameIndex,
+    excludes: Sequence[str] = (),
+    types: Sequence[str] = (),
+) -> str:
+    """One line on why a spec allowed to match nothing bound nothing: its targets, and the
+    nearest names or what dropped the names that did match. For the end of a run."""
+    index = names if isinstance(names, NameIndex) else NameIndex(names)
+    shown = ", ".join(map(repr, targets))
+    try:
+        matched = index.match(targets)
+        dropped = set(index.match(excludes)) if excludes else set()
+    except re.error:
+        return f"{shown} is not a valid pattern"
+    if not matched:
+        return f"{shown} matched nothing; {no_match_hint(targets, index)}"
+    kept = [n for n in matched if n not in dropped]
+    if not kept:
+        return f"{shown} matched {len(matched)} names, all dropped by exclude {', '.join(map(repr, excludes))}"
+    present = sorted({index.kinds[n][0] for n in kept if index.kinds.get(n)})
+    return (
+        f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}"
+        + (f"; types among them: {', '.join(present[:12])}" if present else "")
+    )

@@ -30,6 +30,7 @@ from ..data import build_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
+from ..hooksets import require_matches_where_retargeted
 from ..models import build_model
 from ..points import POINTS, HookPoint
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
@@ -218,12 +219,13 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         timings["build_s"] = time.perf_counter() - t0
 
         if cfg.list_targets is not None:
-            rows = list_targets(model, cfg.list_targets, params=cfg.list_params)
+            rows = list_targets(model, cfg.list_targets, params=cfg.list_params, require_match=True)
             print(format_targets(rows))
             summary.update(status="listed", targets=len(rows))
             return summary
 
         t = time.perf_counter()
+        require_matches_where_retargeted(cfg.hooks)  # a packaged hook set pointed elsewhere must match
         graph = compile_graph(model, cfg.hooks, prefix="hooks")
         timings["compile_s"] = time.perf_counter() - t
         if cfg.sink.gradcam is not None:
