@@ -135,14 +135,30 @@ class NameIndex:
         self.all_kinds = {k for ks in set(map(tuple, self.kinds.values())) for k in ks}
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
         self._vocabulary: Optional[dict[str, None]] = None
+        self._depths: Optional[dict[int, list[str]]] = None
 
     @property
     def vocabulary(self) -> dict[str, None]:
-        """Every segment of every name, in first-seen order (built on first use: only
-        suggestions need it; a dict so that lookups are fast and the order is stable)."""
+        """The segments names are made of, in first-seen order (built on first use: only
+        suggestions need it; a dict so that lookups are fast and the order is stable).
+
+        Module names come with their prefixes (``a``, ``a.b``, ``a.b.c``), so their last
+        segments are all segments; a sample of split names adds what other lists (parameter
+        names) hold only in the middle. Splitting every name of a deep model costs far more.
+        """
         if self._vocabulary is None:
-            self._vocabulary = dict.fromkeys(seg for n in self.nonroot for seg in n.split("."))
+            last = (n.rpartition(".")[2] for n in self.nonroot)
+            sampled = (seg for n in _stride(self.nonroot, _POOL) for seg in n.split("."))
+            self._vocabulary = dict.fromkeys(itertools.chain(last, sampled))
         return self._vocabulary
+
+    def at_depth(self, segments: int) -> list[str]:
+        """The names of exactly ``segments`` segments, in index order."""
+        if self._depths is None:
+            self._depths = {}
+            for n in self.nonroot:
+                self._depths.setdefault(n.count(".") + 1, []).append(n)
+        return self._depths.get(segments, [])
 
     def match(self, patterns: Sequence[str]) -> list[str]:
         """Names matched by any pattern, in index order. Raises re.error for a bad regex."""
@@ -242,6 +258,7 @@ def resolve_names(
 _POOL = 1000  # names compared with a pattern, at most
 _VOCAB_POOL = 1000  # segments compared with a pattern's segment, at most
 _FIXES = 24  # corrected globs tried, at most
+_SAMPLE = 20_000  # names searched with a loosened '**' glob, at most
 
 
 def _stride(items: Sequence[str], n: int) -> list[str]:
@@ -278,8 +295,17 @@ def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: 
             fixes += [".".join([*segs[:i], w, *segs[i + 1 :]]) for w in _close_segments(word, index.vocabulary)]
     found = index.match(fixes[:_FIXES]) if fixes else []
     if len(found) < n:
-        loose = [".".join([*s[:i], "*", *s[i + 1 :]]) for s in (p.split(".") for p in globs) for i in range(len(s)) if s[i] != "**"]
-        pool = _stride(index.match(loose[:_FIXES]), _POOL // 2) if loose else []
+        # Names matching a pattern with one segment loosened to '*': among the names of the
+        # same depth where the pattern fixes the depth, else among a sample of names.
+        pool = []
+        for p in globs:
+            segs = p.split(".")
+            loose = [".".join([*segs[:i], "*", *segs[i + 1 :]]) for i in range(len(segs)) if segs[i] != "**"][:_FIXES]
+            if len(segs) < 2 or not loose:
+                continue  # '*' alone would be every name: the sample below covers that
+            among = index.at_depth(len(segs)) if "**" not in segs else _stride(index.nonroot, _SAMPLE)
+            fullmatch = re.compile("|".join(f"(?:{_glob_regex(g)})" for g in loose)).fullmatch
+            pool += _stride([n for n in among if fullmatch(n + ".")], _POOL // (2 * len(globs)))
         pool += _stride(index.nonroot, _POOL // 2)
         for p in patterns:
             found += nearest(p.removeprefix("re:"), pool, n)
