@@ -16,7 +16,9 @@ from .resolve import compile_pattern, match_names, no_match_hint
 __all__ = ["list_targets", "format_targets"]
 
 
-def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False, require_match: bool = False) -> list[dict]:
+def list_targets(
+    model: nn.Module, pattern: str = "**", *, params: bool = False, require_match: bool = False
+) -> list[dict]:
     """Rows for module names (or, with ``params=True``, parameter names) matching ``pattern``.
 
     Module rows: name, type, parameter count, own parameter shapes. Parameter rows: name,

@@ -68,12 +68,10 @@ def _as_list(value: Any) -> Any:
 
 
 def _task_overrides() -> list[str]:
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig
 
-        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    except Exception:  # not under Hydra (tests, the Python API): no command line to read
-        return []
+    # Not under Hydra (tests, the Python API): no command line to read.
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
@@ -84,7 +82,9 @@ def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
     return False
 
 
-def require_matches_where_retargeted(hooks: Any, *, overrides: Optional[Sequence[str]] = None, conf_dir: Optional[Path] = None) -> Any:
+def require_matches_where_retargeted(
+    hooks: Any, *, overrides: Optional[Sequence[str]] = None, conf_dir: Optional[Path] = None
+) -> Any:
     """Set ``expect.min: 1`` on each packaged spec whose ``target``, ``exclude`` or ``types``
     differ from its packaged hook set, unless the user set ``expect.min`` themselves: to
     another value than the packaged one (in any config), or on the command line.

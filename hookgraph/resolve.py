@@ -27,7 +27,15 @@ from typing import Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
-__all__ = ["NameIndex", "compile_pattern", "explain_no_match", "match_names", "no_match_hint", "resolve_names", "suggest_names"]
+__all__ = [
+    "NameIndex",
+    "compile_pattern",
+    "explain_no_match",
+    "match_names",
+    "no_match_hint",
+    "resolve_names",
+    "suggest_names",
+]
 
 _SEGMENT = "(?:[^.]+\\.)"  # one whole segment of ``name + "."``
 _ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
@@ -91,7 +99,8 @@ def _glob_regex(pattern: str) -> str:
             segs.append(seg)
     if "**" not in segs:
         return "".join(map(_segment_regex, segs))
-    chunks = [[_segment_regex(s) for s in g] for is_any, g in itertools.groupby(segs, lambda s: s == "**") if not is_any]
+    groups = itertools.groupby(segs, lambda s: s == "**")
+    chunks = [[_segment_regex(s) for s in g] for is_any, g in groups if not is_any]
     if segs[0] == "**":
         chunks.insert(0, [])
     if segs[-1] == "**":
@@ -300,7 +309,7 @@ def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: 
         pool = []
         for p in globs:
             segs = p.split(".")
-            loose = [".".join([*segs[:i], "*", *segs[i + 1 :]]) for i in range(len(segs)) if segs[i] != "**"][:_FIXES]
+            loose = [".".join([*segs[:i], "*", *segs[i + 1 :]]) for i, s in enumerate(segs) if s != "**"][:_FIXES]
             if len(segs) < 2 or not loose:
                 continue  # '*' alone would be every name: the sample below covers that
             among = index.at_depth(len(segs)) if "**" not in segs else _stride(index.nonroot, _SAMPLE)

@@ -112,7 +112,8 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
         specs = loaded
     if isinstance(specs, DictConfig):
         # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
-        return {k: specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k) for k in specs}
+        return {k: specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
+                for k in specs}
     if isinstance(specs, Mapping):
         return specs
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
@@ -213,7 +214,8 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
         try:
             body = body.cfg[body.k]
         except OmegaConfBaseException as exc:
-            return None, [Problem(key, f"cannot resolve {body.cfg._get_node(body.k)._value()!r}: {_first_line(exc)}")]
+            raw = body.cfg._get_node(body.k)._value()
+            return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")]
     if isinstance(body, (DictConfig, ListConfig)):
         body, problems = _resolved(body, key)
     if not isinstance(body, Mapping):

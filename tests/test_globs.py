@@ -19,7 +19,6 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +125,8 @@ def old_match(glob: str, names: list[str]) -> list[str]:
         return [n for n in names if n == ""]
     with warnings.catch_warnings():  # '[[' in a class: a FutureWarning the old code raised
         warnings.simplefilter("ignore", FutureWarning)
-        rx = re.compile("".join("(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")))
+        parts = ["(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")]
+        rx = re.compile("".join(parts))
     return [n for n in names if n and rx.fullmatch(n + ".")]
 
 
@@ -148,7 +148,8 @@ def test_matches_agree_with_the_reference_and_the_old_regex(glob, names):
 
 
 @EXAMPLES
-@given(glob=st.lists(st.sampled_from(["a*", "*b", "**", "*a*b*", "?*", "[^a]*", "1"]), min_size=1, max_size=8).map(".".join),
+@given(glob=st.lists(st.sampled_from(["a*", "*b", "**", "*a*b*", "?*", "[^a]*", "1"]), min_size=1, max_size=8)
+       .map(".".join),
        names=st.lists(NAME, min_size=1, max_size=30, unique=True))
 def test_star_runs_and_negated_classes_agree_with_the_reference(glob, names):
     assert match_names([glob], names) == [n for n in names if reference_match(glob, n)]
@@ -180,6 +181,7 @@ def _run(code: str) -> str:
         capture_output=True,
         text=True,
         timeout=20,  # the old matcher needs minutes for each case below
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -209,8 +211,8 @@ from hookgraph.resolve import match_names
 print(len(names), match_names(['**.**.**.**.**.**.nomatch'], names), len(match_names(['**.**.**.**.**.l40'], names)))
 print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
     """)
-    assert out.splitlines() == ["4100 [] 100", "['b7.l1.l2.l3.l4.l5.l6.l7.l8.l9.l10.l11.l12.l13.l14.l15.l16.l17.l18.l19.l20.l21.l22."
-                                "l23.l24.l25.l26.l27.l28.l29.l30.l31.l32.l33.l34.l35.l36.l37.l38.l39.l40']"]
+    chain = ".".join(["b7"] + [f"l{k}" for k in range(1, 41)])
+    assert out.splitlines() == ["4100 [] 100", f"['{chain}']"]
 
 
 def test_many_stars_in_one_segment_between_double_stars():

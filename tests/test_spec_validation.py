@@ -11,7 +11,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.hooksets import packaged_specs, require_matches_where_retargeted
-from hookgraph.models.seeds import ConvNet, MLP
+from hookgraph.models.seeds import MLP, ConvNet
 from tests.cli_helpers import run_cli
 
 
@@ -46,13 +46,16 @@ def test_unresolved_interpolations_deeper_in_a_spec_name_their_keys_and_the_rest
         }
     })
     found = problems_of(tiny(), cfg.hooks)
-    assert sorted(found) == ["hooks.a.args.factor", "hooks.a.when.every", "hooks.b", "hooks.c.action", "hooks.c.target[1]"]
-    assert found["hooks.a.args.factor"] == ["cannot resolve '${x}': Interpolation key 'x' not found"]  # not also "missing"
+    assert sorted(found) == ["hooks.a.args.factor", "hooks.a.when.every", "hooks.b", "hooks.c.action",
+                             "hooks.c.target[1]"]
+    # reported once, not also as a missing argument
+    assert found["hooks.a.args.factor"] == ["cannot resolve '${x}': Interpolation key 'x' not found"]
     assert "did you mean 'clamp'" in found["hooks.c.action"][0]
 
 
 def test_interpolations_that_resolve_still_reach_the_root():
-    cfg = OmegaConf.create({"layer": "2", "hooks": {"rec": {"target": "${layer}", "when": {"every": "${every}"}}}, "every": 3})
+    hooks = {"rec": {"target": "${layer}", "when": {"every": "${every}"}}}
+    cfg = OmegaConf.create({"layer": "2", "every": 3, "hooks": hooks})
     graph = hg.compile(tiny(), cfg.hooks)
     assert [(r["target"], r["spec"]) for r in graph.plan()] == [("2", "rec")]
 
@@ -113,7 +116,8 @@ def test_unmatched_says_which_types_were_missing():
     kinds = sorted({type(m).__name__ for n, m in model.named_modules() if n})
     graph = hg.compile(model, {"convs": {"target": "**", "types": ["Conv2d"], "expect": {"min": 0}}})
     n = sum(1 for name, _ in model.named_modules() if name)
-    assert graph.unmatched == {"convs": f"'**' matched {n} names, none of type 'Conv2d'; types among them: {', '.join(kinds)}"}
+    line = f"'**' matched {n} names, none of type 'Conv2d'; types among them: {', '.join(kinds)}"
+    assert graph.unmatched == {"convs": line}
 
 
 def test_unmatched_says_when_exclude_dropped_everything():
@@ -168,12 +172,14 @@ def test_changed_types_or_exclude_count_as_retargeted(change):
 )
 def test_a_bound_the_user_chose_stands(expect, overrides, kept):
     packaged = packaged_specs()["record_convs"]
-    hooks = require_matches_where_retargeted(_hooks(record_convs={**packaged, "target": "cnv", "expect": expect}), overrides=overrides)
+    hooks = _hooks(record_convs={**packaged, "target": "cnv", "expect": expect})
+    require_matches_where_retargeted(hooks, overrides=overrides)
     assert hooks.record_convs.expect.min == kept
 
 
 def test_user_specs_and_broken_interpolations_are_left_to_the_compiler():
-    hooks = _hooks(mine={"target": "cnv", "expect": {"min": 0}}, record_convs={"target": "${nope}", "expect": {"min": 0}})
+    hooks = _hooks(mine={"target": "cnv", "expect": {"min": 0}},
+                   record_convs={"target": "${nope}", "expect": {"min": 0}})
     require_matches_where_retargeted(hooks, overrides=[])
     assert hooks.mine.expect.min == 0
     assert hooks.record_convs.expect.min == 1
@@ -204,6 +210,7 @@ def test_cli_list_targets_without_a_match_fails_with_the_nearest_names(tmp_path)
 
 
 def test_list_targets_require_match_in_python():
-    with pytest.raises(hg.ConfigError, match=r"list_targets: no parameter name matches '0\.wieght'; nearest names: 0\.weight"):
+    message = r"list_targets: no parameter name matches '0\.wieght'; nearest names: 0\.weight"
+    with pytest.raises(hg.ConfigError, match=message):
         hg.list_targets(tiny(), "0.wieght", params=True, require_match=True)
     assert hg.list_targets(tiny(), "0.wieght", params=True) == []
