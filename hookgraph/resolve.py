@@ -37,7 +37,8 @@ __all__ = [
     "suggest_names",
 ]
 
-_SEGMENT = "(?:[^.]+\\.)"  # one whole segment of ``name + "."``
+# One whole segment of ``name + "."``; possessive, since a segment ends only at its dot.
+_SEGMENT = "(?:[^.]++\\.)"
 _ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
 
 
