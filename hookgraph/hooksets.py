@@ -67,11 +67,12 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-def _task_overrides() -> list[str]:
+def _task_overrides() -> Optional[list[str]]:
+    """The command line's overrides, or None when no Hydra app runs (then no packaged hook set
+    was composed: specs passed to ``runner.run`` as a dict are the user's own)."""
     from hydra.core.hydra_config import HydraConfig
 
-    # Not under Hydra (tests, the Python API): no command line to read.
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
 def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
@@ -91,12 +92,13 @@ def require_matches_where_retargeted(
 
     ``hooks`` is the composed ``hooks`` DictConfig; it is edited in place (so
     interpolations keep their root) and returned. ``overrides`` defaults to Hydra's task
-    overrides when Hydra is running. Anything else is returned unchanged.
+    overrides; without them and outside a Hydra app nothing changes. Anything but a
+    DictConfig is returned unchanged.
     """
-    if not isinstance(hooks, DictConfig):
+    overrides = _task_overrides() if overrides is None else overrides
+    if not isinstance(hooks, DictConfig) or overrides is None:
         return hooks
     packaged = packaged_specs(conf_dir)
-    overrides = _task_overrides() if overrides is None else overrides
     for name in list(hooks.keys()):
         original = packaged.get(str(name))
         node = hooks._get_node(name)

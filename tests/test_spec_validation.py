@@ -177,6 +177,12 @@ def test_a_bound_the_user_chose_stands(expect, overrides, kept):
     assert hooks.record_convs.expect.min == kept
 
 
+def test_outside_a_hydra_app_specs_are_the_users_own():
+    # runner.run({... "hooks": {...}}) from Python composes no packaged hook set
+    hooks = _hooks(record_convs={**packaged_specs()["record_convs"], "target": "cnv"})
+    assert require_matches_where_retargeted(hooks).record_convs.expect.min == 0
+
+
 def test_user_specs_and_broken_interpolations_are_left_to_the_compiler():
     hooks = _hooks(mine={"target": "cnv", "expect": {"min": 0}},
                    record_convs={"target": "${nope}", "expect": {"min": 0}})
