@@ -1,6 +1,6 @@
 """Glob matching and name suggestions at the edges: pathological globs over many names.
 
-    python -m benchmarks.globs [--old-timeout 10] [--repeat 5]
+    python -m benchmarks.globs [--old-timeout 10] [--repeat 5] [--only globs|suggest]
 
 For each name set (resnet18's modules; 4,100 names of up to 41 segments; 100,040 such names)
 and glob, the time hookgraph takes to match the glob against every name (the index built
@@ -8,7 +8,9 @@ once, as compile does), next to ``fnmatch.filter`` over the same names (a plain 
 baseline whose ``*`` crosses dots, so its matches differ; it is there for the cost of one
 regex pass) and to the backtracking regex hookgraph used before (in a child process,
 stopped after ``--old-timeout`` seconds). Then the cost of the nearest-name suggestions for
-a target that matches nothing on 100k names, against difflib over every name (the old way).
+a target that matches nothing on 100k names (W4's nested Sequentials at 100k modules, and
+the deep names), measured cold (the segment vocabulary built inside the timing), against
+difflib over every name (the old way).
 Prints markdown tables.
 """
 
@@ -124,11 +126,34 @@ def glob_table(name_sets: dict[str, list[str]], repeat: int, old_timeout: float)
     return rows
 
 
-def suggestion_table(names: list[str], label: str, repeat: int, old_timeout: float) -> list[str]:
-    index = NameIndex(names)
+def nested_names(blocks: int = 625, stages: int = 53) -> list[str]:
+    """The module names of benchmarks.workloads.big_model(blocks, stages): 100,001 by default."""
+    names = [""]
+    for b in range(blocks):
+        names.append(str(b))
+        for s in range(stages):
+            names += [f"{b}.{s}", f"{b}.{s}.0", f"{b}.{s}.1"]
+    return names
+
+
+SUGGEST = {
+    "nested (100,001)": ("cnv", "12.7.5", "**.nomatch", "re:12\\.7\\.5"),
+    "deep (100,040)": ("cnv", "b77.l3.l4.lx", "**.nomatch", "re:b7\\.q.*"),
+}
+
+
+def suggestion_table(name_sets: dict[str, list[str]], repeat: int, old_timeout: float) -> list[str]:
     rows = ["| names | missing target | hookgraph suggests | hookgraph ms | difflib over all names ms | ratio |",
             "|---|---|---|---|---|---|"]
-    for target in ("cnv", "b77.l3.l4.lx", "**.nomatch", "re:b7\\.q.*"):
+    for label, targets in SUGGEST.items():
+        rows += _suggestion_rows(name_sets[label], label, targets, repeat, old_timeout)
+    return rows
+
+
+def _suggestion_rows(names: list[str], label: str, targets: tuple, repeat: int, old_timeout: float) -> list[str]:
+    index = NameIndex(names)
+    rows = []
+    for target in targets:
         close = suggest_names([target], index)
 
         def cold(target: str = target) -> None:
@@ -147,12 +172,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old-timeout", type=float, default=10.0, help="seconds before the old regex is stopped")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=["globs", "suggest"], help="one of the two tables")
     args = ap.parse_args()
     r18 = resnet18_names()
     name_sets = {f"resnet18 ({len(r18)})": r18, "deep (4,100)": deep_names(100), "deep (100,040)": deep_names(2440)}
-    print("\n".join(glob_table(name_sets, args.repeat, args.old_timeout)))
-    print()
-    print("\n".join(suggestion_table(name_sets["deep (100,040)"], "deep (100,040)", args.repeat, args.old_timeout)))
+    if args.only != "suggest":
+        print("\n".join(glob_table(name_sets, args.repeat, args.old_timeout)), end="\n\n", flush=True)
+    if args.only != "globs":
+        name_sets["nested (100,001)"] = nested_names()
+        print("\n".join(suggestion_table(name_sets, args.repeat, args.old_timeout)))
 
 
 if __name__ == "__main__":

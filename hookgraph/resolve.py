@@ -268,7 +268,7 @@ def resolve_names(
 _POOL = 1000  # names compared with a pattern, at most
 _VOCAB_POOL = 1000  # segments compared with a pattern's segment, at most
 _FIXES = 24  # corrected globs tried, at most
-_SAMPLE = 20_000  # names searched with a loosened '**' glob, at most
+_SAMPLE = 5_000  # names searched with a loosened '**' glob, at most
 
 
 def _stride(items: Sequence[str], n: int) -> list[str]:
@@ -285,6 +285,15 @@ def _close_segments(word: str, vocabulary: Collection[str]) -> list[str]:
     return difflib.get_close_matches(word, list(pool), n=3, cutoff=0.5)
 
 
+def _as_glob(pattern: str) -> str:
+    """A glob for suggestions: the pattern itself, or a regex that only escapes dots
+    (``re:layer1\\.0\\.cnv1``) as the dotted name it spells; "" for any other regex."""
+    if not pattern.startswith("re:"):
+        return pattern
+    name = pattern[3:].replace("\\.", ".")
+    return name if re.fullmatch(r"[\w\-]+(?:\.[\w\-]+)*", name) else ""
+
+
 def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: int = 5) -> list[str]:
     """Up to ``n`` names near patterns that matched nothing, best first, at bounded cost.
 
@@ -294,7 +303,7 @@ def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: 
     even sample of all names.
     """
     index = names if isinstance(names, NameIndex) else NameIndex(names)
-    globs = [p for p in patterns if p and not p.startswith("re:")]
+    globs = [p for p in map(_as_glob, patterns) if p]
     fixes: list[str] = []
     for p in globs:
         segs = p.split(".")
