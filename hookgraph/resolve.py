@@ -324,7 +324,7 @@ def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: 
                 continue  # '*' alone would be every name: the sample below covers that
             among = index.at_depth(len(segs)) if "**" not in segs else _stride(index.nonroot, _SAMPLE)
             fullmatch = re.compile("|".join(f"(?:{_glob_regex(g)})" for g in loose)).fullmatch
-            pool += _stride([n for n in among if fullmatch(n + ".")], _POOL // (2 * len(globs)))
+            pool += _stride([name for name in among if fullmatch(name + ".")], _POOL // (2 * len(globs)))
         pool += _stride(index.nonroot, _POOL // 2)
         for p in patterns:
             found += nearest(p.removeprefix("re:"), pool, n)
