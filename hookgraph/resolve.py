@@ -78,7 +78,8 @@ def _segment_regex(seg: str) -> str:
     stars = pieces.count(None)
     if stars <= 1:  # the common case stays the plain translation (one star backtracks linearly)
         return "".join("[^.]*" if p is None else p for p in pieces) + "\\."
-    chunks = [list(g) for is_star, g in itertools.groupby(pieces, lambda p: p is None) if not is_star]
+    groups = itertools.groupby(pieces, lambda p: p is None)
+    chunks = [[p for p in g if p is not None] for is_star, g in groups if not is_star]
     if pieces[0] is None:
         chunks.insert(0, [])
     if pieces[-1] is None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -112,7 +112,7 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
         specs = loaded
     if isinstance(specs, DictConfig):
         # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
-        return {k: specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
+        return {str(k): specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
                 for k in specs}
     if isinstance(specs, Mapping):
         return specs
@@ -135,11 +135,12 @@ def _first_line(exc: OmegaConfBaseException) -> str:
     return str(getattr(exc, "msg", None) or exc).splitlines()[0]
 
 
-def _resolved(node: Any, key: str) -> tuple[Any, list[Problem]]:
+def _resolved(container: Any, key: str) -> tuple[Any, list[Problem]]:
     """OmegaConf containers -> plain ones. A value whose interpolation cannot be resolved is
     left out and reported under its full key, so the rest of the spec is still checked."""
-    if not isinstance(node, (DictConfig, ListConfig)):
-        return node, []
+    if not isinstance(container, (DictConfig, ListConfig)):
+        return container, []
+    node: Any = container  # indexed by keys or positions alike below
     try:
         return OmegaConf.to_container(node, resolve=True), []
     except OmegaConfBaseException:
@@ -248,7 +249,7 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     problems += found
     if merged is None:
         return None, problems
-    spec = OmegaConf.to_object(merged)
+    spec = cast(HookSpec, OmegaConf.to_object(merged))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
         problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
