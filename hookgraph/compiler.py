@@ -19,7 +19,7 @@ from .actions.registry import ActionContext, check_args, resolve_action
 from .errors import Problem, SpecError
 from .graph import HookGraph
 from .points import POINTS
-from .resolve import NameIndex, resolve_names
+from .resolve import NameIndex, explain_no_match, resolve_names
 from .sites import Binding
 from .spec import Mode, check_specs, parse_steps
 
@@ -129,6 +129,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     param_index: Optional[NameIndex] = None  # built on first use: most specs target modules
     graph = HookGraph(model)
     bindings: list[Binding] = []
+    unmatched: dict[str, str] = {}  # specs allowed to bind nothing that did: named at the end of a run
 
     for spec_index, spec in enumerate(parsed):
         key = f"{prefix}.{spec.name}"
@@ -159,13 +160,18 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
             if not leaves and spec.enabled and spec.expect.min > 0:
                 problems.append(Problem(f"{key}.leaf", f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})"))
             matched = leaves
+        if spec.enabled and spec.targets and not matched and not found and spec.name not in broken:
+            unmatched[spec.name] = explain_no_match(
+                targets=spec.targets, names=names, excludes=spec.excludes, types=_canonical_types(spec.type_names)
+            )
         if info.on_params and spec.index is not None:
             problems.append(Problem(f"{key}.index", f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
         defn, found = resolve_action(spec.action, f"{key}.action")
         problems += found
         if defn is None or found:
             continue
-        found = check_args(defn, spec.args, f"{key}.args")
+        reported = {p.key for p in problems}  # an argument whose interpolation failed is not also "missing"
+        found = [p for p in check_args(defn, spec.args, f"{key}.args") if p.key not in reported]
         problems += found
         if defn.replaces and not info.replaceable:
             problems.append(
@@ -219,6 +225,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         raise SpecError(problems)
     bindings.sort(key=lambda b: b.rank)
     graph._bind(bindings)
+    graph.unmatched = unmatched  # read by the runner as getattr(graph, "unmatched", {})
     return graph
 
 

@@ -11,16 +11,20 @@ from torch import nn
 
 from .compiler import unwrap_model
 from .errors import ConfigError
-from .resolve import compile_pattern, match_names
+from .resolve import compile_pattern, match_names, no_match_hint
 
 __all__ = ["list_targets", "format_targets"]
 
 
-def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False) -> list[dict]:
+def list_targets(
+    model: nn.Module, pattern: str = "**", *, params: bool = False, require_match: bool = False
+) -> list[dict]:
     """Rows for module names (or, with ``params=True``, parameter names) matching ``pattern``.
 
     Module rows: name, type, parameter count, own parameter shapes. Parameter rows: name,
-    type (of the owning module), shape, dtype, requires_grad.
+    type (of the owning module), shape, dtype, requires_grad. With ``require_match=True``
+    (the command line's ``list_targets=...``) a pattern that matches nothing raises
+    :class:`ConfigError` with the nearest names instead of returning no rows.
     """
     bare = unwrap_model(model)
     try:
@@ -31,6 +35,8 @@ def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False)
         named = dict(bare.named_parameters())
         owners = dict(bare.named_modules())
         keep = set(match_names([pattern], list(named)))
+        if require_match and not keep:
+            _no_rows(pattern, list(named), "parameter")
         return [
             {
                 "name": n,
@@ -46,6 +52,8 @@ def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False)
     keep = set(match_names([pattern], list(modules)))
     if pattern in ("", "**"):
         keep.add("")  # the listing shows the root too; a spec reaches it with target ""
+    if require_match and not keep:
+        _no_rows(pattern, list(modules), "module")
     return [
         {
             "name": n,
@@ -56,6 +64,10 @@ def list_targets(model: nn.Module, pattern: str = "**", *, params: bool = False)
         for n, m in modules.items()
         if n in keep
     ]
+
+
+def _no_rows(pattern: str, names: list[str], kind: str) -> None:
+    raise ConfigError("list_targets", f"no {kind} name matches {pattern!r}; {no_match_hint([pattern], names)}")
 
 
 def format_targets(rows: list[dict]) -> str:

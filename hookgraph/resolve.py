@@ -1,31 +1,57 @@
 """Name resolution: a pure function from spec patterns and name lists to matches.
 
-Public names: NameIndex, compile_pattern, match_names, resolve_names.
+Public names: NameIndex, compile_pattern, explain_no_match, match_names, no_match_hint,
+resolve_names, suggest_names.
 
 Patterns are globs over dotted names (``*`` and ``?`` stay inside one segment, ``**``
 spans any number of segments, ``[abc]`` is a character class) or regular expressions
-with a ``re:`` prefix (matched against the whole name). The root module, whose name is
-the empty string, is matched only by the empty pattern ``""``. Nothing here touches a
-model, so all of it is testable on plain lists of names.
+with a ``re:`` prefix (matched against the whole name, by Python's ``re``). The root
+module, whose name is the empty string, is matched only by the empty pattern ``""``.
+Nothing here touches a model, so all of it is testable on plain lists of names.
+
+Globs are translated to regular expressions that cannot backtrack more than linearly:
+runs of ``*`` and of ``**`` collapse to one, and where a glob has several stars in a
+segment (or several ``**``), every piece between two stars is matched at its leftmost
+place and kept there (an atomic group). That is the classic greedy glob algorithm, exact
+for globs because a star absorbs whatever a later match of the piece would have skipped.
+Matching a name then costs O(segments x glob length) for any glob.
 """
 
 from __future__ import annotations
 
+import difflib
+import itertools
 import re
 from functools import lru_cache
-from typing import Callable, Collection, Mapping, Optional, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
-__all__ = ["NameIndex", "compile_pattern", "match_names", "resolve_names"]
+__all__ = [
+    "NameIndex",
+    "compile_pattern",
+    "explain_no_match",
+    "match_names",
+    "no_match_hint",
+    "resolve_names",
+    "suggest_names",
+]
+
+# One whole segment of ``name + "."``; possessive, since a segment ends only at its dot.
+_SEGMENT = "(?:[^.]++\\.)"
+_ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
 
 
-def _segment_regex(seg: str) -> str:
-    out, i = [], 0
+def _segment_pieces(seg: str) -> list[Optional[str]]:
+    """One glob segment -> regex pieces that match exactly one character (or a literal), and
+    None for each star; adjacent stars collapse into one."""
+    out: list[Optional[str]] = []
+    i = 0
     while i < len(seg):
         c = seg[i]
         if c == "*":
-            out.append("[^.]*")
+            if not out or out[-1] is not None:
+                out.append(None)
         elif c == "?":
             out.append("[^.]")
         elif c == "[":
@@ -34,19 +60,59 @@ def _segment_regex(seg: str) -> str:
                 out.append(re.escape(c))
             else:
                 body = seg[i + 1 : end]
-                if body.startswith("!"):
+                if body[:1] in ("!", "^"):
                     body = "^." + body[1:]  # a negated class must not match the separator
-                out.append("[" + body.replace("\\", "\\\\") + "]")
+                piece = "[" + body.replace("\\", "\\\\").replace("[", "\\[") + "]"  # '[' alone is literal in a class
+                re.compile(piece)  # raises re.error for a class that does not translate ('[]x')
+                out.append(piece)
                 i = end
         else:
             out.append(re.escape(c))
         i += 1
-    return "".join(out)
+    return out
 
 
+def _segment_regex(seg: str) -> str:
+    """The regex for one segment followed by its dot."""
+    pieces = _segment_pieces(seg)
+    stars = pieces.count(None)
+    if stars <= 1:  # the common case stays the plain translation (one star backtracks linearly)
+        return "".join("[^.]*" if p is None else p for p in pieces) + "\\."
+    groups = itertools.groupby(pieces, lambda p: p is None)
+    chunks = [[p for p in g if p is not None] for is_star, g in groups if not is_star]
+    if pieces[0] is None:
+        chunks.insert(0, [])
+    if pieces[-1] is None:
+        chunks.append([])
+    first, *middle, last = chunks
+    body = "".join(first)
+    body += "".join(f"(?>[^.]*?{''.join(c)})" for c in middle)  # leftmost place of each piece, kept
+    body += "[^.]*" + "".join(last)
+    # The whole segment ends at its dot, so it matches in one way only: never retry it.
+    return f"(?>{body}\\.)"
+
+
+@lru_cache(maxsize=4096)
 def _glob_regex(pattern: str) -> str:
-    # Matched against "name." so that every segment, '**' included, is "something + dot".
-    return "".join("(?:[^.]+\\.)*" if seg == "**" else _segment_regex(seg) + "\\." for seg in pattern.split("."))
+    """The regex of a glob, matched against ``name + "."`` so every segment is "text + dot"."""
+    segs: list[str] = []
+    for seg in pattern.split("."):
+        if not (seg == "**" and segs and segs[-1] == "**"):  # '**.**' is '**'
+            segs.append(seg)
+    if "**" not in segs:
+        return "".join(map(_segment_regex, segs))
+    groups = itertools.groupby(segs, lambda s: s == "**")
+    chunks = [[_segment_regex(s) for s in g] for is_any, g in groups if not is_any]
+    if segs[0] == "**":
+        chunks.insert(0, [])
+    if segs[-1] == "**":
+        chunks.append([])
+    first, *middle, last = chunks
+    rx = "".join(first)
+    # Each chunk between two '**' at its leftmost place, kept: a later place could only
+    # leave less room for the rest. Only the last chunk, anchored at the end, is searched for.
+    rx += "".join(f"(?>{_SEGMENT}*?{''.join(c)})" for c in middle)
+    return rx + _ANY_SEGMENTS + "".join(last)
 
 
 def _is_literal(pattern: str) -> bool:
@@ -79,6 +145,31 @@ class NameIndex:
         self.kinds = kinds or {}
         self.all_kinds = {k for ks in set(map(tuple, self.kinds.values())) for k in ks}
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
+        self._vocabulary: Optional[dict[str, None]] = None
+        self._depths: Optional[dict[int, list[str]]] = None
+
+    @property
+    def vocabulary(self) -> dict[str, None]:
+        """The segments names are made of, in first-seen order (built on first use: only
+        suggestions need it; a dict so that lookups are fast and the order is stable).
+
+        Module names come with their prefixes (``a``, ``a.b``, ``a.b.c``), so their last
+        segments are all segments; a sample of split names adds what other lists (parameter
+        names) hold only in the middle. Splitting every name of a deep model costs far more.
+        """
+        if self._vocabulary is None:
+            last = (n.rpartition(".")[2] for n in self.nonroot)
+            sampled = (seg for n in _stride(self.nonroot, _POOL) for seg in n.split("."))
+            self._vocabulary = dict.fromkeys(itertools.chain(last, sampled))
+        return self._vocabulary
+
+    def at_depth(self, segments: int) -> list[str]:
+        """The names of exactly ``segments`` segments, in index order."""
+        if self._depths is None:
+            self._depths = {}
+            for n in self.nonroot:
+                self._depths.setdefault(n.count(".") + 1, []).append(n)
+        return self._depths.get(segments, [])
 
     def match(self, patterns: Sequence[str]) -> list[str]:
         """Names matched by any pattern, in index order. Raises re.error for a bad regex."""
@@ -86,7 +177,10 @@ class NameIndex:
         globs = [p for p in patterns if not _is_literal(p) and not p.startswith("re:")]
         if globs:
             fullmatch = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in globs)).fullmatch
-            hits.update(n for n, d in zip(self.nonroot, self.dotted) if fullmatch(d))
+            in_order = [n for n, d in zip(self.nonroot, self.dotted) if fullmatch(d)]
+            if not hits and len(globs) == len(patterns):
+                return in_order  # already in index order: no sort over what may be every name
+            hits.update(in_order)
         for p in patterns:
             if p.startswith("re:"):
                 fullmatch = re.compile(p[3:]).fullmatch
@@ -162,18 +256,115 @@ def resolve_names(
     if count < expect_min or (expect_max is not None and count > expect_max):
         shown = ", ".join(repr(p) for p in targets)
         if count == 0:
-            close = []
-            for p in targets:
-                close += nearest(p.removeprefix("re:"), [n for n in names if n])
-            close = list(dict.fromkeys(close))[:5]
-            real = [n for n in names if n]
-            hint = (
-                f"nearest names: {', '.join(close)}"
-                if close
-                else f"names here: {', '.join(real[:10])}{', ...' if len(real) > 10 else ''}"
-            )
+            hint = no_match_hint(targets, index)
             problems.append(Problem(f"{key}.target", f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)"))
         else:
             bound = f"at least {expect_min}" + (f" and at most {expect_max}" if expect_max is not None else "")
             problems.append(Problem(f"{key}.expect", f"{shown} matched {count} names, expected {bound}: {', '.join(matched[:8])}{', ...' if count > 8 else ''}"))
     return matched, problems
+
+
+# Suggestions run only when a spec matches nothing, but on a model of 100,000 modules a
+# difflib pass over every name took seconds. These bound the names difflib ever sees.
+_POOL = 1000  # names compared with a pattern, at most
+_VOCAB_POOL = 1000  # segments compared with a pattern's segment, at most
+_FIXES = 24  # corrected globs tried, at most
+_SAMPLE = 5_000  # names searched with a loosened '**' glob, at most
+
+
+def _stride(items: Sequence[str], n: int) -> list[str]:
+    """At most ``n`` items spread evenly over ``items`` (all of them if there are few)."""
+    step = -(-len(items) // n) if items else 1
+    return list(items[::step])
+
+
+def _close_segments(word: str, vocabulary: Collection[str]) -> list[str]:
+    pool: Iterable[str] = vocabulary
+    if len(vocabulary) > _VOCAB_POOL:  # difflib cannot rate words of very different length highly anyway
+        slack = max(2, len(word) // 3)
+        pool = _stride([w for w in vocabulary if abs(len(w) - len(word)) <= slack], _VOCAB_POOL)
+    return difflib.get_close_matches(word, list(pool), n=3, cutoff=0.5)
+
+
+def _as_glob(pattern: str) -> str:
+    """A glob for suggestions: the pattern itself, or a regex that only escapes dots
+    (``re:layer1\\.0\\.cnv1``) as the dotted name it spells; "" for any other regex."""
+    if not pattern.startswith("re:"):
+        return pattern
+    name = pattern[3:].replace("\\.", ".")
+    return name if re.fullmatch(r"[\w\-]+(?:\.[\w\-]+)*", name) else ""
+
+
+def suggest_names(patterns: Sequence[str], names: Sequence[str] | NameIndex, n: int = 5) -> list[str]:
+    """Up to ``n`` names near patterns that matched nothing, best first, at bounded cost.
+
+    First the patterns with one segment replaced by the closest segments that names really
+    have (``layer1.0.cnv1`` -> ``layer1.0.conv1``); then difflib over at most a few
+    thousand names: those matching a pattern with one segment loosened to ``*``, and an
+    even sample of all names.
+    """
+    index = names if isinstance(names, NameIndex) else NameIndex(names)
+    globs = [p for p in map(_as_glob, patterns) if p]
+    fixes: list[str] = []
+    for p in globs:
+        segs = p.split(".")
+        for i, seg in enumerate(segs):
+            word = re.sub(r"[*?]|\[[^\]]*\]", "", seg)
+            if seg == "**" or not word or seg in index.vocabulary:
+                continue
+            fixes += [".".join([*segs[:i], w, *segs[i + 1 :]]) for w in _close_segments(word, index.vocabulary)]
+    found = index.match(fixes[:_FIXES]) if fixes else []
+    if len(found) < n:
+        # Names matching a pattern with one segment loosened to '*': among the names of the
+        # same depth where the pattern fixes the depth, else among a sample of names.
+        pool = []
+        for p in globs:
+            segs = p.split(".")
+            loose = [".".join([*segs[:i], "*", *segs[i + 1 :]]) for i, s in enumerate(segs) if s != "**"][:_FIXES]
+            if len(segs) < 2 or not loose:
+                continue  # '*' alone would be every name: the sample below covers that
+            among = index.at_depth(len(segs)) if "**" not in segs else _stride(index.nonroot, _SAMPLE)
+            fullmatch = re.compile("|".join(f"(?:{_glob_regex(g)})" for g in loose)).fullmatch
+            pool += _stride([name for name in among if fullmatch(name + ".")], _POOL // (2 * len(globs)))
+        pool += _stride(index.nonroot, _POOL // 2)
+        for p in patterns:
+            found += nearest(p.removeprefix("re:"), pool, n)
+    return list(dict.fromkeys(found))[:n]
+
+
+def no_match_hint(targets: Sequence[str], names: Sequence[str] | NameIndex) -> str:
+    """``nearest names: ...`` for targets that matched nothing (or some names, if none is near)."""
+    index = names if isinstance(names, NameIndex) else NameIndex(names)
+    close = suggest_names(targets, index)
+    if close:
+        return f"nearest names: {', '.join(close)}"
+    real = index.nonroot
+    return f"names here: {', '.join(real[:10])}{', ...' if len(real) > 10 else ''}"
+
+
+def explain_no_match(
+    *,
+    targets: Sequence[str],
+    names: Sequence[str] | NameIndex,
+    excludes: Sequence[str] = (),
+    types: Sequence[str] = (),
+) -> str:
+    """One line on why a spec allowed to match nothing bound nothing: its targets, and the
+    nearest names or what dropped the names that did match. For the end of a run."""
+    index = names if isinstance(names, NameIndex) else NameIndex(names)
+    shown = ", ".join(map(repr, targets))
+    try:
+        matched = index.match(targets)
+        dropped = set(index.match(excludes)) if excludes else set()
+    except re.error:
+        return f"{shown} is not a valid pattern"
+    if not matched:
+        return f"{shown} matched nothing; {no_match_hint(targets, index)}"
+    kept = [n for n in matched if n not in dropped]
+    if not kept:
+        return f"{shown} matched {len(matched)} names, all dropped by exclude {', '.join(map(repr, excludes))}"
+    present = sorted({index.kinds[n][0] for n in kept if index.kinds.get(n)})
+    return (
+        f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}"
+        + (f"; types among them: {', '.join(present[:12])}" if present else "")
+    )

@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import Problem, SpecError, did_you_mean
@@ -112,7 +112,9 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
             loaded = loaded.hooks
         specs = loaded
     if isinstance(specs, DictConfig):
-        return OmegaConf.to_container(specs, resolve=True)  # type: ignore[return-value]
+        # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
+        return {str(k): specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
+                for k in specs}
     if isinstance(specs, Mapping):
         return specs
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
@@ -123,20 +125,104 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
 
+class _Unresolved:
+    """A spec body in a DictConfig that is not a mapping (maybe an interpolation), read on use."""
+
+    def __init__(self, cfg: DictConfig, k: Any):
+        self.cfg, self.k = cfg, k
+
+
+def _first_line(exc: OmegaConfBaseException) -> str:
+    return str(getattr(exc, "msg", None) or exc).splitlines()[0]
+
+
+def _resolved(container: Any, key: str) -> tuple[Any, list[Problem]]:
+    """OmegaConf containers -> plain ones. A value whose interpolation cannot be resolved is
+    left out and reported under its full key, so the rest of the spec is still checked."""
+    if not isinstance(container, (DictConfig, ListConfig)):
+        return container, []
+    node: Any = container  # indexed by keys or positions alike below
+    try:
+        return OmegaConf.to_container(node, resolve=True), []
+    except OmegaConfBaseException:
+        pass  # find each value that fails, below
+    problems: list[Problem] = []
+    is_dict = isinstance(node, DictConfig)
+    out: Any = {} if is_dict else []
+    for k in node.keys() if is_dict else range(len(node)):
+        sub = f"{key}.{k}" if is_dict else f"{key}[{k}]"
+        try:
+            value = node[k]
+        except OmegaConfBaseException as exc:
+            raw = node._get_node(k)
+            shown = raw._value() if raw is not None else k
+            problems.append(Problem(sub, f"cannot resolve {shown!r}: {_first_line(exc)}"))
+            continue
+        value, found = _resolved(value, sub)
+        problems += found
+        if is_dict:
+            out[k] = value
+        else:
+            out.append(value)
+    return out, problems
+
+
+def _merge_problem(exc: OmegaConfBaseException, key: str) -> Problem:
+    sub = getattr(exc, "full_key", "") or ""
+    return Problem(f"{key}.{sub}" if sub else key, _first_line(exc))
+
+
+def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
+    """The fields merged onto the schema. Where that fails, each field (and each field of
+    ``when`` and ``expect``) is merged alone, so every bad one is reported and dropped."""
+    try:
+        return OmegaConf.merge(_SCHEMA, clean), []
+    except OmegaConfBaseException:
+        pass
+    problems: list[Problem] = []
+    for k in list(clean):
+        value = clean[k]
+        if k in ("when", "expect") and isinstance(value, Mapping):
+            value = clean[k] = dict(value)
+            for sub in list(value):
+                try:
+                    OmegaConf.merge(_SCHEMA, {k: {sub: value[sub]}})
+                except OmegaConfBaseException as exc:
+                    problems.append(_merge_problem(exc, key))
+                    del value[sub]
+            continue
+        try:
+            OmegaConf.merge(_SCHEMA, {k: value})
+        except OmegaConfBaseException as exc:
+            problems.append(_merge_problem(exc, key))
+            del clean[k]
+    try:
+        return OmegaConf.merge(_SCHEMA, clean), problems
+    except OmegaConfBaseException as exc:  # fields that are fine alone but not together
+        return None, [*problems, _merge_problem(exc, key)]
+
+
 def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], list[Problem]]:
     """Best effort: the spec with its bad fields dropped (or None), and the problems found.
 
     Returning a partial spec lets the compiler go on to check names and arguments, so one
     run reports everything wrong at once.
     """
+    problems: list[Problem] = []
     if isinstance(body, HookSpec):
         # Objects built in Python go through the same checks as YAML: enums, bounds, types.
         body = {k: v for k, v in _to_dict(body).items() if k != "name"}
-    if isinstance(body, DictConfig):
-        body = OmegaConf.to_container(body, resolve=True)
+    if isinstance(body, _Unresolved):
+        try:
+            body = body.cfg[body.k]
+        except OmegaConfBaseException as exc:
+            raw = body.cfg._get_node(body.k)._value()
+            return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")]
+    if isinstance(body, (DictConfig, ListConfig)):
+        body, problems = _resolved(body, key)
     if not isinstance(body, Mapping):
-        return None, [Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
-    problems: list[Problem] = []
+        return None, [*problems, Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
+    reported = {p.key for p in problems}
     clean = dict(body)
     for k in list(clean):
         if k not in _FIELDS:
@@ -148,7 +234,7 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
             Problem(f"{key}.at", f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}")
         )
         return None, problems  # names cannot be checked without knowing modules vs parameters
-    if clean.get("target") in (None, [], ()):
+    if clean.get("target") in (None, [], ()) and f"{key}.target" not in reported:
         problems.append(Problem(f"{key}.target", "missing: give a glob such as '**.conv*' or a list of globs"))
     for k in ("target", "exclude", "types"):
         value = clean.get(k)
@@ -160,16 +246,14 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     if isinstance(clean.get("when"), Mapping):
         clean["when"] = dict(clean["when"])
         problems += _check_schedule(clean["when"], f"{key}.when")
-    try:
-        merged = OmegaConf.merge(_SCHEMA, clean)
-        spec = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        sub = getattr(exc, "full_key", "") or ""
-        msg = getattr(exc, "msg", str(exc)).splitlines()[0]
-        problems.append(Problem(f"{key}.{sub}" if sub else key, msg))
+    merged, found = _merge_fields(clean, key)
+    problems += found
+    if merged is None:
         return None, problems
+    spec = cast(HookSpec, OmegaConf.to_object(merged))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
         problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
+        spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
     return replace(spec, name=name), problems
 
 

@@ -39,6 +39,7 @@ from ..data import build_data, data_params, default_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from ..graph import HookGraph
+from ..hooksets import require_matches_where_retargeted
 from ..models import build_model
 from ..plain import to_plain
 from ..points import POINTS, HookPoint
@@ -238,7 +239,7 @@ def _prepare(st: _Run) -> None:
 
 def _list(st: _Run) -> dict[str, Any]:
     assert st.model is not None
-    rows = list_targets(st.model, st.cfg.list_targets, params=st.cfg.list_params)
+    rows = list_targets(st.model, st.cfg.list_targets, params=st.cfg.list_params, require_match=True)
     print(format_targets(rows))
     st.summary.update(status="listed", targets=len(rows))
     return st.summary
@@ -247,6 +248,7 @@ def _list(st: _Run) -> dict[str, Any]:
 def _compile(st: _Run) -> None:
     """Compile the specs against the model, check what needs the whole graph, write plan.json."""
     t = time.perf_counter()
+    require_matches_where_retargeted(st.cfg.hooks)  # a packaged hook set pointed elsewhere must match
     st.graph = compile_graph(st.model, st.cfg.hooks, prefix="hooks")
     st.lap("compile_s", t)
     if st.gradcam is not None:

@@ -1,0 +1,119 @@
+"""Packaged hook sets stay tolerant only while they are used as packaged.
+
+Public names: packaged_conf_dir, packaged_specs, require_matches_where_retargeted.
+
+The hook sets in ``conf/hooks`` allow zero matches (``expect: {min: 0}``) so that one set
+serves every model. Once a user points such a spec somewhere else (``target``, ``exclude``
+or ``types`` differ from the packaged file, set on the command line or in their own config),
+a miss is a typo, not a model without those layers: the spec must then match like any
+other, unless the user chose the bound themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = ["packaged_conf_dir", "packaged_specs", "require_matches_where_retargeted"]
+
+log = logging.getLogger("hookgraph")
+
+_WHERE = ("target", "exclude", "types")  # the fields that choose what a spec binds
+
+
+def packaged_conf_dir() -> Optional[Path]:
+    """hookgraph's own conf/: inside the package in a wheel, at the top level in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _load_packaged(conf_dir: Optional[Path]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    if conf_dir is None:
+        return out
+    for path in sorted((conf_dir / "hooks").glob("*.yaml")):
+        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        if isinstance(loaded, dict):
+            out.update({str(k): v for k, v in loaded.items() if isinstance(v, dict)})
+    return out
+
+
+def packaged_specs(conf_dir: Optional[Path] = None) -> dict[str, dict]:
+    """Spec name -> body, for every spec of the packaged hook sets (``conf/hooks/*.yaml``)."""
+    return _load_packaged(conf_dir or packaged_conf_dir())
+
+
+_UNRESOLVED = object()
+
+
+def _field(node: DictConfig, key: str) -> Any:
+    try:
+        value = node.get(key)
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+    except OmegaConfBaseException:
+        return _UNRESOLVED  # the compiler reports it; here it only counts as changed
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _task_overrides() -> Optional[list[str]]:
+    """The command line's overrides, or None when no Hydra app runs (then no packaged hook set
+    was composed: specs passed to ``runner.run`` as a dict are the user's own)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+
+
+def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key in (f"hooks.{name}.expect", f"hooks.{name}.expect.min") or (key == f"hooks.{name}" and "min" in value):
+            return True
+    return False
+
+
+def require_matches_where_retargeted(
+    hooks: Any, *, overrides: Optional[Sequence[str]] = None, conf_dir: Optional[Path] = None
+) -> Any:
+    """Set ``expect.min: 1`` on each packaged spec whose ``target``, ``exclude`` or ``types``
+    differ from its packaged hook set, unless the user set ``expect.min`` themselves: to
+    another value than the packaged one (in any config), or on the command line.
+
+    ``hooks`` is the composed ``hooks`` DictConfig; it is edited in place (so
+    interpolations keep their root) and returned. ``overrides`` defaults to Hydra's task
+    overrides; without them and outside a Hydra app nothing changes. Anything but a
+    DictConfig is returned unchanged.
+    """
+    overrides = _task_overrides() if overrides is None else overrides
+    if not isinstance(hooks, DictConfig) or overrides is None:
+        return hooks
+    packaged = packaged_specs(conf_dir)
+    for name in list(hooks.keys()):
+        original = packaged.get(str(name))
+        node = hooks._get_node(name)
+        if original is None or not isinstance(node, DictConfig):
+            continue
+        packaged_min = (original.get("expect") or {}).get("min", 1)
+        if packaged_min != 0:
+            continue  # the packaged spec is strict already
+        if all(_as_list(_field(node, k)) == _as_list(original.get(k)) for k in _WHERE):
+            continue
+        expect = _field(node, "expect")
+        current_min = expect.get("min", 1) if isinstance(expect, dict) else 1
+        if current_min != packaged_min or _min_set_by_override(str(name), overrides):
+            continue  # the user chose the bound
+        with read_write(node), open_dict(node):
+            OmegaConf.update(node, "expect.min", 1, force_add=True)
+        log.debug("hooks.%s: retargeted from its packaged hook set, so it must match (expect.min=1)", name)
+    return hooks

@@ -1,0 +1,256 @@
+"""Glob matching is linear for any glob, and means what the README says.
+
+The old matcher translated a glob into one backtracking regex: ``'*'*40+'x'`` hung for
+minutes on resnet18's names, and every ``**`` multiplied the time by about 8 on deep names.
+Pathological globs run here in a subprocess with a timeout, so a regression shows as a
+failure instead of a hung suite; equivalence with an independent matcher (and with the old
+regex where it finishes) is checked on generated globs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hookgraph.resolve as resolve
+from hookgraph.resolve import NameIndex, match_names, suggest_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The same examples every run (a red build must be reproducible); more with HYPOTHESIS_PROFILE=long.
+EXAMPLES = settings(max_examples=2000 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 200, deadline=None,
+                    derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- an independent matcher: dynamic programming over segments and characters -------------
+
+
+def _char_ok(token: str, ch: str) -> bool:
+    if token == "?":
+        return True
+    if token.startswith("[") and len(token) > 1:
+        body, negate = token[1:-1], False
+        if body[:1] in ("!", "^"):
+            body, negate = body[1:], True
+        hit, i = False, 0
+        while i < len(body):
+            if i + 2 < len(body) and body[i + 1] == "-":
+                hit |= body[i] <= ch <= body[i + 2]
+                i += 3
+            else:
+                hit |= body[i] == ch
+                i += 1
+        return hit != negate
+    return token == ch
+
+
+def _tokens(seg: str) -> list[str]:
+    out, i = [], 0
+    while i < len(seg):
+        end = seg.find("]", i + 1) if seg[i] == "[" else -1
+        out.append(seg[i : end + 1] if end != -1 else seg[i])
+        i = end + 1 if end != -1 else i + 1
+    return out
+
+
+def _segment_ok(seg: str, text: str) -> bool:
+    toks = _tokens(seg)
+
+    @lru_cache(maxsize=None)
+    def ok(i: int, j: int) -> bool:
+        if i == len(toks):
+            return j == len(text)
+        if toks[i] == "*":
+            return ok(i + 1, j) or (j < len(text) and ok(i, j + 1))
+        return j < len(text) and _char_ok(toks[i], text[j]) and ok(i + 1, j + 1)
+
+    return ok(0, 0)
+
+
+def reference_match(glob: str, name: str) -> bool:
+    if glob == "" or name == "":
+        return glob == name
+    pat, segs = glob.split("."), name.split(".")
+
+    @lru_cache(maxsize=None)
+    def ok(i: int, j: int) -> bool:
+        if i == len(pat):
+            return j == len(segs)
+        if pat[i] == "**":
+            return ok(i + 1, j) or (j < len(segs) and ok(i, j + 1))
+        return j < len(segs) and _segment_ok(pat[i], segs[j]) and ok(i + 1, j + 1)
+
+    return ok(0, 0)
+
+
+# -- the old translation (one backtracking regex), kept to check nothing changed ----------
+
+
+def _old_segment_regex(seg: str) -> str:
+    out, i = [], 0
+    while i < len(seg):
+        c = seg[i]
+        if c == "*":
+            out.append("[^.]*")
+        elif c == "?":
+            out.append("[^.]")
+        elif c == "[":
+            end = seg.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = seg[i + 1 : end]
+                if body.startswith("!"):
+                    body = "^." + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def old_match(glob: str, names: list[str]) -> list[str]:
+    if glob == "":
+        return [n for n in names if n == ""]
+    with warnings.catch_warnings():  # '[[' in a class: a FutureWarning the old code raised
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = ["(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")]
+        rx = re.compile("".join(parts))
+    return [n for n in names if n and rx.fullmatch(n + ".")]
+
+
+# -- generated globs and names ----------------------------------------------------------
+
+_words = st.text(alphabet="abc1", min_size=1, max_size=4)
+NAME = st.lists(_words, min_size=1, max_size=6).map(".".join)
+_piece = st.sampled_from(["a", "b", "c", "1", "*", "**", "?", "[ab]", "[!a]", "[a-b]", "["])
+SEGMENT = st.one_of(st.just("**"), st.lists(_piece, min_size=1, max_size=5).map("".join))
+GLOB = st.lists(SEGMENT, min_size=1, max_size=6).map(".".join)
+
+
+@EXAMPLES
+@given(glob=GLOB, names=st.lists(NAME, min_size=1, max_size=30, unique=True))
+def test_matches_agree_with_the_reference_and_the_old_regex(glob, names):
+    new = match_names([glob], names)
+    assert new == [n for n in names if reference_match(glob, n)]
+    assert new == old_match(glob, names)
+
+
+@EXAMPLES
+@given(glob=st.lists(st.sampled_from(["a*", "*b", "**", "*a*b*", "?*", "[^a]*", "1"]), min_size=1, max_size=8)
+       .map(".".join),
+       names=st.lists(NAME, min_size=1, max_size=30, unique=True))
+def test_star_runs_and_negated_classes_agree_with_the_reference(glob, names):
+    assert match_names([glob], names) == [n for n in names if reference_match(glob, n)]
+
+
+def test_a_negated_class_never_matches_the_separator():
+    # '[^x]' used to become a regex class that matched '.', so one segment spanned two.
+    assert match_names(["a[^x]b"], ["a.b", "acb", "axb"]) == ["acb"]
+
+
+def test_runs_of_stars_and_double_stars_keep_their_meaning():
+    names = ["conv1", "layer1.conv1", "layer1.0.conv1", "x.y", "conv"]
+    assert match_names(["**.**.**.conv1"], names) == ["conv1", "layer1.conv1", "layer1.0.conv1"]
+    assert match_names(["*" * 10 + "1"], names) == ["conv1"]
+    assert match_names(["**.*****"], names) == names  # a segment of stars is one segment, not '**'
+    assert match_names(["layer1.**.**"], names) == ["layer1.conv1", "layer1.0.conv1"]
+    assert match_names(["**.c*n*v*1"], names) == ["conv1", "layer1.conv1", "layer1.0.conv1"]
+    assert match_names(["**.layer1.**.conv1.**"], names) == ["layer1.conv1", "layer1.0.conv1"]
+
+
+# -- pathological globs: each took the old matcher far longer than the timeout -----------
+
+
+def _run(code: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=20,  # the old matcher needs minutes for each case below
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+DEEP_NAMES = """
+names = []
+for i in range(100):  # 4,100 names of up to 41 segments
+    for d in range(1, 42):
+        names.append(".".join([f"b{i}"] + [f"l{k}" for k in range(1, d)]))
+"""
+
+
+def test_a_run_of_stars_in_one_segment_over_resnet18():
+    out = _run("""
+        import torchvision
+        from hookgraph.resolve import match_names
+        names = [n for n, _ in torchvision.models.resnet18().named_modules()]
+        print(match_names(['*' * 40 + 'n1', '*' * 40 + 'x', '**.' + '*' * 40 + 'sample'], names))
+    """)
+    assert out == "['bn1', 'layer2.0.downsample', 'layer3.0.downsample', 'layer4.0.downsample']"
+
+
+def test_many_double_stars_over_deep_names():
+    out = _run(DEEP_NAMES + """
+from hookgraph.resolve import match_names
+print(len(names), match_names(['**.**.**.**.**.**.nomatch'], names), len(match_names(['**.**.**.**.**.l40'], names)))
+print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
+    """)
+    chain = ".".join(["b7"] + [f"l{k}" for k in range(1, 41)])
+    assert out.splitlines() == ["4100 [] 100", f"['{chain}']"]
+
+
+def test_many_stars_in_one_segment_between_double_stars():
+    out = _run(DEEP_NAMES + """
+from hookgraph.resolve import match_names
+print(len(match_names(['**.l*3*.**.' + '*' * 30 + '0'], names)))
+long = ['a' * 40, 'm.' + 'a' * 39 + 'b', 'm.' + 'a' * 40]  # ten stars over 40 letters: ~10^9 regex paths
+print(match_names(['**.' + '*a' * 10 + '*b'], long))
+    """)
+    # A segment holding a 3 (l3 or later), then a last segment ending in 0: l10, l20, l30, l40.
+    assert out.splitlines() == ["400", f"['m.{'a' * 39}b']"]
+
+
+# -- suggestions: bounded work, useful names ---------------------------------------------
+
+
+def test_suggestions_fix_one_segment():
+    import torchvision
+
+    names = [n for n, _ in torchvision.models.resnet18().named_modules()]
+    assert suggest_names(["layer1.0.cnv1"], names)[0] == "layer1.0.conv1"
+    assert suggest_names(["**.dwnsample"], names)[0] == "layer2.0.downsample"
+    assert suggest_names(["cnv"], names)[0] == "conv1"
+    assert suggest_names([r"re:layer1\.0\.cnv1"], names)[0] == "layer1.0.conv1"
+
+
+def test_suggestions_over_100k_names_compare_a_bounded_pool(monkeypatch):
+    names = [""] + [f"blk{i}.conv{j}" for i in range(10_000) for j in range(10)]
+    pools: list[int] = []
+    real = difflib.get_close_matches
+
+    def counting(word, possibilities, *args, **kwargs):
+        possibilities = list(possibilities)
+        pools.append(len(possibilities))
+        return real(word, possibilities, *args, **kwargs)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counting)
+    index = NameIndex(names)
+    assert suggest_names(["blk7777.cnv3"], index)[0] == "blk7777.conv3"
+    assert suggest_names(["blk7777.**.nope"], index) != []
+    assert pools and max(pools) <= resolve._POOL
