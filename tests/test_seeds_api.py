@@ -106,7 +106,7 @@ def test_backward_hooks_see_seed_shapes(seeded):
     )
     with graph.attach():
         (1 - model(torch.randn(1, 3, 8, 8, generator=seeded)).mean()).backward()
-    rows = graph.records["shapes"]
+    rows = graph.rows["shapes"]
     assert [r["module"] for r in rows] == ["fc1", "conv"]  # backward runs in reverse
     assert rows[0]["output_shapes"] == [[1, 5]]  # grad_output of fc1
     assert rows[1]["output_shapes"] == [[1, 10, 4, 4]]  # grad_output of conv, as the seed prints
@@ -165,7 +165,7 @@ def test_resnet18_exec_order_75_names():
     assert len(dict(model.named_modules())) - 1 == len(set(RESNET18_ORDER)) == 67
     with graph.attach(), torch.no_grad():
         model(torch.randn(1, 3, 32, 32))
-    names = [r["module"] for r in graph.records["order"]]
+    names = [r["module"] for r in graph.rows["order"]]
     assert len(names) == 75
     assert names == RESNET18_ORDER
 

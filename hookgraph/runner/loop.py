@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..compiler import compile as compile_graph
+from ..compiler import compile_graph
 from ..data import build_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, RecordBudgetError, did_you_mean
@@ -176,11 +176,8 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
         per_spec[b.spec.name]["bindings"] += 1
     for spec, n in writer.counts.items():
         per_spec[spec]["records"] = n
-    for spec, rows in graph.records.items():
-        if isinstance(rows, list):  # trace rows
-            per_spec[spec]["records"] = len(rows)
-    for row in graph._stat_rows:
-        per_spec[row[0]]["records"] += 1
+    for spec, n in graph.store.counts().items():  # rows and statistics rows
+        per_spec[spec]["records"] += n
     return per_spec
 
 
@@ -320,11 +317,9 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
 
 
 def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
-    from ..actions.builtin import STAT_NAMES
-
     stats = graph.stats
     writer.csv("stats.csv", stats)
     if tb is not None:
-        tb.scalars(stats, STAT_NAMES)
-    trace = list(rows_with_spec(graph.records))
+        tb.scalars(stats, graph.store.stats.names)
+    trace = list(rows_with_spec(graph.rows))
     writer.csv("trace.csv", trace)
