@@ -50,7 +50,7 @@ class Binding:
     active: bool = True  # the schedule includes the current step (the graph sets it)
     want_training: Optional[bool] = None  # ``when.mode``: True train, False eval, None any
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
-    lock: Optional[threading.Lock] = None  # hooks run in several threads (DataParallel): serialise them
+    lock: Optional[threading.RLock] = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
 
     def __post_init__(self) -> None:

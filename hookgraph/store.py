@@ -89,10 +89,13 @@ class Entries(list):
                 self.alias = True
 
     def settle(self) -> bool:
-        """Decide the probe; True when a watched (uncopied) entry was rewritten in place."""
+        """Decide the probe; True when a watched (uncopied) entry was rewritten in place.
+
+        Entries stay watched until they are cleared: a module that returns a persistent
+        tensor (a cache it updates in place) would otherwise rewrite an entry already read.
+        """
         self._decide()
         rewritten = any(t._version != v for t, v in self._watched)
-        self._watched.clear()
         if rewritten:
             self.alias, self.copy_always = False, True
         return rewritten
@@ -191,7 +194,8 @@ class ResultStore:
         self.stats = StatsBuffer()
         self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
         self.per_device = per_device
-        self.lock: Optional[threading.Lock] = threading.Lock() if per_device else None
+        # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
+        self.lock: Optional[threading.RLock] = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 
+import pytest
 import torch
 from torch import nn
 
@@ -121,3 +122,25 @@ def test_multi_device_data_parallel_gets_per_device_slots_and_a_lock():
     assert graph.calls == {"r": 400}
     assert [r.device.type for r in recs] == ["cpu"] * 200 + ["meta"] * 200
     assert [r.item() for r in recs[:200]] == [float(i) for i in range(200)]
+
+
+def test_deferred_checks_run_once_in_call_order_and_name_the_first_offender():
+    # check_finite defers to this on accelerators: one read of all values per step.
+    store = ResultStore()
+    seen = []
+
+    def check(name):
+        def run(vals):
+            seen.append(name)
+            if vals[0]:
+                raise hg.NonFiniteError("c", name, "forward", 0, int(vals[0]), 0, 4)
+
+        return run
+
+    for name, nan in [("a", 0), ("b", 2), ("c", 1)]:
+        store.defer(torch.tensor([float(nan), 0.0]), check(name))
+    with pytest.raises(hg.NonFiniteError) as info:
+        store.settle_checks()
+    assert info.value.target == "b" and seen == ["a", "b"]  # stopped at the first offender
+    store.settle_checks()  # read once: nothing left
+    assert seen == ["a", "b"]

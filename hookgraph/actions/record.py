@@ -208,10 +208,12 @@ def record(
                 ) from exc
         return tree_map(lambda leaf: move(leaf, leaf is t), x)
 
-    return _appender(ctx, slot, one, plain=not stages and device is None and not clone)
+    plain = not stages and not clone and (device is None or device.type == "cpu")
+    return _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
 
 
-def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], plain: bool) -> Callable[[Any], None]:
+def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], plain: bool,
+              to_host: Optional[Callable[[Tensor], Tensor]]) -> Callable[[Any], None]:
     """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
     if ctx.per_device:
         # Replicas call this from one thread per device: each device keeps its own list.
@@ -222,9 +224,10 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
 
         return fn
     if slot.last_only:
-        keep_last = slot.keep_last
+        keep_last, forget = slot.keep_last, slot._watched.clear
 
         def fn(value: Any) -> None:
+            forget()  # the entry it replaces needs no watching
             keep_last(tree_map(one, value))
 
         return fn
@@ -234,15 +237,30 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
             append(tree_map(one, value))
 
         return fn
-    # The plain case, as cheap as a hand-written hook: detach and keep, watched.
+    # The plain cases, as cheap as a hand-written hook: detach and keep (watched), or with
+    # `to: cpu` copy what is not on the host yet.
     watch = slot._watched.append
+    if to_host is None:
+        def fn(value: Any) -> None:
+            if type(value) is Tensor and slot.alias:
+                t = value.detach()
+                append(t)
+                watch((t, t._version))
+            else:
+                append(tree_map(one, value))
+
+        return fn
 
     def fn(value: Any) -> None:
-        if type(value) is Tensor and slot.alias:
+        if type(value) is Tensor:
             t = value.detach()
-            append(t)
-            watch((t, t._version))
-        else:
-            append(tree_map(one, value))
+            if not t.is_cpu:
+                append(to_host(t))
+                return
+            if slot.alias:
+                append(t)
+                watch((t, t._version))
+                return
+        append(tree_map(one, value))
 
     return fn
