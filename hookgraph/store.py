@@ -18,6 +18,7 @@ graph is built last around both.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Callable, Optional
 
@@ -50,18 +51,27 @@ class Entries(list):
       the output itself (``alias``), still watched: an entry rewritten later is refused
       when read (``ResultStore.settle``), never handed out changed.
 
+    Watching costs a ``_version`` read per call. Where the probe's output had version 0
+    when the hook saw it (a fresh tensor: nearly every module output), the slot is
+    ``fresh``: the hook appends without watching, and :meth:`settle` requires version 0 of
+    every uncopied tensor entry (the counter only grows, so 0 proves it untouched; a
+    non-zero one is refused, never returned).
+
     ``append_on_device(value, device)``: where replicas run hooks in threads
     (DataParallel), each device appends to its own list; :meth:`gather` moves them here in
     device order, so entries never interleave by thread timing.
     """
 
-    __slots__ = ("alias", "copy_always", "last_only", "_probe", "_watched", "_parts")
+    __slots__ = ("alias", "copy_always", "last_only", "plain", "fresh", "_fresh_from", "_probe", "_watched", "_parts")
 
     def __init__(self) -> None:
         super().__init__()
         self.alias = False  # the probe found no in-place rewrite: keep outputs uncopied
         self.copy_always = False  # the probe (or a watch) saw one: copy every call
         self.last_only = False  # keep: last
+        self.plain = False  # the hook may append unwatched tensors once the slot is fresh
+        self.fresh = False  # alias, and outputs are fresh (version 0) when recorded
+        self._fresh_from = 0  # entries from here on are fresh-path entries
         self._probe: Optional[tuple[Tensor, int]] = None
         self._watched: list[tuple[Tensor, int]] = []
         self._parts: dict[tuple, list] = {}
@@ -87,6 +97,8 @@ class Entries(list):
                 self.copy_always = True
             else:
                 self.alias = True
+                if self.plain and version == 0:
+                    self.fresh, self._fresh_from = True, len(self)
 
     def settle(self) -> bool:
         """Decide the probe; True when a watched (uncopied) entry was rewritten in place.
@@ -96,8 +108,10 @@ class Entries(list):
         """
         self._decide()
         rewritten = any(t._version != v for t, v in self._watched)
+        if self.fresh and not rewritten:
+            rewritten = any(type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None))
         if rewritten:
-            self.alias, self.copy_always = False, True
+            self.alias, self.fresh, self.copy_always = False, False, True
         return rewritten
 
     def keep_last(self, value: Any) -> None:
@@ -124,6 +138,7 @@ class Entries(list):
 
     def clear(self) -> None:
         super().clear()
+        self._fresh_from = 0
         self._watched.clear()
         self._parts.clear()
 

@@ -92,3 +92,28 @@ def test_an_entry_rewritten_after_the_probe_is_refused_never_returned_changed():
         model(x)  # copied from now on
     (rec,) = graph.records["r"]["lin"]
     torch.testing.assert_close(rec, model.lin(x))
+
+
+class EditsItsOwnOutput(nn.Module):
+    """Its output reaches the hook with version 1 (edited in place inside forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x).mul_(2)
+
+
+def test_outputs_edited_inside_forward_are_watched_and_kept_uncopied():
+    model = nn.Sequential(EditsItsOwnOutput())
+    graph = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    x = torch.tensor([[1.0, -1.0]])
+    with graph.attach(), torch.no_grad():
+        model(x)
+        out = model(x)
+    assert graph.records["r"]["0"][1].data_ptr() == out.data_ptr()  # version 1 is what the module made
+    with graph.attach(), torch.no_grad():
+        model(x).relu_()  # rewritten after the hook
+    with pytest.raises(hg.HookGraphError, match="modified in place"):
+        graph.records

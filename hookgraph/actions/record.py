@@ -237,19 +237,20 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
             append(tree_map(one, value))
 
         return fn
-    # The plain cases, as cheap as a hand-written hook: detach and keep (watched), or with
-    # `to: cpu` copy what is not on the host yet.
-    watch = slot._watched.append
+    # The plain cases, as cheap as a hand-written hook: detach and keep, or with `to: cpu`
+    # copy what is not on the host yet.
     if to_host is None:
+        slot.plain = True
+
         def fn(value: Any) -> None:
-            if type(value) is Tensor and slot.alias:
-                t = value.detach()
-                append(t)
-                watch((t, t._version))
+            if type(value) is Tensor and slot.fresh:
+                append(value.detach())  # checked once per step instead (Entries.settle)
             else:
                 append(tree_map(one, value))
 
         return fn
+
+    slot.plain = True  # host copies are fresh tensors too: version 0
 
     def fn(value: Any) -> None:
         if type(value) is Tensor:
@@ -257,9 +258,8 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
             if not t.is_cpu:
                 append(to_host(t))
                 return
-            if slot.alias:
+            if slot.fresh:
                 append(t)
-                watch((t, t._version))
                 return
         append(tree_map(one, value))
 
