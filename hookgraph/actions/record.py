@@ -145,9 +145,9 @@ def _mover(ctx: ActionContext, device: Optional[torch.device], copy: bool, keep:
                     return to_host(t)
             elif t.device != device:
                 return t.to(device)
-        if copy:
-            return t.clone()
-        return keep(t) if aliased else t
+        if not aliased:  # select, reduce and topk made a new tensor already
+            return t
+        return t.clone() if copy else keep(t)
 
     return move
 
@@ -169,9 +169,10 @@ def record(
 
     keep: "all" or "last"; to: a device to move to (e.g. "cpu"; copies are non-blocking);
     clone: copy every value from the start. Without it a record still equals what the
-    module produced: the first step's records are copies while hookgraph watches whether
-    an in-place op (``ReLU(inplace=True)``) rewrites the live output, and targets where one
-    does are copied from then on; dtype: cast (float16/bf16/...) to save memory.
+    module produced: a target's first record is a copy while hookgraph watches whether an
+    in-place op (``ReLU(inplace=True)``) rewrites the live output, and targets where one
+    does are copied from then on (see ``hookgraph.store.Entries``); dtype: cast
+    (float16/bf16/...) to save memory.
 
     Reductions, applied on the device in this order before anything is kept:
     select: a slice string ("0:8", "::2") or an int index along ``dim`` (default 1, the
