@@ -162,7 +162,7 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     return guarded
 
 
-def _named(b: Binding, hook: Callable[..., Any], *, module: bool = True) -> Callable[..., Any]:
+def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable[..., Any]:
     """The hook as registered: named after its binding; serialised where replicas run hooks
     in threads; a module hook is kept out of dynamo's trace under torch.compile."""
     if b.lock is not None:
@@ -180,6 +180,15 @@ def _named(b: Binding, hook: Callable[..., Any], *, module: bool = True) -> Call
 
         return torch._dynamo.disable(hook)
     return hook
+
+
+def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    return _prepared(b, hook, module=True)
+
+
+def _grad_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A tensor or parameter gradient hook: autograd runs it, dynamo never traces it."""
+    return _prepared(b, hook, module=False)
 
 
 def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:
@@ -215,7 +224,7 @@ def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Bin
                     return rewrap(value, new)
             return None
 
-        return [getattr(b.module, method)(_named(b, hook))]
+        return [getattr(b.module, method)(_module_hook(b, hook))]
 
     return register
 
@@ -239,7 +248,7 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
                 return rewrap(args, new), kwargs
         return None
 
-    return [b.module.register_forward_pre_hook(_named(b, hook), with_kwargs=True)]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
 def _forward(b: Binding) -> list[RemovableHandle]:
@@ -267,12 +276,11 @@ def _forward(b: Binding) -> list[RemovableHandle]:
                     raise action_error(b, exc) from exc
             return None
 
-    return [b.module.register_forward_hook(_named(b, hook))]
+    return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
 def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
-    # For gradient points the index picks which tensor gets a hook, not part of the gradient.
-    unindexed = b if b.spec.index is None else replace(b, spec=replace(b.spec, index=None))
+    unindexed = b if b.spec.index is None else _without_index(b)
     direct = direct_caller(unindexed)
     if direct is None:
         call = make_caller(unindexed)
@@ -297,7 +305,12 @@ def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
                     raise action_error(b, exc) from exc
             return None
 
-    return _named(b, hook, module=False)
+    return _grad_hook(b, hook)
+
+
+def _without_index(b: Binding) -> Binding:
+    # For gradient points the index picks which tensor gets a hook, not part of the gradient.
+    return replace(b, spec=replace(b.spec, index=None))
 
 
 def _pick(b: Binding, value: Any, index: Any) -> Any:
@@ -329,7 +342,7 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
                 if t.requires_grad:
                     t.register_hook(tensor_hook)
 
-    return [b.module.register_forward_hook(_named(b, hook))]
+    return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
@@ -362,7 +375,7 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
                     changed = True
         return (tuple(new), kwargs) if changed else None
 
-    return [b.module.register_forward_pre_hook(_named(b, hook), with_kwargs=True)]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
 def _position(b: Binding, args: tuple, index: Any) -> int:
@@ -386,7 +399,7 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
                     param.copy_(new)  # in place: optimizers and state_dict keep the same tensor
         return None
 
-    return [b.module.register_forward_pre_hook(_named(b, hook))]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
 
 
 def _param_grad(b: Binding) -> list[RemovableHandle]:
@@ -398,7 +411,7 @@ def _param_grad(b: Binding) -> list[RemovableHandle]:
             return call(grad, None, None)
         return None
 
-    return [b.param.register_hook(_named(b, hook, module=False))]
+    return [b.param.register_hook(_grad_hook(b, hook))]
 
 
 def _param_accumulated(b: Binding) -> list[RemovableHandle]:
@@ -409,7 +422,7 @@ def _param_accumulated(b: Binding) -> list[RemovableHandle]:
             b.calls += 1
             call(param.grad, None, None)
 
-    return [b.param.register_post_accumulate_grad_hook(_named(b, hook, module=False))]
+    return [b.param.register_post_accumulate_grad_hook(_grad_hook(b, hook))]
 
 
 REGISTRARS: dict[HookPoint, Callable[[Binding], list[RemovableHandle]]] = {
