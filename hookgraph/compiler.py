@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from torch import nn
 

@@ -42,8 +42,8 @@ class PointInfo:
     full_backward: bool = False  # a full backward module hook (PyTorch's in-place restrictions apply)
 
 
-_MODULE = dict(on_params=False, replaceable=True)
-_GRAD = dict(on_params=False, replaceable=True, needs_backward=True)
+_MODULE: dict = {"on_params": False, "replaceable": True}
+_GRAD: dict = {"on_params": False, "replaceable": True, "needs_backward": True}
 
 POINTS: dict[HookPoint, PointInfo] = {
     HookPoint.forward_pre: PointInfo(**_MODULE, mechanism="register_forward_pre_hook", value="the module's positional inputs"),

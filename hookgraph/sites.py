@@ -168,7 +168,7 @@ def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable
     if b.lock is not None:
         lock, inner = b.lock, hook
 
-        def hook(*args: Any) -> Any:  # noqa: F811 - the locked variant replaces the plain one
+        def hook(*args: Any) -> Any:  # the locked variant replaces the plain one
             with lock:
                 return inner(*args)
 

@@ -86,7 +86,7 @@ def test_an_entry_rewritten_after_the_probe_is_refused_never_returned_changed():
         model.inplace = True
         model(x)
     with pytest.raises(hg.HookGraphError, match="modified in place after it was recorded"):
-        graph.records
+        _ = graph.records
     assert graph.records["r"]["lin"] == []  # dropped, not returned changed
     with graph.attach(), torch.no_grad():
         model(x)  # copied from now on
@@ -116,4 +116,4 @@ def test_outputs_edited_inside_forward_are_watched_and_kept_uncopied():
     with graph.attach(), torch.no_grad():
         model(x).relu_()  # rewritten after the hook
     with pytest.raises(hg.HookGraphError, match="modified in place"):
-        graph.records
+        _ = graph.records

@@ -50,7 +50,7 @@ def test_no_import_circle_between_graph_sites_and_actions():
     code = "import hookgraph.graph, sys; print(sorted(m for m in sys.modules if m.startswith('hookgraph.actions')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "hookgraph.actions.registry" in out
-    import hookgraph.actions.registry as registry
+    from hookgraph.actions import registry
 
     assert "HookGraph" not in vars(registry) and "graph" not in registry.ActionContext.__dataclass_fields__
 
