@@ -46,7 +46,8 @@ class Entries(list):
 
     - probing (the first call): the entry is a copy, and the live output is watched
       through its ``_version`` counter;
-    - at the next call (or the first :meth:`settle`) the probe is decided: a slot whose
+    - at the next call (or the first :meth:`settle`; with per-device parts always at
+      settle, when every replica's thread is done) the probe is decided: a slot whose
       live output was rewritten copies from then on (``copy_always``); the others keep
       the output itself (``alias``), still watched: an entry rewritten later is refused
       when read (``ResultStore.settle``), never handed out changed.
@@ -62,7 +63,7 @@ class Entries(list):
     device order, so entries never interleave by thread timing.
     """
 
-    __slots__ = ("alias", "copy_always", "last_only", "plain", "fresh", "_fresh_from", "_probe", "_watched", "_parts")
+    __slots__ = ("alias", "copy_always", "last_only", "plain", "replicas", "fresh", "_fresh_from", "_probes", "_watched", "_parts")
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,9 +71,10 @@ class Entries(list):
         self.copy_always = False  # the probe (or a watch) saw one: copy every call
         self.last_only = False  # keep: last
         self.plain = False  # the hook may append unwatched tensors once the slot is fresh
+        self.replicas = False  # filled by DataParallel replicas, one thread per device
         self.fresh = False  # alias, and outputs are fresh (version 0) when recorded
         self._fresh_from = 0  # entries from here on are fresh-path entries
-        self._probe: Optional[tuple[Tensor, int]] = None
+        self._probes: list[tuple[Tensor, int]] = []
         self._watched: list[tuple[Tensor, int]] = []
         self._parts: dict[tuple, list] = {}
 
@@ -80,9 +82,10 @@ class Entries(list):
         """Whether the entry for ``live`` (a detached alias of the module's output) must be
         a copy; an uncopied one is watched."""
         if not self.alias and not self.copy_always:
-            self._decide()
+            if self._probes and not self.replicas:
+                self._decide()  # replicas decide at settle, when every device's thread is done
             if not self.alias and not self.copy_always:
-                self._probe = (live, live._version)
+                self._probes.append((live, live._version))
                 return True
         if self.copy_always:
             return True
@@ -90,14 +93,13 @@ class Entries(list):
         return False
 
     def _decide(self) -> None:
-        if self._probe is not None:
-            t, version = self._probe
-            self._probe = None
-            if t._version != version:
+        if self._probes:
+            probes, self._probes = self._probes, []
+            if any(t._version != version for t, version in probes):
                 self.copy_always = True
             else:
                 self.alias = True
-                if self.plain and version == 0:
+                if self.plain and all(version == 0 for _, version in probes):
                     self.fresh, self._fresh_from = True, len(self)
 
     def settle(self) -> bool:

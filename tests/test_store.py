@@ -144,3 +144,31 @@ def test_deferred_checks_run_once_in_call_order_and_name_the_first_offender():
     assert info.value.target == "b" and seen == ["a", "b"]  # stopped at the first offender
     store.settle_checks()  # read once: nothing left
     assert seen == ["a", "b"]
+
+
+def test_replicas_decide_copies_at_settle_and_keep_pre_inplace_values():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    dp = nn.DataParallel(model)
+    dp.device_ids = [0, 1]
+    graph = hg.compile(dp, {"r": {"target": "0", "action": "record"}})
+    xs = [torch.tensor([[1.0, -1.0]]), torch.tensor([[-2.0, 3.0]])]
+    start = threading.Barrier(2)
+
+    def replica(x: torch.Tensor) -> None:
+        start.wait()
+        for _ in range(20):
+            model(x)
+
+    with torch.no_grad():
+        want = [model[0](x) for x in xs]  # Linear's own outputs, before the in-place ReLU
+    assert all((w < 0).any() for w in want)
+    with graph.attach(), torch.no_grad():
+        threads = [threading.Thread(target=replica, args=(x,)) for x in xs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    recs = graph.records["r"]["0"]
+    assert [sum(torch.equal(r, w) for r in recs) for w in want] == [20, 20]
+    assert graph.records["r"]["0"].copy_always  # decided once every replica was done

@@ -218,6 +218,8 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
     """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
     if ctx.per_device:
         # Replicas call this from one thread per device: each device keeps its own list.
+        slot.replicas = True
+
         def fn(value: Any) -> None:
             found = tensors(value)
             if found:
