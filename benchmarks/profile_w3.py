@@ -11,7 +11,7 @@ Three views:
    calls), for the hand-written hook and hookgraph's, and one whole hooked ``Linear``
    call, best of ``--repeats`` loops.
 3. With ``--lines`` (needs ``pip install line_profiler``): per-line times of the closures in
-   ``hookgraph/sites.py`` and ``hookgraph/actions/builtin.py`` that a record call runs.
+   ``hookgraph/sites.py`` and ``hookgraph/actions/record.py`` that a record call runs.
 """
 
 from __future__ import annotations
@@ -134,8 +134,7 @@ def line_view(iters: int) -> str:
         from line_profiler import LineProfiler
     except ImportError:
         return "line_profiler is not installed (pip install line_profiler): --lines skipped"
-    import hookgraph.actions.builtin as builtin
-    import hookgraph.sites as sites
+    import hookgraph.tree as tree
 
     model, x = mlp(), torch.randn(4, 64)
     graph = _graph(model)
@@ -146,7 +145,7 @@ def line_view(iters: int) -> str:
         # record fn, tree_map and record's per-tensor `one`.
         b = graph.bindings[0]
         cells = {c.cell_contents for c in (hook.__closure__ or ()) if callable(c.cell_contents)}
-        for fn in [hook, sites._mode_ok, builtin.tree_map, *cells]:
+        for fn in [hook, tree.tree_map, *cells]:
             lp.add_function(fn)
         rec_fn = b.fn
         lp.add_function(rec_fn)

@@ -1,6 +1,6 @@
-"""compile(): hook specs + a model -> a validated HookGraph, nothing registered yet.
+"""compile_graph(): hook specs + a model -> a validated HookGraph, nothing registered yet.
 
-Public names: compile, unwrap_model.
+Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap_model.
 
 All problems (spec fields, names that match nothing, unknown actions, bad arguments,
 points that ignore replacement, in-place modules under full backward hooks, two
@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import functools
 import gc
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from torch import nn
 
-from .actions.registry import ActionContext, check_args, resolve_action
-from .errors import Problem, SpecError
+from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
+from .errors import Problem, SpecError, full_key
 from .graph import HookGraph
 from .points import POINTS
 from .resolve import NameIndex, explain_no_match, resolve_names
 from .sites import Binding
-from .spec import Mode, check_specs, parse_steps
+from .spec import HookSpec, Mode, check_specs, parse_steps
+from .store import ResultStore
 
-__all__ = ["compile", "unwrap_model"]
+__all__ = ["compile", "compile_graph", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -102,12 +103,32 @@ def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Paramete
     return modules, params, owners
 
 
-def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph:  # noqa: A001
+def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph:
     """Compile hook specs against a model. Nothing is registered until ``graph.attach()``.
 
-    ``specs``: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
-    HookSpec objects. ``prefix`` is the config key under which errors name the specs.
-    Raises :class:`hookgraph.SpecError` listing every problem.
+    Exported as :func:`hookgraph.compile`.
+
+    Args:
+        model: the model, bare or wrapped (DataParallel, DistributedDataParallel,
+            ``torch.compile``): names are those of the bare model.
+        specs: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
+            HookSpec objects.
+        prefix: the config key under which the specs live; every error, at compile time
+            and when a hook runs, names its spec as ``<prefix>.<spec>.<field>``.
+
+    Returns:
+        A :class:`HookGraph` holding one binding per (spec, target), in firing order, and
+        the result store its actions write to.
+
+    Raises:
+        SpecError: listing every problem found in the specs at once.
+
+    Examples:
+        >>> import torch, hookgraph as hg
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> graph = hg.compile(model, {"acts": {"target": "*", "action": "record"}})
+        >>> [row["target"] for row in graph.plan()]
+        ['0', '1']
     """
     # Compiling against a large model allocates many small objects while the model's own
     # are alive; full collections in between would cost more than the compile itself.
@@ -120,113 +141,156 @@ def compile(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph
             gc.enable()
 
 
+compile = compile_graph  # noqa: A001 - the public name; internal code calls compile_graph
+
+
+def _multi_device(model: nn.Module) -> bool:
+    """DataParallel over several devices runs the hooks of its replicas in threads."""
+    while isinstance(model, nn.Module):
+        if isinstance(model, nn.DataParallel) and len(model.device_ids) > 1:
+            return True
+        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+    return False
+
+
+class _Targets:
+    """The model's names, indexed once: modules always, parameters on first use."""
+
+    def __init__(self, bare: nn.Module):
+        self.modules, self.params, self.owners = _walk(bare)
+        self.kinds = {name: _class_names(type(m)) for name, m in self.modules.items()}
+        self.module_index = NameIndex(list(self.modules), self.kinds)
+        self._param_index: Optional[NameIndex] = None  # most specs target modules
+
+    def index(self, on_params: bool) -> NameIndex:
+        if not on_params:
+            return self.module_index
+        if self._param_index is None:
+            self._param_index = NameIndex(list(self.params), {n: self.kinds[_owner_name(n)] for n in self.params})
+        return self._param_index
+
+
 def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     parsed, problems, broken = check_specs(specs, prefix=prefix)
-    bare = unwrap_model(model)
-    modules, params, owners = _walk(bare)
-    kinds = {name: _class_names(type(m)) for name, m in modules.items()}
-    module_index = NameIndex(list(modules), kinds)
-    param_index: Optional[NameIndex] = None  # built on first use: most specs target modules
-    graph = HookGraph(model)
+    targets = _Targets(unwrap_model(model))
+    store = ResultStore(per_device=_multi_device(model))
     bindings: list[Binding] = []
     unmatched: dict[str, str] = {}  # specs allowed to bind nothing that did: named at the end of a run
-
     for spec_index, spec in enumerate(parsed):
-        key = f"{prefix}.{spec.name}"
-        info = POINTS[spec.at]
-        if info.on_params and param_index is None:
-            param_index = NameIndex(list(params), {n: kinds[_owner_name(n)] for n in params})
-        names = param_index if info.on_params else module_index
-        expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
-        if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
-            matched, found = [], []
-        else:
-            matched, found = resolve_names(
-                key=key,
-                targets=spec.targets,
-                excludes=spec.excludes,
-                names=names,
-                types=_canonical_types(spec.type_names),
-                expect_min=spec.expect.min if spec.enabled else 0,
-                expect_max=spec.expect.max,
-                known_types=_torch_module_types(),
-                list_hint=(
-                    "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
-                ),
-            )
+        key = full_key(prefix, spec.name)
+        matched, found = _match(spec, key, targets)
         problems += found
-        if spec.leaf and not info.on_params and matched:
-            leaves = [n for n in matched if next(modules[n].children(), None) is None]
-            if not leaves and spec.enabled and spec.expect.min > 0:
-                problems.append(Problem(f"{key}.leaf", f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})"))
-            matched = leaves
         if spec.enabled and spec.targets and not matched and not found and spec.name not in broken:
             unmatched[spec.name] = explain_no_match(
-                targets=spec.targets, names=names, excludes=spec.excludes, types=_canonical_types(spec.type_names)
+                targets=spec.targets, names=targets.index(POINTS[spec.at].on_params), excludes=spec.excludes,
+                types=_canonical_types(spec.type_names),
             )
-        if info.on_params and spec.index is not None:
-            problems.append(Problem(f"{key}.index", f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
-        defn, found = resolve_action(spec.action, f"{key}.action")
+        # An argument whose interpolation failed is reported already; it is not also "missing".
+        defn, found = _action(spec, key, reported={p.key for p in problems})
         problems += found
-        if defn is None or found:
+        if defn is None or found or not spec.enabled or spec.name in broken:
             continue
-        reported = {p.key for p in problems}  # an argument whose interpolation failed is not also "missing"
-        found = [p for p in check_args(defn, spec.args, f"{key}.args") if p.key not in reported]
+        new, found = _bind(spec, spec_index, key, defn, matched, targets, store)
+        bindings += new
         problems += found
-        if defn.replaces and not info.replaceable:
-            problems.append(
-                Problem(
-                    f"{key}.action",
-                    f"{defn.name!r} replaces values, but PyTorch ignores what a hook returns at {spec.at}; "
-                    "use at: param_grad to edit the gradient before it is accumulated",
-                )
-            )
-            continue
-        if found or not spec.enabled or spec.name in broken:
-            continue
-        start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
-        for target_index, name in enumerate(matched):
-            module = owners[name] if info.on_params else modules[name]
-            param = params[name] if info.on_params else None
-            if info.full_backward and getattr(module, "inplace", False) is True:
-                problems.append(
-                    Problem(
-                        f"{key}.at",
-                        f"{name!r} ({type(module).__name__}) works in place, which PyTorch's full backward hooks "
-                        "cannot wrap; use at: output_grad (or input_grad), which is safe with in-place ops, "
-                        f"or exclude {name!r}",
-                    )
-                )
-                continue
-            ctx = ActionContext(spec.name, name, spec.at, type(param if param is not None else module).__name__, graph)
-            try:
-                fn = defn.factory(ctx, **spec.args)
-            except (TypeError, ValueError) as exc:
-                problems.append(Problem(f"{key}.args", f"{defn.name}: {exc}"))
-                break
-            bindings.append(
-                Binding(
-                    spec=spec,
-                    target=name,
-                    point=spec.at,
-                    module=module,
-                    param=param,
-                    action=defn,
-                    fn=fn,
-                    rank=(spec.order if spec.order is not None else 0, spec_index, target_index),
-                    start=start,
-                    stop=stop,
-                    want_training=None if spec.when.mode is Mode.any else spec.when.mode is Mode.train,
-                )
-            )
-
     problems += _conflicts(bindings, prefix)
     if problems:
         raise SpecError(problems)
     bindings.sort(key=lambda b: b.rank)
-    graph._bind(bindings)
-    graph.unmatched = unmatched  # read by the runner as getattr(graph, "unmatched", {})
-    return graph
+    return HookGraph(model, bindings, store, unmatched=unmatched)
+
+
+def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list[Problem]]:
+    """The names a spec's target, types and excludes select, with the problems found."""
+    info = POINTS[spec.at]
+    problems = []
+    if info.on_params and spec.index is not None:
+        problems.append(Problem(full_key(key, "index"), f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
+    expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
+    if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
+        return [], problems
+    matched, found = resolve_names(
+        key=key,
+        targets=spec.targets,
+        excludes=spec.excludes,
+        names=targets.index(info.on_params),
+        types=_canonical_types(spec.type_names),
+        expect_min=spec.expect.min if spec.enabled else 0,
+        expect_max=spec.expect.max,
+        known_types=_torch_module_types(),
+        list_hint=(
+            "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
+        ),
+    )
+    if spec.leaf and not info.on_params and matched:
+        leaves = [n for n in matched if next(targets.modules[n].children(), None) is None]
+        if not leaves and spec.enabled and spec.expect.min > 0:
+            problems.append(Problem(full_key(key, "leaf"), f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})"))
+        matched = leaves
+    return matched, found + problems
+
+
+def _action(spec: HookSpec, key: str, reported: frozenset[str] | set[str] = frozenset()) -> tuple[Optional[ActionDef], list[Problem]]:
+    """The spec's action and its arguments, checked against the hook point; problems under a
+    key in ``reported`` are left out (said already)."""
+    defn, problems = resolve_action(spec.action, full_key(key, "action"))
+    if defn is None or problems:
+        return defn, problems
+    problems = [p for p in check_args(defn, spec.args, full_key(key, "args")) if p.key not in reported]
+    if defn.replaces and not POINTS[spec.at].replaceable:
+        problems.append(
+            Problem(
+                full_key(key, "action"),
+                f"{defn.name!r} replaces values, but PyTorch ignores what a hook returns at {spec.at}; "
+                "use at: param_grad to edit the gradient before it is accumulated",
+            )
+        )
+    return defn, problems
+
+
+def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: list[str], targets: _Targets,
+          store: ResultStore) -> tuple[list[Binding], list[Problem]]:
+    """One binding per matched name: the action's factory runs here, once per site."""
+    info = POINTS[spec.at]
+    start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
+    bindings, problems = [], []
+    for target_index, name in enumerate(matched):
+        module = targets.owners[name] if info.on_params else targets.modules[name]
+        param = targets.params[name] if info.on_params else None
+        if info.full_backward and getattr(module, "inplace", False) is True:
+            problems.append(
+                Problem(
+                    full_key(key, "at"),
+                    f"{name!r} ({type(module).__name__}) works in place, which PyTorch's full backward hooks "
+                    "cannot wrap; use at: output_grad (or input_grad), which is safe with in-place ops, "
+                    f"or exclude {name!r}",
+                )
+            )
+            continue
+        ctx = ActionContext(spec.name, name, spec.at, type(param if param is not None else module).__name__, store, key)
+        try:
+            fn = defn.factory(ctx, **spec.args)
+        except (TypeError, ValueError) as exc:
+            problems.append(Problem(full_key(key, "args"), f"{defn.name}: {exc}"))
+            break
+        bindings.append(
+            Binding(
+                spec=spec,
+                target=name,
+                at=spec.at,
+                module=module,
+                param=param,
+                action=defn,
+                fn=fn,
+                rank=(spec.order if spec.order is not None else 0, spec_index, target_index),
+                key=key,
+                start=start,
+                stop=stop,
+                want_training=None if spec.when.mode is Mode.any else spec.when.mode is Mode.train,
+                lock=store.lock,
+            )
+        )
+    return bindings, problems
 
 
 def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
@@ -234,10 +298,10 @@ def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
     by_site: dict[tuple, list[Binding]] = {}
     for b in bindings:
         if b.action.replaces:
-            by_site.setdefault((b.target, b.point), []).append(b)
+            by_site.setdefault((b.target, b.at), []).append(b)
     problems = []
     reported = set()
-    for (target, point), group in by_site.items():
+    for (target, at), group in by_site.items():
         specs = list({b.spec.name: b.spec for b in group}.values())
         if len(specs) < 2:
             continue
@@ -249,8 +313,8 @@ def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
             reported.add(names)
             problems.append(
                 Problem(
-                    f"{prefix}.{names[1]}.order",
-                    f"specs {', '.join(map(repr, names))} all replace the value at {target!r} ({point}); "
+                    full_key(prefix, names[1], "order"),
+                    f"specs {', '.join(map(repr, names))} all replace the value at {target!r} ({at}); "
                     "give each a distinct 'order' (lower runs first)",
                 )
             )

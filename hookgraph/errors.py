@@ -23,6 +23,7 @@ __all__ = [
     "NonFiniteError",
     "RecordBudgetError",
     "nearest",
+    "full_key",
 ]
 
 
@@ -81,6 +82,13 @@ class NonFiniteError(HookGraphError):
 
 class RecordBudgetError(HookGraphError):
     """Recording would exceed the configured ``max_bytes`` budget."""
+
+
+def full_key(prefix: str, *parts: object) -> str:
+    """The config key of a spec field, e.g. ``full_key("hooks", "grads", "at")`` ->
+    ``hooks.grads.at``. Every message that names a key builds it here, so ``compile(prefix=...)``
+    reaches runtime errors too (as Hydra's ``_with_full_key`` does)."""
+    return ".".join(str(p) for p in (prefix, *parts) if p != "")
 
 
 def nearest(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:

@@ -6,15 +6,15 @@ Public names: HookGraph, Plan, Attachment.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
-import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .errors import HookGraphError, InplaceBackwardError
+from .errors import HookGraphError, InplaceBackwardError, full_key
 from .points import POINTS
 from .sites import REGISTRARS, Binding
+from .store import ResultStore
 from .transfer import HostCopier
 
 __all__ = ["HookGraph", "Plan", "Attachment"]
@@ -40,52 +40,83 @@ class Plan(list):
 class Attachment:
     """Hooks of one graph on its model. A context manager; ``remove()`` is idempotent.
 
-    Registration happens in ``__init__`` inside ``try``: if any registration fails, the
-    hooks registered so far are removed before the error propagates.
+    Registration is lazy: a binding whose schedule excludes the current step registers
+    nothing, and ``graph.set_step`` registers and removes hooks as schedules change. Where
+    the set of live bindings on a module changes, all of that module's hooks from this graph
+    are removed (newest first) and the live ones registered again in rank order, so hooks on
+    one module always fire in their spec order. Under ``compiled=True`` every binding is
+    registered at attach and switched by its ``active`` flag instead: compiled code may not
+    see hooks added later.
+
+    Registration happens inside ``try``: if any registration fails, the hooks registered
+    so far are removed before the error propagates.
     """
 
     def __init__(self, graph: "HookGraph", compiled: bool = False):
         self._graph = graph
+        self._compiled = compiled
         for b in graph.bindings:
             b.eager = compiled
         self._live = True
-        self._handles: list[RemovableHandle] = []
+        self._handles: dict[Binding, list[RemovableHandle]] = {}  # in registration order
         # register_full_backward_hook sets this flag for good; restore it on removal so a
         # user's later register_backward_hook is not refused because of us.
         self._flags = {m: m._is_full_backward_hook for m in graph._backward_modules}
         graph._attachment = self
-        graph.set_step(graph.step)  # switch the bindings on for the current step
-        b = None
-        try:
-            for b in graph.bindings:
-                self._handles.extend(REGISTRARS[b.point](b))
-        except RuntimeError as exc:
-            self.remove()
-            if "backward hook" in str(exc) and b is not None:
-                raise HookGraphError(
-                    f"hooks.{b.spec.name}.at: cannot register a full backward hook on {b.target!r}: {exc} "
-                    "(the module already has a hook registered with the deprecated register_backward_hook; "
-                    "remove it or use at: output_grad)"
-                ) from exc
-            raise
-        except BaseException:
-            self.remove()
-            raise
+        graph.set_step(graph.step)  # registers the bindings live at the current step
 
     @property
     def attached(self) -> bool:
         return self._live
 
+    def sync(self, step: int) -> None:
+        """Make the registered hooks match the schedules at ``step``."""
+        graph = self._graph
+        for b in graph.bindings:
+            b.update(step)
+        want = [b for b in graph.bindings if b.active or self._compiled]
+        wanted = set(want)
+        changed = {b.module for b in graph.bindings if (b in self._handles) != (b in wanted)}
+        if not changed:
+            return
+        try:
+            self._drop(b for b in list(self._handles) if b.module in changed)
+            for b in want:
+                if b.module in changed:
+                    self._handles[b] = []
+                    self._handles[b].extend(self._register(b))
+        except BaseException:
+            self.remove()
+            raise
+
+    @staticmethod
+    def _register(b: Binding) -> list[RemovableHandle]:
+        try:
+            return REGISTRARS[b.at](b)
+        except RuntimeError as exc:
+            if "backward hook" in str(exc):
+                raise HookGraphError(
+                    f"{full_key(b.key, 'at')}: cannot register a full backward hook on {b.target!r}: {exc} "
+                    "(the module already has a hook registered with the deprecated register_backward_hook; "
+                    "remove it or use at: output_grad)"
+                ) from exc
+            raise
+
+    def _drop(self, bindings: Iterable[Binding]) -> None:
+        """Remove these bindings' hooks, newest first, and give modules their flag back."""
+        doomed = list(bindings)
+        for b in reversed(doomed):
+            for h in reversed(self._handles.pop(b)):
+                h.remove()
+        for m in {b.module for b in doomed}:
+            if m in self._flags and not m._backward_hooks:  # a full hook the user added meanwhile needs it kept
+                m._is_full_backward_hook = self._flags[m]
+
     def remove(self) -> None:
         if not self._live:
             return  # removed already: a stale handle must not touch a newer attachment
         self._live = False
-        handles, self._handles = self._handles, []
-        for h in reversed(handles):
-            h.remove()
-        for m, flag in self._flags.items():
-            if not m._backward_hooks:  # a full hook the user added meanwhile needs the flag kept
-                m._is_full_backward_hook = flag
+        self._drop(list(self._handles))
         self._flags = {}
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.
@@ -111,31 +142,29 @@ class Attachment:
 class HookGraph:
     """Compiled hook specs bound to one model. Build it with :func:`hookgraph.compile`.
 
-    - ``plan()``: the bindings (spec, target, type, point, action, order).
-    - ``attach()``: registers every hook; use as a context manager or call ``remove()``.
+    - ``plan()``: the bindings (spec, target, type, at, action, order).
+    - ``attach()``: registers the hooks; use as a context manager or call ``remove()``.
     - ``records``: ``records[spec][target]`` lists what record-like actions kept, one
-      entry per call; for ``trace``, ``records[spec]`` is a list of rows.
+      entry per call.
+    - ``rows``: ``rows[spec]`` lists the rows of ``trace``, ``check_finite(stop=false)`` and
+      user actions that log rows (``ctx.rows()``), one dict per call.
     - ``stats``: one row per stats call (spec, target, point, step, call and the statistics),
       read from the device once.
+    - ``store``: the :class:`~hookgraph.store.ResultStore` behind all three.
     - ``step``: the current step; ``set_step(n)`` re-evaluates every spec's schedule.
     """
 
-    def __init__(self, model: nn.Module, bindings: Sequence[Binding] = ()):
+    def __init__(self, model: nn.Module, bindings: Sequence[Binding] = (), store: Optional[ResultStore] = None,
+                 *, unmatched: Optional[dict[str, str]] = None):
         self.model = model
-        self.bindings: tuple[Binding, ...] = ()
-        self._records: dict[str, Any] = {}
-        self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
-        self._stat_rows: list = []
+        self.bindings: tuple[Binding, ...] = tuple(bindings)
+        self.store = store if store is not None else ResultStore()
+        # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
+        self.unmatched: dict[str, str] = dict(unmatched or {})
         self._attachment: Optional[Attachment] = None
         self._step = 0
-        self._backward_modules: set[nn.Module] = set()
-        self._bind(bindings)
-
-    def _bind(self, bindings: Sequence[Binding]) -> None:
-        """Set the bindings (the compiler builds them after the graph, whose context they need)."""
-        self.bindings = tuple(bindings)
-        self._backward_modules = {b.module for b in self.bindings if POINTS[b.point].full_backward}
-        self.set_step(self._step)
+        self._backward_modules = {b.module for b in self.bindings if POINTS[b.at].full_backward}
+        self.set_step(0)
 
     # -- schedule -----------------------------------------------------------
     @property
@@ -143,21 +172,46 @@ class HookGraph:
         return self._step
 
     def set_step(self, step: int) -> None:
-        """Set the step counter and re-evaluate schedules (once per step, not per call)."""
-        self._step = int(step)
-        live = self._attachment is not None
-        for b in self.bindings:
-            # Detached, everything stays off: tensor hooks left on activations must not act.
-            b.update(self._step) if live else setattr(b, "active", False)
+        """Set the step counter and re-evaluate schedules (once per step, not per call).
+
+        Attached, hooks of bindings that leave their schedule are removed and those that
+        enter it registered. Checks deferred on the device (``check_finite``) are read here,
+        so a non-finite value of the step that ended raises now.
+        """
+        self.store.settle_checks()
+        self._step = self.store.step = int(step)
+        if self._attachment is not None:
+            self._attachment.sync(self._step)
+        else:
+            for b in self.bindings:
+                # Detached, everything stays off: tensor hooks left on activations must not act.
+                b.active = False
 
     # -- registration ---------------------------------------------------------
     def attach(self, *, compiled: bool = False) -> Attachment:
-        """Register every hook. ``with graph.attach(): ...`` removes them all on exit, also on error.
+        """Register the hooks of every binding live at the current step.
 
-        ``compiled=True`` when the model runs under ``torch.compile``: module hooks are then
-        excluded from tracing (``torch._dynamo.disable``) and run eagerly, so records and
-        replacements are the same as in eager mode at the cost of a graph break per hooked
-        module. Tensor and parameter gradient hooks run in autograd as usual.
+        Args:
+            compiled: the model runs under ``torch.compile``: module hooks are then excluded
+                from tracing (``torch._dynamo.disable``) and run eagerly, so records and
+                replacements are the same as in eager mode at the cost of a graph break per
+                hooked module. Tensor and parameter gradient hooks run in autograd as usual.
+
+        Returns:
+            The :class:`Attachment`: a context manager whose exit (also on error) removes
+            every hook this graph registered; ``remove()`` does the same.
+
+        Raises:
+            HookGraphError: the graph is attached already, or PyTorch refused a hook.
+
+        Examples:
+            >>> import torch, hookgraph as hg
+            >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+            >>> graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}})
+            >>> with graph.attach():
+            ...     _ = model(torch.ones(1, 2))
+            >>> len(graph.records["acts"]["0"])
+            1
         """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
@@ -169,13 +223,25 @@ class HookGraph:
 
     # -- results -------------------------------------------------------------
     @property
-    def records(self) -> dict[str, Any]:
-        """``records[spec][target]``: lists of recorded values (trace: ``records[spec]`` rows).
+    def records(self) -> dict[str, dict[str, list]]:
+        """``records[spec][target]``: lists of recorded values, one per call.
 
-        Reading waits for pending device-to-host copies first, so values are complete.
+        Reading settles the store first (pending device-to-host copies, per-device entries,
+        in-place checks), so values are complete and equal what the modules produced.
         """
-        self.host.synchronize()
-        return self._records
+        self.store.settle()
+        return self.store.records
+
+    @property
+    def rows(self) -> dict[str, list[dict]]:
+        """``rows[spec]``: the rows of trace-like actions (``trace``, ``check_finite`` with
+        ``stop: false``), one dict per call."""
+        self.store.settle_checks()
+        return self.store.rows
+
+    @property
+    def host(self) -> HostCopier:
+        return self.store.host
 
     @property
     def calls(self) -> dict[str, int]:
@@ -191,35 +257,14 @@ class HookGraph:
     @property
     def stats(self) -> list[dict]:
         """Rows of statistics; reading them synchronises with the device once."""
-        from .actions.builtin import STAT_NAMES
-
-        if not self._stat_rows:
-            return []
-        vecs = [r[4] for r in self._stat_rows]
-        if len({v.device for v in vecs}) == 1:
-            values = torch.stack(vecs).cpu().tolist()  # one device-to-host copy for all rows
-        else:
-            values = torch.stack([v.cpu() for v in vecs]).tolist()
-        calls: dict[tuple, int] = {}
-        out = []
-        for (spec, target, point, step, _), vals in zip(self._stat_rows, values):
-            k = (spec, target, point, step)
-            calls[k] = calls.get(k, -1) + 1
-            out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k], **dict(zip(STAT_NAMES, vals))})
-        return out
+        return self.store.stats.rows()
 
     def clear(self) -> None:
-        """Forget records and statistics (the bindings stay)."""
-        for value in self.records.values():
-            if isinstance(value, dict):
-                for slot in value.values():
-                    slot.clear()
-            else:
-                value.clear()
-        self._stat_rows.clear()
+        """Forget records, rows and statistics (the bindings stay)."""
+        self.store.clear()
 
     def _backward_specs(self) -> list[str]:
-        return sorted({b.spec.name for b in self.bindings if POINTS[b.point].full_backward})
+        return sorted({b.spec.name for b in self.bindings if POINTS[b.at].full_backward})
 
     def __iter__(self) -> Iterator[Binding]:
         return iter(self.bindings)

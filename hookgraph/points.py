@@ -30,39 +30,45 @@ class HookPoint(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PointInfo:
+    """What a hook point targets, hands over and honours. All fields are keyword-only."""
+
     on_params: bool  # targets come from named_parameters() instead of named_modules()
     replaceable: bool  # PyTorch honours a value the hook returns
-    mechanism: str
-    value: str
+    mechanism: str  # the PyTorch registration behind it
+    value: str  # what the action sees
     needs_backward: bool = False  # fires only when a backward pass runs
     full_backward: bool = False  # a full backward module hook (PyTorch's in-place restrictions apply)
 
 
+_MODULE: dict = {"on_params": False, "replaceable": True}
+_GRAD: dict = {"on_params": False, "replaceable": True, "needs_backward": True}
+
 POINTS: dict[HookPoint, PointInfo] = {
-    HookPoint.forward_pre: PointInfo(False, True, "register_forward_pre_hook", "the module's positional inputs"),
-    HookPoint.forward: PointInfo(False, True, "register_forward_hook", "the module's output"),
+    HookPoint.forward_pre: PointInfo(**_MODULE, mechanism="register_forward_pre_hook", value="the module's positional inputs"),
+    HookPoint.forward: PointInfo(**_MODULE, mechanism="register_forward_hook", value="the module's output"),
     HookPoint.backward_pre: PointInfo(
-        False, True, "register_full_backward_pre_hook", "grad_output", needs_backward=True, full_backward=True
+        **_GRAD, mechanism="register_full_backward_pre_hook", value="grad_output", full_backward=True
     ),
-    HookPoint.backward: PointInfo(
-        False, True, "register_full_backward_hook", "grad_input", needs_backward=True, full_backward=True
-    ),
+    HookPoint.backward: PointInfo(**_GRAD, mechanism="register_full_backward_hook", value="grad_input", full_backward=True),
     HookPoint.output_grad: PointInfo(
-        False, True, "forward hook + Tensor.register_hook on the output", "gradient w.r.t. the output", needs_backward=True
+        **_GRAD, mechanism="forward hook + Tensor.register_hook on the output", value="gradient w.r.t. the output"
     ),
     HookPoint.input_grad: PointInfo(
-        False, True, "forward pre-hook + Tensor.register_hook on the inputs", "gradient w.r.t. the inputs", needs_backward=True
+        **_GRAD, mechanism="forward pre-hook + Tensor.register_hook on the inputs", value="gradient w.r.t. the inputs"
     ),
     HookPoint.param_value: PointInfo(
-        True, True, "forward pre-hook on the owning module, in-place copy", "the parameter, before its module runs"
+        on_params=True, replaceable=True, mechanism="forward pre-hook on the owning module, in-place copy",
+        value="the parameter, before its module runs",
     ),
     HookPoint.param_grad: PointInfo(
-        True, True, "Tensor.register_hook on the parameter", "the parameter's gradient", needs_backward=True
+        on_params=True, replaceable=True, needs_backward=True, mechanism="Tensor.register_hook on the parameter",
+        value="the parameter's gradient",
     ),
     # PyTorch ignores what a post-accumulate-grad hook returns: read-only here.
     HookPoint.param_accumulated: PointInfo(
-        True, False, "register_post_accumulate_grad_hook", "param.grad after accumulation", needs_backward=True
+        on_params=True, replaceable=False, needs_backward=True, mechanism="register_post_accumulate_grad_hook",
+        value="param.grad after accumulation",
     ),
 }

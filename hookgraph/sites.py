@@ -1,15 +1,19 @@
 """Registrars: how a binding becomes PyTorch hooks at its hook point.
 
-Public names: Binding, make_caller, direct_caller, action_error, REGISTRARS.
+Public names: Binding, Inputs, make_caller, direct_caller, action_error, REGISTRARS.
 
 Everything a hook needs is prepared here, before registration: the closures below do no
 name lookups or matching. They allocate only what PyTorch asks for (a replaced tuple, an
-alias carrying an input-gradient hook) besides the action's own work.
+alias carrying an input-gradient hook) besides the action's own work. Every closure is
+named after its spec, target and point (``hookgraph[spec|target|at]``), so a module's
+``_forward_hooks``, a profile or a traceback says which spec a hook belongs to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import threading
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -17,79 +21,100 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from .actions.registry import ActionDef
-from .errors import ActionError, HookGraphError
+from .errors import ActionError, HookGraphError, full_key
 from .points import HookPoint
 from .spec import HookSpec
+from .tree import set_item, tensors, tree_replace
 
-__all__ = ["Binding", "make_caller", "REGISTRARS"]
+__all__ = ["Binding", "Inputs", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
 
 
 @dataclass(eq=False)
 class Binding:
-    """One spec bound to one name at one hook point."""
+    """One spec bound to one name at one hook point: everything its hooks need.
 
-    spec: HookSpec
-    target: str
-    point: HookPoint
-    module: nn.Module  # the module itself, or the parameter's owner
-    param: Optional[nn.Parameter]
-    action: ActionDef
-    fn: Callable[..., Any]
-    rank: tuple
-    start: int = 0
-    stop: Optional[int] = None
-    active: bool = True
-    want_training: Optional[bool] = None  # None: any mode
+    Built by the compiler, registered and removed by the graph's ``Attachment``.
+    """
+
+    spec: HookSpec  # the validated spec this binding comes from
+    target: str  # the module or parameter name it matched
+    at: HookPoint  # the hook point (the spec's ``at``)
+    module: nn.Module  # the module itself, or the parameter's owner: where module hooks go
+    param: Optional[nn.Parameter]  # the parameter, for param_* points; else None
+    action: ActionDef  # the action's registration (flags: replaces, per_tensor, wants_io)
+    fn: Callable[..., Any]  # what the action's factory returned: called in the hook
+    rank: tuple  # (order, spec index, target index): registration and firing order
+    key: str = ""  # the spec's full config key (``hooks.<name>``) for error messages
+    start: int = 0  # first step of ``when.steps`` (inclusive)
+    stop: Optional[int] = None  # end of ``when.steps`` (exclusive); None: no end
+    active: bool = True  # the schedule includes the current step (the graph sets it)
+    want_training: Optional[bool] = None  # ``when.mode``: True train, False eval, None any
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
+    lock: Optional[threading.RLock] = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = full_key("hooks", self.spec.name)
+
+    @property
+    def point(self) -> HookPoint:
+        """The hook point (an alias of ``at``, kept for code written before 0.2)."""
+        return self.at
+
+    @property
+    def label(self) -> str:
+        """``hookgraph[spec|target|at]``: the name its hooks carry."""
+        return f"hookgraph[{self.spec.name}|{self.target}|{self.at}]"
 
     def plan_row(self) -> dict:
         return {
             "spec": self.spec.name,
             "target": self.target,
             "type": type(self.param if self.param is not None else self.module).__name__,
-            "at": str(self.point),
+            "at": str(self.at),
             "action": self.action.name,
             "order": self.spec.order if self.spec.order is not None else 0,
             "when": {"steps": self.spec.when.steps, "every": self.spec.when.every, "mode": self.spec.when.mode.value},
         }
 
-    def update(self, step: int) -> None:
-        every = self.spec.when.every
-        self.active = (
+    def scheduled(self, step: int) -> bool:
+        """Whether the spec's schedule includes ``step``."""
+        return (
             self.spec.enabled
             and step >= self.start
             and (self.stop is None or step < self.stop)
-            and (step - self.start) % every == 0
+            and (step - self.start) % self.spec.when.every == 0
         )
 
+    def update(self, step: int) -> None:
+        self.active = self.scheduled(step)
 
-def _each(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
-    """Lift a per-tensor fn to containers; returns None when nothing was replaced."""
 
-    def each(value: Any) -> Any:
-        if isinstance(value, Tensor):
-            return fn(value)
-        if isinstance(value, (tuple, list)):
-            new = [each(v) for v in value]
-            if all(n is None for n in new):
-                return None
-            return type(value)(v if n is None else n for v, n in zip(value, new))
-        if isinstance(value, dict):
-            new = {k: each(v) for k, v in value.items()}
-            if all(n is None for n in new.values()):
-                return None
-            return {k: value[k] if new[k] is None else new[k] for k in value}
-        return None
+class Inputs(tuple):
+    """The positional inputs of a module call; ``kwargs`` holds its keyword arguments
+    (Hugging Face models pass most inputs by keyword). A wants_io action at forward_pre or
+    input_grad receives this as ``inputs``."""
 
-    return each
+    kwargs: dict
+
+    def __new__(cls, args: Any = (), kwargs: Optional[dict] = None) -> "Inputs":
+        new = super().__new__(cls, args)
+        new.kwargs = kwargs if kwargs is not None else {}
+        return new
 
 
 def action_error(b: Binding, exc: Exception) -> ActionError:
     """An action's own exception, named after its spec, target and point."""
     return ActionError(
-        f"hooks.{b.spec.name}: action {b.action.name!r} failed at {b.target!r} ({b.point}): {type(exc).__name__}: {exc}"
+        f"{b.key}: action {b.action.name!r} failed at {b.target!r} ({b.at}): {type(exc).__name__}: {exc}"
     )
+
+
+def _per_tensor(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
+    """``fn`` lifted to containers: the same container type back, or None when no tensor
+    was replaced."""
+    return functools.partial(tree_replace, fn)
 
 
 def direct_caller(b: Binding) -> Optional[Callable[[Any], Any]]:
@@ -101,7 +126,7 @@ def direct_caller(b: Binding) -> Optional[Callable[[Any], Any]]:
         return None
     if not b.action.per_tensor:
         return b.fn
-    fn, each = b.fn, _each(b.fn)
+    fn, each = b.fn, _per_tensor(b.fn)
     return lambda value: fn(value) if type(value) is Tensor else each(value)  # noqa: E731
 
 
@@ -117,20 +142,14 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
         if b.action.wants_io:
             base = fn
         else:
-            inner = _each(fn) if b.action.per_tensor else fn
+            inner = _per_tensor(fn) if b.action.per_tensor else fn
             base = lambda value, inputs, output: inner(value)  # noqa: E731
         call = base
         if index is not None:
 
             def call(value: Any, inputs: Any, output: Any) -> Any:
                 new = base(_pick(b, value, index), inputs, output)
-                if new is None:
-                    return None
-                if isinstance(value, dict):
-                    return {**value, index: new}
-                items = list(value)
-                items[index] = new
-                return type(value)(items) if isinstance(value, list) else tuple(items)
+                return None if new is None else set_item(value, index, new)
 
     def guarded(value: Any, inputs: Any, output: Any) -> Any:
         try:
@@ -143,14 +162,33 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
     return guarded
 
 
-def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Under torch.compile, module hooks run eagerly: one graph break per hooked module instead
-    of dynamo tracing (and recompiling for) every hook closure."""
-    if b.eager:
+def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable[..., Any]:
+    """The hook as registered: named after its binding; serialised where replicas run hooks
+    in threads; a module hook is kept out of dynamo's trace under torch.compile."""
+    if b.lock is not None:
+        lock, inner = b.lock, hook
+
+        def hook(*args: Any) -> Any:  # the locked variant replaces the plain one
+            with lock:
+                return inner(*args)
+
+    hook.__name__ = hook.__qualname__ = b.label
+    if b.eager and module:
+        # Under torch.compile, module hooks run eagerly: one graph break per hooked module
+        # instead of dynamo tracing (and recompiling for) every hook closure.
         import torch._dynamo
 
         return torch._dynamo.disable(hook)
     return hook
+
+
+def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    return _prepared(b, hook, module=True)
+
+
+def _grad_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A tensor or parameter gradient hook: autograd runs it, dynamo never traces it."""
+    return _prepared(b, hook, module=False)
 
 
 def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:
@@ -167,23 +205,18 @@ def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any]
     )
 
 
-def _mode_ok(b: Binding, module: nn.Module) -> bool:
-    return b.want_training is None or module.training is b.want_training
-
-
 def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Binding], list[RemovableHandle]]:
-    """A registrar for points whose value is a tuple (inputs, grad_output, grad_input).
-
-    ``select(hook_args) -> (value tuple, inputs, output)``, where hook_args are what PyTorch
-    passes after the module; a returned value replaces the tuple.
+    """A registrar for the full backward points, whose value is a tuple (grad_output,
+    grad_input). ``select(hook_args) -> (value tuple, inputs, output)``, where hook_args
+    are what PyTorch passes after the module; a returned value replaces the tuple.
     """
 
     def register(b: Binding) -> list[RemovableHandle]:
-        call = make_caller(b)
+        call, want = make_caller(b), b.want_training
         unwrap, rewrap = _tuple_io(b)
 
         def hook(module: nn.Module, *hook_args: Any) -> Optional[tuple]:
-            if b.active and _mode_ok(b, module):
+            if b.active and (want is None or module.training is want):
                 b.calls += 1
                 value, inputs, output = select(hook_args)
                 new = call(unwrap(value), inputs, output)
@@ -196,9 +229,26 @@ def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Bin
     return register
 
 
-_forward_pre = _tuple_point("register_forward_pre_hook", lambda a: (a[0], a[0], None))
 _backward_pre = _tuple_point("register_full_backward_pre_hook", lambda a: (a[0], None, a[0]))
 _backward = _tuple_point("register_full_backward_hook", lambda a: (a[0], a[0], a[1]))
+
+
+def _forward_pre(b: Binding) -> list[RemovableHandle]:
+    # with_kwargs: modules called with keyword arguments (Hugging Face) expose them to
+    # wants_io actions; the action's value stays the positional inputs.
+    call, want = make_caller(b), b.want_training
+    unwrap, rewrap = _tuple_io(b)
+    wants_io = b.action.wants_io
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
+        if b.active and (want is None or module.training is want):
+            b.calls += 1
+            new = call(unwrap(args), Inputs(args, kwargs) if wants_io else args, None)
+            if new is not None:
+                return rewrap(args, new), kwargs
+        return None
+
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
 def _forward(b: Binding) -> list[RemovableHandle]:
@@ -242,26 +292,24 @@ def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
                 return call(grad, None, None)
             return None
 
-        return hook
+    else:
 
-    def direct_hook(grad: Tensor) -> Any:
-        if b.active:
-            b.calls += 1
-            try:
-                return direct(grad)
-            except HookGraphError:
-                raise
-            except Exception as exc:
-                raise action_error(b, exc) from exc
-        return None
+        def hook(grad: Tensor) -> Any:
+            if b.active:
+                b.calls += 1
+                try:
+                    return direct(grad)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
+            return None
 
-    return direct_hook
+    return _grad_hook(b, hook)
 
 
 def _without_index(b: Binding) -> Binding:
     # For gradient points the index picks which tensor gets a hook, not part of the gradient.
-    from dataclasses import replace
-
     return replace(b, spec=replace(b.spec, index=None))
 
 
@@ -274,60 +322,60 @@ def _pick(b: Binding, value: Any, index: Any) -> Any:
         return value[index]
     except (IndexError, KeyError, TypeError):
         raise ActionError(
-            f"hooks.{b.spec.name}.index: {index!r} does not select an element of the value at "
-            f"{b.target!r} ({b.point}), a {type(value).__name__}"
+            f"{full_key(b.key, 'index')}: {index!r} does not select an element of the value at "
+            f"{b.target!r} ({b.at}), a {type(value).__name__}"
             + (f" of length {len(value)}" if isinstance(value, (tuple, list, dict)) else "")
             + "; index picks one element of a tuple, list or dict"
         ) from None
 
 
-def _grad_leaves(value: Any, index: Any, b: Optional[Binding] = None) -> list[Tensor]:
-    if index is not None:
-        value = _pick(b, value, index)
-    if isinstance(value, Tensor):
-        return [value] if value.requires_grad else []
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _grad_leaves(v, None)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _grad_leaves(v, None)]
-    return []
-
-
 def _output_grad(b: Binding) -> list[RemovableHandle]:
-    tensor_hook, index = _tensor_hook(b), b.spec.index
+    tensor_hook, index, want = _tensor_hook(b), b.spec.index, b.want_training
 
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
-        if b.active and _mode_ok(b, module):
+        if b.active and (want is None or module.training is want):
             if index is None and type(output) is Tensor:  # the common case, without a list
                 if output.requires_grad:
                     output.register_hook(tensor_hook)
                 return
-            for t in _grad_leaves(output, index, b):
-                t.register_hook(tensor_hook)
+            for t in tensors(output if index is None else _pick(b, output, index)):
+                if t.requires_grad:
+                    t.register_hook(tensor_hook)
 
     return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
-    tensor_hook, index = _tensor_hook(b), b.spec.index
+    tensor_hook, index, want = _tensor_hook(b), b.spec.index, b.want_training
+    # A leaf input (the model's own input) aliased by a view and then edited in place by
+    # the module is an error in PyTorch: only in-place modules need a copy, known here.
+    copy_leaves = getattr(b.module, "inplace", False) is True
 
-    def hook(module: nn.Module, args: tuple) -> Optional[tuple]:
-        if not (b.active and _mode_ok(b, module)):
+    def alias(a: Tensor) -> Tensor:
+        # A fresh alias carries the hook, so it sees the gradient through this module only
+        # (not the input's other uses, e.g. a residual branch).
+        new = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
+        new.register_hook(tensor_hook)
+        return new
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
+        if not (b.active and (want is None or module.training is want)):
             return None
+        chosen = None if index is None else _position(b, args, index)
         new = list(args)
         changed = False
-        chosen = None if index is None else _position(b, args, index)
         for i, a in enumerate(args):
             if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
-                # A fresh alias carries the hook, so it sees the gradient through this module
-                # only (not the input's other uses, e.g. a residual branch).
-                alias = a.clone() if a.is_leaf else a.view_as(a)
-                alias.register_hook(tensor_hook)
-                new[i] = alias
+                new[i] = alias(a)
                 changed = True
-        return tuple(new) if changed else None
+        if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
+            for k, a in kwargs.items():
+                if isinstance(a, Tensor) and a.requires_grad:
+                    kwargs = {**kwargs, k: alias(a)}
+                    changed = True
+        return (tuple(new), kwargs) if changed else None
 
-    return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
 def _position(b: Binding, args: tuple, index: Any) -> int:
@@ -335,15 +383,15 @@ def _position(b: Binding, args: tuple, index: Any) -> int:
     if isinstance(index, int) and -len(args) <= index < len(args):
         return index % len(args)
     raise ActionError(
-        f"hooks.{b.spec.name}.index: {index!r} does not select one of the {len(args)} positional inputs of {b.target!r}"
+        f"{full_key(b.key, 'index')}: {index!r} does not select one of the {len(args)} positional inputs of {b.target!r}"
     )
 
 
 def _param_value(b: Binding) -> list[RemovableHandle]:
-    call, param = make_caller(b), b.param
+    call, param, want = make_caller(b), b.param, b.want_training
 
     def hook(module: nn.Module, args: tuple) -> None:
-        if b.active and _mode_ok(b, module):
+        if b.active and (want is None or module.training is want):
             b.calls += 1
             with torch.no_grad():
                 new = call(param, args, None)
@@ -355,26 +403,26 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
 
 
 def _param_grad(b: Binding) -> list[RemovableHandle]:
-    call, module = make_caller(b), b.module
+    call, module, want = make_caller(b), b.module, b.want_training
 
     def hook(grad: Tensor) -> Optional[Tensor]:
-        if b.active and _mode_ok(b, module):
+        if b.active and (want is None or module.training is want):
             b.calls += 1
             return call(grad, None, None)
         return None
 
-    return [b.param.register_hook(hook)]
+    return [b.param.register_hook(_grad_hook(b, hook))]
 
 
 def _param_accumulated(b: Binding) -> list[RemovableHandle]:
-    call, module = make_caller(b), b.module
+    call, module, want = make_caller(b), b.module, b.want_training
 
     def hook(param: Tensor) -> None:
-        if b.active and _mode_ok(b, module) and param.grad is not None:
+        if b.active and (want is None or module.training is want) and param.grad is not None:
             b.calls += 1
             call(param.grad, None, None)
 
-    return [b.param.register_post_accumulate_grad_hook(hook)]
+    return [b.param.register_post_accumulate_grad_hook(_grad_hook(b, hook))]
 
 
 REGISTRARS: dict[HookPoint, Callable[[Binding], list[RemovableHandle]]] = {

@@ -1,6 +1,6 @@
 """One structure walker for every value a hook sees, an action returns or a run folder stores.
 
-Public names: tree_map, tree_replace, tensors, tensors_with_paths, describe, rebuild.
+Public names: tree_map, tree_replace, tensors, tensors_with_paths, positions, set_item, to_plain, describe, rebuild.
 
 Built on ``torch.utils._pytree``: tuples, lists, dicts (any key type, in order),
 namedtuples, ``torch.return_types``, OrderedDict/defaultdict/deque and every type
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-__all__ = ["tree_map", "tree_replace", "tensors", "tensors_with_paths", "describe", "rebuild"]
+__all__ = ["tree_map", "tree_replace", "tensors", "tensors_with_paths", "positions", "set_item", "to_plain", "describe", "rebuild"]
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -92,6 +92,35 @@ def tree_replace(fn: Callable[[Tensor], Optional[Tensor]], value: Any) -> Any:
     return out if changed else None
 
 
+def to_plain(value: Any, leaf: Callable[[Tensor], Any]) -> Any:
+    """``value`` as JSON-ready lists and dicts (tuples and namedtuples as lists, dict keys
+    kept), with ``leaf(t)`` in place of every tensor and other leaves as they are."""
+    if isinstance(value, Tensor):
+        return leaf(value)
+    if isinstance(value, dict):
+        return {k: to_plain(v, leaf) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [to_plain(v, leaf) for v in value]
+    if type(value) in pytree.SUPPORTED_NODES:
+        children, _ = pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)
+        return [to_plain(v, leaf) for v in children]
+    return value
+
+
+def set_item(container: Any, index: Any, item: Any) -> Any:
+    """A copy of a tuple/list/dict (or a subclass: namedtuple, ModelOutput) with
+    ``container[index]`` set to ``item``, as the same type."""
+    if isinstance(container, dict):
+        new = copy.copy(container)
+        new[index] = item
+        return new
+    items = list(container)
+    items[index] = item
+    if pytree.is_namedtuple_instance(container):
+        return type(container)(*items)
+    return _rebuild_container(container, items)
+
+
 def tensors(value: Any) -> list[Tensor]:
     """The tensors in ``value``, in walk order."""
     found: list[Tensor] = []
@@ -99,29 +128,52 @@ def tensors(value: Any) -> list[Tensor]:
     return found
 
 
-def tensors_with_paths(value: Any) -> list[tuple[str, Tensor]]:
-    """``(path, tensor)`` pairs, paths written as in Python (``[0]``, ``['logits']``, ``.h``)."""
-    out: list[tuple[str, Tensor]] = []
+def _walk_keys(value: Any, named: bool) -> list[tuple[tuple, Tensor]]:
+    out: list[tuple[tuple, Tensor]] = []
 
-    def walk(x: Any, path: str) -> None:
+    def walk(x: Any, keys: tuple) -> None:
         if isinstance(x, Tensor):
-            out.append((path, x))
+            out.append((keys, x))
         elif pytree.is_namedtuple_instance(x):
-            for f, v in zip(x._fields, x):
-                walk(v, f"{path}.{f}")
+            for i, (f, v) in enumerate(zip(x._fields, x)):
+                walk(v, keys + ((".", f) if named else (i,),))
         elif isinstance(x, dict):
             for k, v in x.items():
-                walk(v, f"{path}[{k!r}]")
+                walk(v, keys + (("[]", k),))
         elif isinstance(x, (list, tuple)):
             for i, v in enumerate(x):
-                walk(v, f"{path}[{i}]")
+                walk(v, keys + (i,))
         elif type(x) in pytree.SUPPORTED_NODES:
             children, _ = pytree.SUPPORTED_NODES[type(x)].flatten_fn(x)
             for i, v in enumerate(children):
-                walk(v, f"{path}[{i}]")
+                walk(v, keys + (i,))
 
-    walk(value, "")
+    walk(value, ())
     return out
+
+
+def _path(keys: tuple) -> str:
+    parts = []
+    for k in keys:
+        if isinstance(k, tuple):
+            parts.append(f".{k[1]}" if k[0] == "." else f"[{k[1]!r}]")
+        else:
+            parts.append(f"[{k}]")
+    return "".join(parts)
+
+
+def tensors_with_paths(value: Any) -> list[tuple[str, Tensor]]:
+    """``(path, tensor)`` pairs, paths written as in Python (``[0]``, ``['logits']``, ``.h``)."""
+    return [(_path(keys), t) for keys, t in _walk_keys(value, named=True)]
+
+
+def positions(value: Any) -> list[tuple[tuple, Tensor]]:
+    """``(position, tensor)`` pairs where a position compares across forms of one structure:
+    namedtuple fields count as indices and dict keys as strings, so a value and its copy
+    read back from a run folder (a namedtuple as a tuple, int keys as written) line up.
+    ``None`` and other non-tensor leaves take no position but keep the others' indices."""
+    return [(tuple(str(k[1]) if isinstance(k, tuple) else k for k in keys), t)
+            for keys, t in _walk_keys(value, named=False)]
 
 
 # -- the stored form -------------------------------------------------------------------

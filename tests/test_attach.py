@@ -370,11 +370,11 @@ def test_clear_forgets_records_and_stats_but_keeps_recording():
     with graph.attach():
         model(torch.randn(1, 4))
         graph.clear()
-        assert graph.records == {"rec": {"0": []}, "tr": []}
+        assert graph.records == {"rec": {"0": []}} and graph.rows == {"tr": []}
         assert graph.stats == []
         model(torch.randn(1, 4))
     assert len(graph.records["rec"]["0"]) == 1
-    assert len(graph.records["tr"]) == 1
+    assert len(graph.rows["tr"]) == 1
     assert len(graph.stats) == 1
     assert len(graph) == 3
 

@@ -107,7 +107,7 @@ def test_model_and_graph_are_collected_after_many_cycles():
     assert all(len(m._forward_hooks) == 0 and len(m._forward_pre_hooks) == 0 for m in model.modules())
     assert all(len(p._backward_hooks or {}) == 0 for p in model.parameters())
     rec = graph.records["r"]["0"]
-    assert rec == [] and not graph._stat_rows
+    assert rec == [] and not graph.stats
     refs = [weakref.ref(model), weakref.ref(graph)]
     with graph.attach():
         kept = model(x)
@@ -124,8 +124,9 @@ def test_records_are_detached_and_do_not_hold_the_autograd_graph():
     model = nn.Linear(4, 4)
     graph = hg.compile(model, {"r": {"target": "", "action": "record"}})
     with graph.attach():
-        out = model(torch.randn(1, 4, requires_grad=True))
-    rec = graph.records["r"][""][0]
+        model(torch.randn(1, 4, requires_grad=True))  # the first call is copied while hookgraph
+        out = model(torch.randn(1, 4, requires_grad=True))  # checks for in-place rewrites
+    rec = graph.records["r"][""][1]
     assert rec.grad_fn is None and not rec.requires_grad
     assert rec.data_ptr() == out.data_ptr()  # no copy on CPU: detach only
 
@@ -181,6 +182,7 @@ def test_full_disk_while_recording(tmp_path, monkeypatch):
     import errno
 
     import hookgraph.runs.writer as writer_mod
+    from hookgraph.runner.lifecycle import RunFolderError
 
     real = writer_mod.atomic_write
 
@@ -190,8 +192,9 @@ def test_full_disk_while_recording(tmp_path, monkeypatch):
         real(path, data)
 
     monkeypatch.setattr(writer_mod, "atomic_write", full_after_first_shard)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(RunFolderError, match="No space left") as caught:
         run(cfg_for(at_step=99), tmp_path)
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "No space left" in summary["error"]["message"]
     assert summary["steps"] == 1

@@ -95,18 +95,17 @@ def test_record_reductions_match_torch(args, expected):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_record_topk_keeps_signed_values_and_flat_indices():
+def test_record_topk_keeps_signed_values_and_indices_along_dim():
     model, x, y = conv_site()
-    graph = hg.compile(model, {"r": {"target": "0", "action": "record", "args": {"topk": 5}}})
+    graph = hg.compile(model, {"r": {"target": "0", "action": "record", "args": {"topk": 3}}})
     with graph.attach():
         model(x)
     got = graph.records["r"]["0"][0]
-    flat = y.flatten()
-    want = flat.abs().topk(5).indices
+    want = y.abs().topk(3, dim=1).indices  # per sample and position, along the channels
     assert set(got) == {"values", "indices"}
     assert torch.equal(got["indices"], want)
-    assert torch.equal(got["values"], flat[want])
-    assert (got["values"].abs() >= flat.abs().sort(descending=True).values[4]).all()
+    assert torch.equal(got["values"], y.gather(1, want))
+    assert (got["values"].abs() >= y.abs().sort(dim=1, descending=True).values[:, 2:3]).all()
 
 
 def test_reduced_records_are_small_and_do_not_alias_the_activation():

@@ -89,7 +89,7 @@ def test_backward_hooks_see_seed_shapes(seeded):
     )
     with graph.attach():
         (1 - model(torch.randn(1, 3, 8, 8, generator=seeded)).mean()).backward()
-    rows = graph.records["shapes"]
+    rows = graph.rows["shapes"]
     assert [r["module"] for r in rows] == ["fc1", "conv"]  # backward runs in reverse
     assert rows[0]["output_shapes"] == [[1, 5]]  # grad_output of fc1
     assert rows[1]["output_shapes"] == [[1, 10, 4, 4]]  # grad_output of conv, as the seed prints
@@ -153,7 +153,7 @@ def test_resnet18_exec_order_75_names():
     graph = hg.compile(model, {"order": {"target": "**", "action": "trace"}})
     with graph.attach(), torch.no_grad():
         model(x)
-    names = [r["module"] for r in graph.records["order"]]
+    names = [r["module"] for r in graph.rows["order"]]
     assert names == plain
     assert len(set(names)) == len(dict(model.named_modules())) - 1  # every named module, the root aside
     assert len(names) == 75  # the seed's count: each block's ReLU runs twice

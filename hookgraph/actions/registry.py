@@ -25,25 +25,33 @@ import inspect
 import types
 import typing
 import warnings
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from torch import Tensor
 
 from ..errors import Problem, did_you_mean
 from ..points import HookPoint
-
-if TYPE_CHECKING:
-    from ..graph import HookGraph
+from ..store import Entries, ResultStore
+from ..transfer import HostCopier
 
 __all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action"]
 
 
 @dataclass(frozen=True)
 class ActionDef:
+    """A registered action: its name, factory and how its hooks hand it values.
+
+    The flags are keyword-only: ``ActionDef("scale", factory, replaces=True, per_tensor=True,
+    wants_io=False)``.
+    """
+
     name: str
     factory: Callable[..., Callable[..., Any]]
-    replaces: bool
-    per_tensor: bool
-    wants_io: bool
+    _: KW_ONLY
+    replaces: bool  # fn may return a new value (refused where PyTorch ignores it)
+    per_tensor: bool  # fn sees one tensor at a time; containers are walked and rebuilt
+    wants_io: bool  # fn(value, inputs, output) instead of fn(value)
     doc: str = ""
 
     @property
@@ -53,21 +61,55 @@ class ActionDef:
 
 @dataclass
 class ActionContext:
-    """What a factory knows about the site it is bound to."""
+    """What a factory knows about the site it is bound to, and its one way to the results.
+
+    ``spec``, ``target``, ``at`` (the hook point), ``module_type`` and ``key`` (the spec's
+    full config key, e.g. ``hooks.my_spec``, for error messages) describe the site; the
+    methods hand out the typed places of the graph's :class:`~hookgraph.store.ResultStore`.
+    """
 
     spec: str
     target: str
-    point: HookPoint
+    at: HookPoint
     module_type: str
-    graph: "HookGraph"
+    store: ResultStore
+    key: str = ""
+
+    @property
+    def point(self) -> HookPoint:
+        """The hook point (an alias of ``at``, kept for actions written before 0.2)."""
+        return self.at
 
     @property
     def step(self) -> int:
-        return self.graph.step
+        """The current step (read it in the hook: it changes between calls)."""
+        return self.store.step
 
-    def record_slot(self) -> list:
+    @property
+    def host(self) -> HostCopier:
+        """Device-to-host copies that do not block the hook."""
+        return self.store.host
+
+    @property
+    def per_device(self) -> bool:
+        """Hooks run in several threads at once (DataParallel replicas)."""
+        return self.store.per_device
+
+    def record_slot(self) -> Entries:
         """The list behind ``graph.records[spec][target]``, created on first use."""
-        return self.graph.records.setdefault(self.spec, {}).setdefault(self.target, [])
+        return self.store.record_slot(self.spec, self.target)
+
+    def rows(self) -> list[dict]:
+        """The list behind ``graph.rows[spec]``: append one dict per call."""
+        return self.store.row_sink(self.spec)
+
+    def defer(self, values: Tensor, check: Callable[[list], None]) -> None:
+        """Read ``values`` once per step instead of per call (see ``ResultStore.defer``)."""
+        self.store.defer(values, check)
+
+    def stats_sink(self) -> Callable[[Tensor], None]:
+        """``add(vec)``: one statistics row for this site (values in ``STAT_NAMES`` order)."""
+        return self.store.stats.sink(self.spec, self.target, str(self.at), self.store)
 
 
 ACTIONS: dict[str, ActionDef] = {}
@@ -83,10 +125,33 @@ def register_action(
     wants_io: bool = False,
     overwrite: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``factory(ctx, **args) -> fn`` under ``name`` (default: its own name).
+    """Decorator: register ``factory(ctx, **args) -> fn`` as an action specs can name.
 
     The factory's signature is checked here, not at first use: its first parameter must be
-    ``ctx`` and the others keyword arguments (they become the spec's ``args``).
+    ``ctx`` (an :class:`ActionContext`) and the others keyword arguments (they become the
+    spec's ``args``, checked against their annotations at compile time).
+
+    Args:
+        name: the name specs use in ``action:`` (default: the factory's own name).
+        replaces: ``fn`` may return a new value, which replaces the hooked one.
+        per_tensor: call ``fn`` once per tensor of a tuple/list/dict value and rebuild the
+            container as its own type; False hands over the value as it is.
+        wants_io: call ``fn(value, inputs, output)`` with what PyTorch passed the hook.
+        overwrite: replace an action of the same name without a warning.
+
+    Returns:
+        The decorator; it returns the factory unchanged (marked with its ``ActionDef``).
+
+    Raises:
+        TypeError: the factory's signature does not fit the contract.
+
+    Examples:
+        >>> import hookgraph as hg
+        >>> @hg.register_action("shift", replaces=True, overwrite=True)
+        ... def shift(ctx, by: float = 1.0):
+        ...     return lambda t: t + by
+        >>> hg.ACTIONS["shift"].replaces
+        True
     """
 
     def deco(factory: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,7 +165,8 @@ def register_action(
         if key in ACTIONS and not overwrite:
             warnings.warn(f"action {key!r} is registered already; the new one replaces it", stacklevel=2)
         ACTIONS[key] = ActionDef(
-            key, factory, replaces, per_tensor, wants_io, (inspect.getdoc(factory) or "").split("\n")[0]
+            key, factory, replaces=replaces, per_tensor=per_tensor, wants_io=wants_io,
+            doc=(inspect.getdoc(factory) or "").split("\n")[0],
         )
         factory.__hookgraph_action__ = ACTIONS[key]  # type: ignore[attr-defined]
         return factory

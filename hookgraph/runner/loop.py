@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..compiler import compile as compile_graph
+from ..compiler import compile_graph
 from ..data import build_data, data_params, default_data
 from ..discovery import format_targets, list_targets
 from ..errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
@@ -128,10 +128,10 @@ def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None
         if name not in bound:
             raise ConfigError(key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}")
         first = bound[name][0]
-        if first.action.name != "record" or first.point not in points:
+        if first.action.name != "record" or first.at not in points:
             raise ConfigError(
                 key, f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
-                f"it does {first.action.name} at {first.point}",
+                f"it does {first.action.name} at {first.at}",
             )
         targets = [b.target for b in bound[name]]
         if g["target"] not in targets:
@@ -142,7 +142,7 @@ def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None
 
 def _check_forward_only(graph: HookGraph) -> None:
     """A gradient hook in a run without backward would silently never fire: refuse it."""
-    problems = sorted({(b.spec.name, str(b.point)) for b in graph.bindings if POINTS[b.point].needs_backward})
+    problems = sorted({(b.spec.name, str(b.at)) for b in graph.bindings if POINTS[b.at].needs_backward})
     if problems:
         specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
         raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
@@ -429,11 +429,8 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
         per_spec[b.spec.name]["bindings"] += 1
     for spec, n in writer.counts.items():
         per_spec[spec]["records"] = n
-    for spec, rows in graph.records.items():
-        if isinstance(rows, list):  # trace rows
-            per_spec[spec]["records"] = len(rows)
-    for row in graph._stat_rows:
-        per_spec[row[0]]["records"] += 1
+    for spec, n in graph.store.counts().items():  # rows and statistics rows
+        per_spec[spec]["records"] += n
     return per_spec
 
 
@@ -474,14 +471,12 @@ def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = No
 
 
 def _trace_rows(graph: HookGraph) -> list[dict]:
-    return list(rows_with_spec(graph.records))
+    return list(rows_with_spec(graph.rows))
 
 
 def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
-    from ..actions.builtin import STAT_NAMES
-
     stats = graph.stats
     writer.csv("stats.csv", stats)
     if tb is not None:
-        tb.scalars(stats, STAT_NAMES)
+        tb.scalars(stats, graph.store.stats.names)
     writer.csv("trace.csv", _trace_rows(graph))

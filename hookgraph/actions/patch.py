@@ -1,0 +1,112 @@
+"""The ``patch`` action: replace a value with one recorded in another run (activation patching).
+
+Public names (registry keys): patch.
+
+The recorded value is read from the run folder at compile time; the hook only moves it to
+the live value's device and dtype (once) and copies it per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable
+
+from torch import Tensor
+
+from ..errors import HookGraphError, did_you_mean
+from ..tree import positions, tensors_with_paths, tree_map
+from .registry import ActionContext, register_action
+
+__all__: list[str] = []  # reached through the registry
+
+
+@functools.lru_cache(maxsize=8)
+def _run_records(path: str, stamp: int) -> Any:
+    # One index per run folder for all of a spec's targets (``stamp`` invalidates it when
+    # the run is rewritten); tensors are still read per target, lazily.
+    from ..runs import load_run
+
+    return load_run(path).records
+
+
+def _index_hint(saved: list, value: Any) -> str:
+    """Which ``index`` would make a single recorded tensor fit one element of the live value."""
+    if len(saved) != 1 or not isinstance(value, (tuple, list, dict)):
+        return ""
+    shape = saved[0][1].shape
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    fits = [k for k in keys if isinstance(value[k], Tensor) and value[k].shape == shape]
+    if not fits:
+        return ""
+    return f"; to patch only that element, add index: {fits[0]!r} to the spec (next to target)"
+
+
+def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], Any]:
+    """fn(value) -> ``recorded`` in the value's structure, device and dtype.
+
+    Tensors are paired by position (``tree.positions``), so a tuple with ``None`` in it, a
+    namedtuple or a dict read back from a run folder meets the live value it was recorded from.
+    """
+    saved = positions(recorded)
+    saved_at = [p for p, _ in saved]
+    moved: dict[tuple, Tensor] = {}
+
+    def one(src: Tensor, value: Tensor, path: str) -> Tensor:
+        if src.shape != value.shape:
+            raise HookGraphError(
+                f"patch at {ctx.target!r}{path} (spec {ctx.spec!r}): the recorded value from {where} has shape "
+                f"{list(src.shape)}, the live value {list(value.shape)}; patch runs with the same batch size and input shape"
+            )
+        key = (id(src), value.device, value.dtype)
+        t = moved.get(key)
+        if t is None:
+            t = moved[key] = src.to(device=value.device, dtype=value.dtype)
+        # A copy per call: a following in-place op (ReLU(inplace=True)) must not edit the cache.
+        return t.clone()
+
+    def fn(value: Any) -> Any:
+        if type(value) is Tensor and len(saved) == 1 and saved_at[0] == ():
+            return one(saved[0][1], value, "")
+        live = positions(value)
+        if [p for p, _ in live] != saved_at:
+            paths = [p for p, _ in tensors_with_paths(value)]
+            raise HookGraphError(
+                f"patch at {ctx.target!r} (spec {ctx.spec!r}): the recorded value from {where} is a "
+                f"{type(recorded).__name__} with {len(saved)} tensor(s) at {[p for p, _ in tensors_with_paths(recorded)]}, "
+                f"the live value a {type(value).__name__} with {len(live)} at {paths}"
+                + _index_hint(saved, value)
+            )
+        sources = iter([t for _, t in saved])
+        paths = iter(p for p, _ in tensors_with_paths(value))
+        return tree_map(lambda v: one(next(sources), v, next(paths)), value)
+
+    return fn
+
+
+@register_action(replaces=True, per_tensor=False)
+def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0):
+    """Replace the value with the one recorded for the same target in another run
+    (activation patching): ``run`` is that run's folder, ``spec`` the record spec there,
+    ``step`` and ``call`` which of its calls. The tensor is read at compile time and moved
+    to the live value's device and dtype once; shapes must match."""
+    root = Path(run).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
+    summary = root / "summary.json"
+    try:
+        records = _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
+    except HookGraphError as exc:
+        raise ValueError(f"run: {exc}") from None
+    if spec not in records:
+        raise ValueError(f"spec: {spec!r} recorded nothing in {str(root)!r}; {did_you_mean(spec, records, 'specs with records there')}")
+    targets = records[spec]
+    if ctx.target not in targets:
+        raise ValueError(
+            f"spec {spec!r} in {str(root)!r} has no record of {ctx.target!r}; {did_you_mean(ctx.target, targets, 'recorded targets')}"
+        )
+    try:
+        recorded = targets.entry(ctx.target, step, call)
+    except HookGraphError as exc:
+        raise ValueError(f"step/call: {exc}") from None
+    return _replacer(recorded, ctx, f"{str(root)!r} ({spec}, step {step}, call {call})")

@@ -1,0 +1,269 @@
+"""The ``record`` action: keep what a hook sees in ``graph.records[spec][target]``.
+
+Public names (registry keys): record.
+
+The factory checks the arguments and builds the reduction pipeline once; the closure it
+returns only walks it. A kept tensor that aliases the module's live output is watched by
+its slot (:class:`hookgraph.store.Entries`), so an in-place op that follows the module
+cannot change a record unnoticed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..dtypes import DTYPES
+from ..errors import HookGraphError
+from ..points import HookPoint
+from ..store import Entries
+from ..tree import tensors, tree_map
+from .registry import ActionContext, register_action
+
+__all__: list[str] = []  # reached through the registry
+
+REDUCTIONS = ("mean", "max", "norm")
+
+Stage = tuple[str, Callable[[Tensor], Any]]
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _selector(select: Union[str, int], dim: int) -> Callable[[Tensor], Tensor]:
+    """``select`` ("a:b[:c]" or an int) on ``dim`` -> fn(t). Validated here, applied in the hook.
+
+    Both forms copy what they pick, so a record does not keep the whole activation alive.
+    """
+    if _int(select):
+        # select() drops the dimension, as indexing with an int does in Python.
+        return lambda t: t.select(dim, select).clone()
+    if not isinstance(select, str) or select.count(":") not in (1, 2):
+        raise ValueError(f"select must be a slice string such as '0:8' or '::2', or an integer index, got {select!r}")
+    try:
+        parts = [int(p) if p.strip() else None for p in select.split(":")]
+    except ValueError:
+        raise ValueError(f"select must be a slice string of integers such as '0:8' or '-4:', got {select!r}") from None
+    slc = slice(*parts)
+    if slc.step is not None and slc.step <= 0:
+        raise ValueError(f"select step must be > 0 (tensors cannot be sliced backwards), got {select!r}")
+
+    def cut(t: Tensor) -> Tensor:
+        if not -t.dim() <= dim < t.dim():  # a modulo alone would silently pick another dim
+            raise IndexError(f"dim {dim} is out of range for a value with {t.dim()} dimensions")
+        return t[(slice(None),) * (dim % t.dim()) + (slc,)].clone()
+
+    return cut
+
+
+def _reducer(reduce: str, dims: Optional[tuple[int, ...]]) -> Callable[[Tensor], Tensor]:
+    if reduce == "mean":
+        # mean() refuses integer tensors; their mean is still a useful record.
+        return lambda t: (t if t.is_floating_point() or t.is_complex() else t.float()).mean(dim=dims)
+    if reduce == "max":
+        return lambda t: t.amax(dim=dims) if dims is not None else t.max()
+    return lambda t: torch.linalg.vector_norm(t if t.is_floating_point() or t.is_complex() else t.float(), dim=dims)
+
+
+def _topk(k: int, dim: int) -> Callable[[Tensor], dict]:
+    """The k elements of largest magnitude along ``dim``, per sample (as ``torch.topk``)."""
+
+    def top(t: Tensor) -> dict:
+        if not -t.dim() <= dim < t.dim():
+            raise IndexError(f"dim {dim} is out of range for a value with {t.dim()} dimensions")
+        idx = t.abs().topk(k, dim=dim).indices
+        return {"values": t.gather(dim, idx), "indices": idx}
+
+    return top
+
+
+def _check(keep: str, dtype: Optional[str], reduce: Optional[str], dims: Any, topk: Optional[int]) -> Optional[list[int]]:
+    """Argument checks that need no tensor; returns ``dims`` as a list (or None)."""
+    if keep not in ("all", "last"):
+        raise ValueError(f"keep must be 'all' or 'last', got {keep!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if reduce is not None and reduce not in REDUCTIONS:
+        raise ValueError(f"reduce must be null or one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+    if dims is not None:
+        if reduce is None:
+            raise ValueError(f"dims={dims!r} is given without reduce; set reduce to one of {', '.join(REDUCTIONS)}")
+        dims = [dims] if _int(dims) else dims
+        if not dims or not all(_int(d) for d in dims) or len(set(dims)) != len(dims):
+            raise ValueError(f"dims must be an integer or a non-empty list of distinct integers, got {dims!r}")
+    if topk is not None and (not _int(topk) or topk < 1):
+        raise ValueError(f"topk must be an integer >= 1, got {topk!r}")
+    return dims
+
+
+def _device(to: Optional[str]) -> Optional[torch.device]:
+    try:
+        return torch.device(to) if to is not None else None
+    except RuntimeError:
+        raise ValueError(f"to: {to!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+
+
+def _stages(select: Any, dim: int, reduce: Optional[str], dims: Optional[list[int]], dtype: Optional[str],
+            topk: Optional[int]) -> list[Stage]:
+    """The reductions, in the order they run on the device before anything is kept."""
+    stages: list[Stage] = []
+    if select is not None:
+        stages.append((f"select={select!r} on dim {dim}", _selector(select, dim)))
+    if reduce is not None:
+        stages.append((f"reduce={reduce} over dims {dims}", _reducer(reduce, tuple(dims) if dims is not None else None)))
+    cast = DTYPES.get(dtype) if dtype else None
+    if cast is not None:
+        # A cast to the dtype a value has already returns the value itself (kept as an alias).
+        stages.append(("dtype cast", lambda t: t.to(cast) if t.is_floating_point() else t))
+    if topk is not None:
+        stages.append((f"topk={topk} on dim {dim}", _topk(topk, dim)))
+    return stages
+
+
+def _keeper(slot: Entries) -> Callable[[Tensor], Tensor]:
+    """keep(t) for a detached tensor that aliases the live output: the slot decides whether
+    it needs a copy (see ``Entries``)."""
+    needs_copy = slot.needs_copy
+    return lambda t: t.clone() if needs_copy(t) else t
+
+
+def _mover(ctx: ActionContext, device: Optional[torch.device], copy: bool, keep: Callable[[Tensor], Tensor]
+           ) -> Callable[[Tensor, bool], Tensor]:
+    """move(t, aliased): a kept tensor on its way into the slot. The target device's type is
+    resolved here, once, so the hook tests one flag per call."""
+    to_host = ctx.host.to_host
+    to_cpu = device is not None and device.type == "cpu"
+
+    def move(t: Tensor, aliased: bool) -> Tensor:
+        if device is not None:
+            if to_cpu:
+                if not t.is_cpu:
+                    # Pinned buffers on a side stream, never a blocking .cpu() in the hook.
+                    return to_host(t)
+            elif t.device != device:
+                return t.to(device)
+        if not aliased:  # select, reduce and topk made a new tensor already
+            return t
+        return t.clone() if copy else keep(t)
+
+    return move
+
+
+@register_action(per_tensor=False)
+def record(
+    ctx: ActionContext,
+    keep: str = "all",
+    to: Optional[str] = None,
+    clone: bool = False,
+    dtype: Optional[str] = None,
+    select: Union[str, int, None] = None,
+    dim: int = 1,
+    reduce: Optional[str] = None,
+    dims: Union[int, list, None] = None,
+    topk: Optional[int] = None,
+):
+    """Keep the value (detached) in ``graph.records[spec][target]``, one entry per call.
+
+    keep: "all" or "last"; to: a device to move to (e.g. "cpu"; copies are non-blocking);
+    clone: copy every value from the start. Without it a record still equals what the
+    module produced: a target's first record is a copy while hookgraph watches whether an
+    in-place op (``ReLU(inplace=True)``) rewrites the live output, and targets where one
+    does are copied from then on (see ``hookgraph.store.Entries``); dtype: cast
+    (float16/bf16/...) to save memory.
+
+    Reductions, applied on the device in this order before anything is kept:
+    select: a slice string ("0:8", "::2") or an int index along ``dim`` (default 1, the
+    channels; an int drops that dimension); reduce: "mean", "max" or "norm" over ``dims``
+    (a list of dimensions of the selected value; null = all, giving a scalar), e.g.
+    reduce=mean, dims=[2, 3] keeps per-channel means of a [N, C, H, W] output; then the
+    dtype cast; topk: the k elements of largest absolute value along ``dim`` for every
+    sample (as ``torch.topk(value.abs(), k, dim)``), kept as
+    ``{"values": signed values, "indices": their indices along dim}``.
+    """
+    dims = _check(keep, dtype, reduce, dims, topk)
+    device = _device(to)
+    stages = _stages(select, dim, reduce, dims, dtype, topk)
+    # A parameter (edited in place) and an accumulated .grad (updated in place by the next
+    # backward) are rewritten by design: always copy them.
+    clone = clone or ctx.at in (HookPoint.param_value, HookPoint.param_accumulated)
+    slot = ctx.record_slot()
+    slot.last_only = keep == "last"
+    if clone:
+        slot.copy_always = True
+    move = _mover(ctx, device, clone, _keeper(slot))
+
+    def one(t: Tensor) -> Any:
+        t = t.detach()
+        x: Any = t
+        for label, stage in stages:
+            try:
+                x = stage(x)
+            except (IndexError, RuntimeError) as exc:
+                # Ranks and sizes are only known per call; name the site and the shape.
+                raise HookGraphError(
+                    f"record at {ctx.target!r} (spec {ctx.spec!r}): {label} does not fit a value of shape "
+                    f"{list(t.shape)}: {str(exc).splitlines()[0]}"
+                ) from exc
+        return tree_map(lambda leaf: move(leaf, leaf is t), x)
+
+    plain = not stages and not clone and (device is None or device.type == "cpu")
+    return _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
+
+
+def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], plain: bool,
+              to_host: Optional[Callable[[Tensor], Tensor]]) -> Callable[[Any], None]:
+    """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
+    if ctx.per_device:
+        # Replicas call this from one thread per device: each device keeps its own list.
+        slot.replicas = True
+
+        def fn(value: Any) -> None:
+            found = tensors(value)
+            if found:
+                slot.append_on_device(tree_map(one, value), found[0].device)
+
+        return fn
+    if slot.last_only:
+        keep_last, forget = slot.keep_last, slot._watched.clear
+
+        def fn(value: Any) -> None:
+            forget()  # the entry it replaces needs no watching
+            keep_last(tree_map(one, value))
+
+        return fn
+    append = slot.append
+    if not plain:
+        def fn(value: Any) -> None:
+            append(tree_map(one, value))
+
+        return fn
+    # The plain cases, as cheap as a hand-written hook: detach and keep, or with `to: cpu`
+    # copy what is not on the host yet.
+    if to_host is None:
+        slot.plain = True
+
+        def fn(value: Any) -> None:
+            if type(value) is Tensor and slot.fresh:
+                append(value.detach())  # checked once per step instead (Entries.settle)
+            else:
+                append(tree_map(one, value))
+
+        return fn
+
+    slot.plain = True  # host copies are fresh tensors too: version 0
+
+    def fn(value: Any) -> None:
+        if type(value) is Tensor:
+            t = value.detach()
+            if not t.is_cpu:
+                append(to_host(t))
+                return
+            if slot.fresh:
+                append(t)
+                return
+        append(tree_map(one, value))
+
+    return fn

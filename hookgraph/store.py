@@ -1,0 +1,280 @@
+"""The result store: where actions keep what they find. One per HookGraph.
+
+Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer.
+
+Actions reach the store only through their ``ActionContext``, which hands them one typed
+place each:
+
+- **record slots** (``Entries``): ``store.records[spec][target]``, a list with one entry per
+  call. Entries that alias the live output are watched: a tensor changed in place after it
+  was recorded is never handed out silently (see :class:`Entries`).
+- **row sinks**: ``store.rows[spec]``, one dict per call, for ``trace``, ``check_finite``
+  and user actions that log rows.
+- **the stats buffer** (:class:`StatsBuffer`), which owns ``STAT_NAMES`` and the row layout.
+
+The compiler builds the store, the actions' factories take their slots from it, and the
+graph is built last around both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .errors import HookGraphError
+from .transfer import HostCopier
+
+__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer"]
+
+STAT_NAMES = ("mean", "std", "min", "max", "absmax", "norm", "zero_frac", "nan", "inf")
+
+
+def _device_key(device: torch.device) -> tuple:
+    return (device.type, -1 if device.index is None else device.index)
+
+
+class Entries(list):
+    """One target's recorded calls: a plain list to read, plus what keeps it honest.
+
+    A record must equal what the module produced, but keeping the output without a copy
+    lets an in-place op that runs next (``ReLU(inplace=True)`` after every ResNet
+    BatchNorm) rewrite it. Each slot therefore learns, once, whether it needs copies:
+
+    - probing (the first call): the entry is a copy, and the live output is watched
+      through its ``_version`` counter;
+    - at the next call (or the first :meth:`settle`; with per-device parts always at
+      settle, when every replica's thread is done) the probe is decided: a slot whose
+      live output was rewritten copies from then on (``copy_always``); the others keep
+      the output itself (``alias``), still watched: an entry rewritten later is refused
+      when read (``ResultStore.settle``), never handed out changed.
+
+    Watching costs a ``_version`` read per call. Where the probe's output had version 0
+    when the hook saw it (a fresh tensor: nearly every module output), the slot is
+    ``fresh``: the hook appends without watching, and :meth:`settle` requires version 0 of
+    every uncopied tensor entry (the counter only grows, so 0 proves it untouched; a
+    non-zero one is refused, never returned).
+
+    ``append_on_device(value, device)``: where replicas run hooks in threads
+    (DataParallel), each device appends to its own list; :meth:`gather` moves them here in
+    device order, so entries never interleave by thread timing.
+    """
+
+    __slots__ = ("alias", "copy_always", "last_only", "plain", "replicas", "fresh", "_fresh_from", "_probes", "_watched", "_parts")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alias = False  # the probe found no in-place rewrite: keep outputs uncopied
+        self.copy_always = False  # the probe (or a watch) saw one: copy every call
+        self.last_only = False  # keep: last
+        self.plain = False  # the hook may append unwatched tensors once the slot is fresh
+        self.replicas = False  # filled by DataParallel replicas, one thread per device
+        self.fresh = False  # alias, and outputs are fresh (version 0) when recorded
+        self._fresh_from = 0  # entries from here on are fresh-path entries
+        self._probes: list[tuple[Tensor, int]] = []
+        self._watched: list[tuple[Tensor, int]] = []
+        self._parts: dict[tuple, list] = {}
+
+    def needs_copy(self, live: Tensor) -> bool:
+        """Whether the entry for ``live`` (a detached alias of the module's output) must be
+        a copy; an uncopied one is watched."""
+        if not self.alias and not self.copy_always:
+            if self._probes and not self.replicas:
+                self._decide()  # replicas decide at settle, when every device's thread is done
+            if not self.alias and not self.copy_always:
+                self._probes.append((live, live._version))
+                return True
+        if self.copy_always:
+            return True
+        self._watched.append((live, live._version))
+        return False
+
+    def _decide(self) -> None:
+        if self._probes:
+            probes, self._probes = self._probes, []
+            if any(t._version != version for t, version in probes):
+                self.copy_always = True
+            else:
+                self.alias = True
+                if self.plain and all(version == 0 for _, version in probes):
+                    self.fresh, self._fresh_from = True, len(self)
+
+    def settle(self) -> bool:
+        """Decide the probe; True when a watched (uncopied) entry was rewritten in place.
+
+        Entries stay watched until they are cleared: a module that returns a persistent
+        tensor (a cache it updates in place) would otherwise rewrite an entry already read.
+        """
+        self._decide()
+        rewritten = any(t._version != v for t, v in self._watched)
+        if self.fresh and not rewritten:
+            rewritten = any(type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None))
+        if rewritten:
+            self.alias, self.fresh, self.copy_always = False, False, True
+        return rewritten
+
+    def keep_last(self, value: Any) -> None:
+        self[:] = [value]
+
+    def append_on_device(self, value: Any, device: torch.device) -> None:
+        key = _device_key(device)
+        if self.last_only:
+            self._parts[key] = [value]
+            return
+        part = self._parts.get(key)
+        if part is None:
+            part = self._parts.setdefault(key, [])
+        part.append(value)
+
+    def gather(self) -> None:
+        if self._parts:
+            merged = [v for key in sorted(self._parts) for v in self._parts[key]]
+            if self.last_only:
+                self[:] = merged
+            else:
+                self.extend(merged)
+            self._parts.clear()
+
+    def clear(self) -> None:
+        super().clear()
+        self._fresh_from = 0
+        self._watched.clear()
+        self._parts.clear()
+
+
+class StatsBuffer:
+    """Statistics rows: ``(spec, target, point, step)`` plus one small device tensor of
+    ``STAT_NAMES`` values per call, copied to the host once, when :meth:`rows` is read."""
+
+    names = STAT_NAMES
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[str, str, str, int]] = []
+        self._values: list[Tensor] = []
+
+    def sink(self, spec: str, target: str, point: str, clock: "ResultStore") -> Callable[[Tensor], None]:
+        """``add(vec)`` for one site: ``vec`` holds the statistics in ``STAT_NAMES`` order."""
+        keys, values = self._keys, self._values
+
+        def add(vec: Tensor) -> None:
+            keys.append((spec, target, point, clock.step))
+            values.append(vec)
+
+        return add
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for spec, *_ in self._keys:
+            out[spec] = out.get(spec, 0) + 1
+        return out
+
+    def rows(self) -> list[dict]:
+        if not self._keys:
+            return []
+        vecs = self._values
+        if len({v.device for v in vecs}) == 1:
+            values = torch.stack(vecs).cpu().tolist()  # one device-to-host copy for all rows
+        else:
+            values = torch.stack([v.cpu() for v in vecs]).tolist()
+        calls: dict[tuple, int] = {}
+        out = []
+        for (spec, target, point, step), vals in zip(self._keys, values):
+            k = (spec, target, point, step)
+            calls[k] = calls.get(k, -1) + 1
+            out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k],
+                        **dict(zip(STAT_NAMES, vals))})
+        return out
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._values.clear()
+
+
+class ResultStore:
+    """Everything a graph's actions keep, by kind. Built by the compiler.
+
+    Args:
+        per_device: replicas run the hooks in threads, one per device (``nn.DataParallel``
+            over several GPUs): records are kept per device and merged in device order,
+            and ``lock`` serialises the hooks' shared counters and rows.
+    """
+
+    def __init__(self, *, per_device: bool = False):
+        self.records: dict[str, dict[str, Entries]] = {}
+        self.rows: dict[str, list[dict]] = {}
+        self.stats = StatsBuffer()
+        self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
+        self.per_device = per_device
+        # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
+        self.lock: Optional[threading.RLock] = threading.RLock() if per_device else None
+        self.step = 0  # the step results are stamped with; the graph sets it
+        self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
+
+    # -- what actions get ---------------------------------------------------------
+    def record_slot(self, spec: str, target: str) -> Entries:
+        """The list behind ``records[spec][target]``, created on first use."""
+        return self.records.setdefault(spec, {}).setdefault(target, Entries())
+
+    def row_sink(self, spec: str) -> list[dict]:
+        """The list behind ``rows[spec]``: append one dict per call."""
+        return self.rows.setdefault(spec, [])
+
+    def defer(self, values: Tensor, check: Callable[[list], None]) -> None:
+        """Read ``values`` (a small device tensor) at the next :meth:`settle` and call
+        ``check(values as a list)`` then, in the order the calls were deferred."""
+        self._deferred.append((values, check))
+
+    def settle_checks(self) -> None:
+        """Run the checks deferred on the device (one synchronisation for all of them)."""
+        self._run_deferred()
+
+    def _run_deferred(self) -> None:
+        if not self._deferred:
+            return
+        items, self._deferred = self._deferred, []
+        vecs = [v for v, _ in items]
+        device = vecs[0].device
+        values = torch.stack([v.to(device) for v in vecs]).cpu().tolist()  # one synchronisation
+        for (_, check), vals in zip(items, values):
+            check(vals)
+
+    # -- what readers get ----------------------------------------------------------
+    def settle(self, *, strict: bool = True) -> None:
+        """Make the results complete and trustworthy before anyone reads them: wait for
+        device-to-host copies, merge per-device entries, run deferred checks, and (with
+        ``strict``) refuse records that an in-place op rewrote after they were kept."""
+        self.host.synchronize()
+        self._run_deferred()
+        for spec, targets in self.records.items():
+            for target, entries in targets.items():
+                entries.gather()
+                if entries.settle() and strict:
+                    entries.clear()
+                    raise HookGraphError(
+                        f"record of {target!r} (spec {spec!r}) was modified in place after it was recorded "
+                        "(an in-place op ran on the output after the hook, in a call pattern that changed "
+                        "since the first step); its entries are dropped and from now on copied: run the "
+                        "step again, or set args.clone: true to copy from the start"
+                    )
+
+    def counts(self) -> dict[str, int]:
+        """spec -> rows and statistics rows held now (records are counted when written)."""
+        out = {spec: len(rows) for spec, rows in self.rows.items()}
+        for spec, n in self.stats.counts().items():
+            out[spec] = out.get(spec, 0) + n
+        return out
+
+    def clear(self) -> None:
+        self.settle(strict=False)
+        for targets in self.records.values():
+            for entries in targets.values():
+                entries.clear()
+        for rows in self.rows.values():
+            rows.clear()
+        self.stats.clear()

@@ -1,0 +1,119 @@
+"""A record equals the value the module produced, also when an in-place op runs next."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import hookgraph as hg
+
+
+def _reference(model: nn.Module, names: list[str]) -> tuple[dict, list]:
+    """Plain forward hooks that clone: the independent reference."""
+    seen: dict[str, list] = {n: [] for n in names}
+    modules = dict(model.named_modules())
+    handles = [modules[n].register_forward_hook(lambda m, a, out, n=n: seen[n].append(out.detach().clone())) for n in names]
+    return seen, handles
+
+
+def test_resnet18_bn1_records_equal_the_batchnorm_output():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    names = [n for n, m in model.named_modules() if n.endswith("bn1")]
+    assert len(names) == 9  # the stem and eight blocks: each bn1 is followed by ReLU(inplace=True)
+    graph = hg.compile(model, {"bn": {"target": names, "action": "record"}, "conv": {"target": "layer1.0.conv2", "action": "record"}})
+    want, handles = _reference(model, names + ["layer1.0.conv2"])
+    x = torch.randn(2, 3, 32, 32)
+    try:
+        with graph.attach(), torch.no_grad():
+            model(x)
+            out2 = model(x)  # the second call runs with what the first one learnt
+            live = {}
+            h = model.layer1[0].conv2.register_forward_hook(lambda m, a, o: live.setdefault("conv2", o))
+            model(x)
+            h.remove()
+    finally:
+        for h in handles:
+            h.remove()
+    for name in names:
+        got = graph.records["bn"][name]
+        assert len(got) == 3
+        for rec, ref in zip(got, want[name]):
+            assert (ref < 0).float().mean() > 0.3  # the true BatchNorm output has negatives
+            torch.testing.assert_close(rec, ref, rtol=0, atol=0)
+    # A target no in-place op touches is kept without a copy from its second call on.
+    assert graph.records["conv"]["layer1.0.conv2"][2].data_ptr() == live["conv2"].data_ptr()
+    assert out2.shape == (2, 1000)
+
+
+def test_sequential_conv_before_inplace_relu_keeps_negative_values():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True))  # vgg16's features.0 and .1
+    graph = hg.compile(model, {"first": {"target": "0", "action": "record"}})
+    want, handles = _reference(model, ["0"])
+    with graph.attach(), torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(1, 3, 8, 8))
+    for h in handles:
+        h.remove()
+    got = graph.records["first"]["0"]
+    assert [torch.equal(a, b) for a, b in zip(got, want["0"])] == [True] * 3
+    assert got[0].min() < 0
+
+
+class Sometimes(nn.Module):
+    """Edits its child's output in place only when ``inplace`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.inplace = False
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.relu_() if self.inplace else y.relu()
+
+
+def test_an_entry_rewritten_after_the_probe_is_refused_never_returned_changed():
+    model = Sometimes()
+    graph = hg.compile(model, {"r": {"target": "lin", "action": "record"}})
+    x = torch.tensor([[1.0, -1.0]])
+    with graph.attach(), torch.no_grad():
+        model(x)
+        model(x)  # no rewrite seen: kept without copies from here on
+        model.inplace = True
+        model(x)
+    with pytest.raises(hg.HookGraphError, match="modified in place after it was recorded"):
+        _ = graph.records
+    assert graph.records["r"]["lin"] == []  # dropped, not returned changed
+    with graph.attach(), torch.no_grad():
+        model(x)  # copied from now on
+    (rec,) = graph.records["r"]["lin"]
+    torch.testing.assert_close(rec, model.lin(x))
+
+
+class EditsItsOwnOutput(nn.Module):
+    """Its output reaches the hook with version 1 (edited in place inside forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x).mul_(2)
+
+
+def test_outputs_edited_inside_forward_are_watched_and_kept_uncopied():
+    model = nn.Sequential(EditsItsOwnOutput())
+    graph = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    x = torch.tensor([[1.0, -1.0]])
+    with graph.attach(), torch.no_grad():
+        model(x)
+        out = model(x)
+    assert graph.records["r"]["0"][1].data_ptr() == out.data_ptr()  # version 1 is what the module made
+    with graph.attach(), torch.no_grad():
+        model(x).relu_()  # rewritten after the hook
+    with pytest.raises(hg.HookGraphError, match="modified in place"):
+        _ = graph.records
