@@ -47,7 +47,8 @@ def _app(cfg: DictConfig) -> float | None:
         log.error("%s", exc)
         print(f"hookgraph: error: {exc}\n(run folder: {out_dir})", file=sys.stderr)
         sys.exit(2)
-    loss = summary.get("loss")
+    # runner.metric, when set, is the objective; otherwise the last step's loss.
+    loss = summary.get("metric", summary.get("loss"))
     if summary.get("status") == "completed":
         for spec, counts in (summary.get("specs") or {}).items():
             log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])

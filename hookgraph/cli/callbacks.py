@@ -33,6 +33,8 @@ def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
         if summary_path.is_file():
             s = json.loads(summary_path.read_text())
             row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
+            if "metric" in s:
+                row["metric"] = s["metric"]
             row["run_s"] = round(s.get("timings", {}).get("run_s", float("nan")), 4)
             for spec, counts in (s.get("specs") or {}).items():
                 row[f"{spec}.records"] = counts.get("records")

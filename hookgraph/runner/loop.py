@@ -35,6 +35,7 @@ from ..points import POINTS, HookPoint
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .batches import LOSSES, call_model, compute_loss, to_device
 from .device import resolve_device, resolve_dtype
+from .metrics import check_metric, compute_metric
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
@@ -87,6 +88,8 @@ def _validate(r: DictConfig) -> None:
         raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+    if r.metric is not None:
+        check_metric(r.metric)
 
 
 def _check_gradcam(cfg: DictConfig, graph: HookGraph) -> None:
@@ -171,6 +174,7 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     graph: Optional[HookGraph] = None
     tb: Optional[TensorBoardSink] = None
     losses: list[float] = []
+    metrics: list[float] = []
     first_input: Optional[torch.Tensor] = None
     try:
         r = cfg.runner
@@ -226,6 +230,8 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
                 with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
                     out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
                     loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                    if r.metric is not None:
+                        metrics.append(compute_metric(r.metric, out, inputs))
                 if r.backward:
                     if not loss.requires_grad:
                         raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
@@ -278,6 +284,9 @@ def run(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
         if losses:
             summary["loss"] = losses[-1]
             summary["losses"] = losses
+        if metrics:
+            summary["metric"] = metrics[-1]
+            summary["metrics"] = metrics
         if graph is not None:
             summary["specs"] = _headline(graph, writer)
         summary["records_bytes"] = writer.bytes_written
