@@ -90,7 +90,53 @@ def _mask(view_shape: torch.Size, dim: Optional[int], pos: Any, heads: Optional[
     return m
 
 
-def _source(ctx: ActionContext, run: Any, spec: str, step: int, call: int) -> Tensor:
+def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
+    """The value at the spec's own site when the model reads ``prompt`` (token ids): one
+    forward pass at compile time, under no_grad, through a hook that is removed at once.
+    At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
+    its first positional input."""
+    from ..points import HookPoint
+
+    if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
+        raise ValueError(f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run")
+    try:
+        ids = torch.as_tensor(prompt, dtype=torch.long)
+    except (TypeError, ValueError, RuntimeError):
+        ids = None
+    if ids is None or ids.dim() not in (1, 2) or ids.numel() == 0:
+        raise ValueError(f"prompt: expected token ids, a list of ints or a list of equal-length lists, got {prompt!r}")
+    model = ctx.graph.model
+    module = model.get_submodule(ctx.target)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    got: list[Any] = []
+    if ctx.point is HookPoint.forward:
+        handle = module.register_forward_hook(lambda m, args, out: got.append(out))
+    else:
+        handle = module.register_forward_pre_hook(lambda m, args: got.append(args[0] if args else None))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids.reshape(-1, ids.shape[-1]).to(device))
+    except Exception as exc:
+        raise ValueError(f"prompt: the model failed on the prompt: {type(exc).__name__}: {exc}") from None
+    finally:
+        handle.remove()
+    if not got:
+        raise ValueError(f"prompt: the forward pass never reached {ctx.target!r}")
+    value = got[0]
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    if not isinstance(value, Tensor):
+        raise ValueError(f"prompt: {ctx.target!r} gave a {type(value).__name__}, not a tensor")
+    return value.detach().clone()
+
+
+def _source(ctx: ActionContext, run: Any, spec: Optional[str], step: int, call: int, prompt: Any = None) -> Tensor:
+    if (run is None) == (prompt is None):
+        raise ValueError("give run (and spec): a recorded run, or prompt: token ids to run the model on now")
+    if prompt is not None:
+        return prompt_value(ctx, prompt)
+    if spec is None:
+        raise ValueError("run needs spec: the record spec in that run")
     saved = recorded_value(run, spec, ctx.target, step, call)
     if not isinstance(saved, Tensor):
         raise ValueError(
@@ -132,42 +178,51 @@ def _patcher(ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, 
 @register_action(replaces=True, per_tensor=False)
 def patch_positions(
     ctx: ActionContext,
-    run: Any,
-    spec: str,
+    run: Any = None,
+    spec: Optional[str] = None,
     positions: Union[int, list, str, None] = None,
     step: int = 0,
     call: int = 0,
     dim: int = 1,
+    prompt: Optional[list] = None,
 ):
     """Replace the value with a recorded one (same target) at ``positions`` along ``dim``
     (the sequence, by default) and keep the live value elsewhere. ``run``: a run folder, a
-    Run, or from Python a HookGraph or its records; ``positions``: an int, a list of ints
-    (negative ones count from the end) or a slice string "a:b"; null patches everything."""
+    Run, or from Python a HookGraph or its records; or instead ``prompt``: token ids the
+    model reads once at compile time (the clean prompt, in the same run); ``positions``: an
+    int, a list of ints (negative ones count from the end) or a slice string "a:b"; null
+    patches everything."""
     pos = position_index(positions)
-    saved = _source(ctx, run, spec, step, call)
-    return _patcher(ctx, saved, f"{source_label(run)} ({spec}, step {step}, call {call})", dim, pos, None, None)
+    saved = _source(ctx, run, spec, step, call, prompt)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
+
+
+def _where(run: Any, spec: Optional[str], step: int, call: int, prompt: Any) -> str:
+    return f"prompt {prompt!r}" if prompt is not None else f"{source_label(run)} ({spec}, step {step}, call {call})"
 
 
 @register_action(replaces=True, per_tensor=False)
 def head_patch(
     ctx: ActionContext,
     heads: Union[int, list],
-    run: Any,
-    spec: str,
+    run: Any = None,
+    spec: Optional[str] = None,
     positions: Union[int, list, str, None] = None,
     step: int = 0,
     call: int = 0,
     n_heads: Optional[int] = None,
     dim: int = 1,
+    prompt: Optional[list] = None,
 ):
     """Replace attention head(s) ``heads`` with their recorded output (and only at
     ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
-    TransformerLens's ``hook_z``. ``n_heads`` defaults to the enclosing attention's."""
+    TransformerLens's ``hook_z``. The source is ``run``/``spec`` or ``prompt``, as for
+    patch_positions; ``n_heads`` defaults to the enclosing attention's."""
     idx = _heads_list(heads)
     pos = position_index(positions)
     n = n_heads if n_heads is not None else n_heads_of(ctx.graph.model, ctx.target)
-    saved = _source(ctx, run, spec, step, call)
-    return _patcher(ctx, saved, f"{source_label(run)} ({spec}, step {step}, call {call})", dim, pos, idx, n)
+    saved = _source(ctx, run, spec, step, call, prompt)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
 
 
 @register_action(replaces=True)

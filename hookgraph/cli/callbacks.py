@@ -82,3 +82,12 @@ class SweepTable(Callback):
                 sweep_figure(rows, sweep_dir / "sweep.png")
             except Exception as exc:  # a figure must never hide the table
                 log.warning("no sweep figure: %s", exc)
+            if any("metric" in r for r in rows):
+                try:
+                    from ..report.patching import write_patching
+
+                    figure = write_patching(sweep_dir)  # None unless the sweep is layer x position
+                    if figure is not None:
+                        log.info("patching heatmap: %s", figure)
+                except Exception as exc:
+                    log.warning("no patching heatmap: %s", exc)
