@@ -110,6 +110,16 @@ def compute_metric(cfg_metric: Any, output: Any, batch: Any) -> float:
     """The metric ``cfg_metric`` (``runner.metric``) of a model ``output`` for ``batch``
     (the model's inputs: a dict with ``input_ids`` for a language model), as a float."""
     name, args = check_metric(cfg_metric)
+    try:
+        return _compute(name, args, output, batch)
+    except ConfigError as exc:
+        if exc.key.startswith(KEY):
+            raise
+        # first_tensor and the lm loss speak of runner.loss; here they serve the metric.
+        raise ConfigError(KEY, str(exc).partition(": ")[2]) from exc
+
+
+def _compute(name: str, args: dict[str, Any], output: Any, batch: Any) -> float:
     with torch.no_grad():
         if name == "_target_":
             args = dict(args)
