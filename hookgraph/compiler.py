@@ -90,8 +90,14 @@ def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Paramete
     params: dict[str, nn.Parameter] = {}
     owners: dict[str, nn.Module] = {}
     seen: set[int] = set()
+    # TransformerLens models (HookedTransformer, TransformerBridge) name their hook points in
+    # hook_dict, aliases included (blocks.0.attn.hook_z), as run_with_cache does; those
+    # names come first. named_modules() lists each module once, under one path of its own.
+    hook_dict = getattr(model, "hook_dict", None)
+    if isinstance(hook_dict, Mapping):
+        modules.update((str(n), m) for n, m in hook_dict.items() if isinstance(m, nn.Module))
     for name, m in model.named_modules():
-        modules[name] = m
+        modules.setdefault(name, m)
         for pname, p in m._parameters.items():
             if p is None or id(p) in seen:  # shared parameters keep their first name, as named_parameters() does
                 continue
@@ -179,8 +185,13 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         if found or not spec.enabled or spec.name in broken:
             continue
         start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
+        hooked: set[int] = set()
         for target_index, name in enumerate(matched):
             module = owners[name] if info.on_params else modules[name]
+            if not info.on_params:
+                if id(module) in hooked:  # one module under two names (aliases): hooked once, by its first name
+                    continue
+                hooked.add(id(module))
             param = params[name] if info.on_params else None
             if info.full_backward and getattr(module, "inplace", False) is True:
                 problems.append(
