@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import hookgraph as hg
 from hookgraph.errors import ConfigError
 from hookgraph.runner.metrics import check_metric, compute_metric
 
