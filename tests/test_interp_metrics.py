@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import hookgraph as hg
+
 from hookgraph.errors import ConfigError
 from hookgraph.runner.metrics import check_metric, compute_metric
 
@@ -137,3 +139,34 @@ def test_a_sweep_that_is_not_layer_by_position_gets_no_patching_figure(tmp_path)
     with pytest.raises(ValueError, match="varies a layer"):
         patching_table(tmp_path)
     assert write_patching(tmp_path) is None and not (tmp_path / "patching.png").exists()
+
+
+def test_steer_and_patch_from_a_run_folder_the_runner_wrote(tmp_path, gpt2):
+    from hookgraph.runner import run
+
+    clean, corrupt = [5, 9, 2, 7, 11, 3], [5, 9, 2, 8, 11, 3]
+    for name, ids in (("clean", clean), ("corrupt", corrupt)):
+        cfg = job_cfg({"resid": {"target": "transformer.h.*"}}, "loss", ids=(ids,))
+        cfg["runner"]["steps"] = 1
+        assert run(cfg, tmp_path / name)["status"] == "completed"
+    with torch.no_grad():
+        a = gpt2(input_ids=torch.tensor([clean]), output_hidden_states=True).hidden_states[1][0, -1]
+        b = gpt2(input_ids=torch.tensor([corrupt]), output_hidden_states=True).hidden_states[1][0, -1]
+    h = gpt2.transformer.h[0].register_forward_hook(lambda m, args, out: out + 2.0 * (a - b))
+    try:
+        with torch.no_grad():
+            want = gpt2(input_ids=torch.tensor([corrupt])).logits
+    finally:
+        h.remove()
+    vector = {"run": str(tmp_path / "clean"), "spec": "resid", "position": -1, "minus": {"run": str(tmp_path / "corrupt")}}
+    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": vector, "scale": 2.0}}})
+    with g.attach(), torch.no_grad():
+        got = gpt2(input_ids=torch.tensor([corrupt])).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # A Run object from load_run is a source too: patching the last block everywhere gives the clean logits.
+    p = hg.compile(gpt2, {"p": {"target": "transformer.h.1", "action": "patch_positions",
+                                "args": {"run": hg.load_run(tmp_path / "clean"), "spec": "resid"}}})
+    with p.attach(), torch.no_grad():
+        got = gpt2(input_ids=torch.tensor([corrupt])).logits
+    with torch.no_grad():
+        torch.testing.assert_close(got, gpt2(input_ids=torch.tensor([clean])).logits, atol=1e-5, rtol=0)
