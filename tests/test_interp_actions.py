@@ -246,3 +246,18 @@ def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
             gpt2(input_ids=CLEAN)
     with pytest.raises(SpecError, match="vector: expected a list of numbers"):
         hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": 3}}})
+
+
+def test_head_mask_at_one_position_only(gpt2):
+    def hand(x):
+        x = x.clone()
+        x[:, -1, head_slice(1)] = 0
+        return x
+
+    ref = by_hand(gpt2, gpt2.transformer.h[0].attn.c_proj, CLEAN, hand, pre=True)
+    _, got = run_graph(gpt2, {"a": {"target": "transformer.h.0.attn.c_proj", "at": "forward_pre", "action": "head_mask",
+                                    "args": {"heads": 1, "positions": -1}}}, CLEAN)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    # Only the last position's prediction changes (causal attention).
+    torch.testing.assert_close(got[0, :-1], logits(gpt2, CLEAN)[0, :-1], atol=1e-6, rtol=0)
+    assert (got[0, -1] - logits(gpt2, CLEAN)[0, -1]).abs().max() > 1e-4

@@ -226,20 +226,32 @@ def head_patch(
 
 
 @register_action(replaces=True)
-def head_mask(ctx: ActionContext, heads: Union[int, list], value: float = 0.0, n_heads: Optional[int] = None):
-    """Set attention head(s) ``heads`` to ``value`` (0: ablate the head): at GPT-2's
-    ``attn.c_proj`` input (``at: forward_pre``) or TransformerLens's ``hook_z``."""
+def head_mask(
+    ctx: ActionContext,
+    heads: Union[int, list],
+    value: float = 0.0,
+    n_heads: Optional[int] = None,
+    positions: Union[int, list, str, None] = None,
+    dim: int = 1,
+):
+    """Set attention head(s) ``heads`` to ``value`` (0: ablate the head), at ``positions``
+    along ``dim`` only when given: at GPT-2's ``attn.c_proj`` input (``at: forward_pre``)
+    or TransformerLens's ``hook_z``."""
     idx = _heads_list(heads)
+    pos = position_index(positions)
     n = n_heads if n_heads is not None else n_heads_of(ctx.graph.model, ctx.target)
     label = f"{ctx.spec} at {ctx.target!r}"
-    cache: dict[torch.device, Tensor] = {}
+    cache: dict[tuple, Tensor] = {}
 
     def fn(t: Tensor) -> Tensor:
         view = head_view(t, n, label)
-        _check_heads(idx, view, label)
-        where = cache.get(t.device)
-        if where is None:
-            where = cache[t.device] = torch.tensor(idx, device=t.device) % view.shape[-2]
-        return view.index_fill(view.dim() - 2, where, value).reshape(t.shape)
+        key = (t.device, view.shape)
+        m = cache.get(key)
+        if m is None:
+            _check_heads(idx, view, label)
+            if pos is not None and (not -view.dim() <= dim < view.dim() or dim % view.dim() >= view.dim() - 2):
+                raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+            m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
+        return view.masked_fill(m, value).reshape(t.shape)
 
     return fn
