@@ -98,3 +98,9 @@ def test_steering_the_residual_stream_equals_run_with_hooks(bridge):
     ref = bridge.run_with_hooks(CLEAN, fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x + 3.0 * v)]).detach()
     _, got = run(bridge, {"s": {"target": "blocks.0.hook_resid_post", "action": "steer", "args": {"vector": v.tolist(), "scale": 3.0}}}, CLEAN)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_list_targets_shows_the_hook_point_names(bridge):
+    names = [r["name"] for r in hg.list_targets(bridge, "blocks.1.attn.hook_*")]
+    assert "blocks.1.attn.hook_z" in names and "blocks.1.attn.hook_pattern" in names
+    assert sorted(r["name"] for r in hg.list_targets(bridge, "blocks.0.hook_resid_p*")) == ["blocks.0.hook_resid_post", "blocks.0.hook_resid_pre"]
