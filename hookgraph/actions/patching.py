@@ -94,7 +94,8 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     """The value at the spec's own site when the model reads ``prompt`` (token ids): one
     forward pass at compile time, under no_grad, through a hook that is removed at once.
     At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
-    its first positional input."""
+    its first positional input. The pass runs in the model's current mode (eval, in the
+    runner's default) and through any other graph attached at that moment."""
     from ..points import HookPoint
 
     if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
