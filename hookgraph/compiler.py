@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from torch import nn
@@ -91,8 +92,14 @@ def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Paramete
     params: dict[str, nn.Parameter] = {}
     owners: dict[str, nn.Module] = {}
     seen: set[int] = set()
+    # TransformerLens models (HookedTransformer, TransformerBridge) name their hook points in
+    # hook_dict, aliases included (blocks.0.attn.hook_z), as run_with_cache does; those
+    # names come first. named_modules() lists each module once, under one path of its own.
+    hook_dict = getattr(model, "hook_dict", None)
+    if isinstance(hook_dict, Mapping):
+        modules.update((str(n), m) for n, m in hook_dict.items() if isinstance(m, nn.Module))
     for name, m in model.named_modules():
-        modules[name] = m
+        modules.setdefault(name, m)
         for pname, p in m._parameters.items():
             if p is None or id(p) in seen:  # shared parameters keep their first name, as named_parameters() does
                 continue
@@ -157,6 +164,7 @@ class _Targets:
     """The model's names, indexed once: modules always, parameters on first use."""
 
     def __init__(self, bare: nn.Module):
+        self.model = bare
         self.modules, self.params, self.owners = _walk(bare)
         self.kinds = {name: _class_names(type(m)) for name, m in self.modules.items()}
         self.module_index = NameIndex(list(self.modules), self.kinds)
@@ -254,8 +262,13 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     info = POINTS[spec.at]
     start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
     bindings, problems = [], []
+    hooked: set[int] = set()
     for target_index, name in enumerate(matched):
         module = targets.owners[name] if info.on_params else targets.modules[name]
+        if not info.on_params:
+            if id(module) in hooked:  # one module under two names (aliases): hooked once, by its first name
+                continue
+            hooked.add(id(module))
         param = targets.params[name] if info.on_params else None
         if info.full_backward and getattr(module, "inplace", False) is True:
             problems.append(
@@ -267,7 +280,8 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 )
             )
             continue
-        ctx = ActionContext(spec.name, name, spec.at, type(param if param is not None else module).__name__, store, key)
+        ctx = ActionContext(spec.name, name, spec.at, type(param if param is not None else module).__name__, store, key,
+                            model=targets.model)
         try:
             fn = defn.factory(ctx, **spec.args)
         except (TypeError, ValueError) as exc:

@@ -6,6 +6,7 @@ Public names: list_targets, format_targets.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -48,7 +49,11 @@ def list_targets(
             for n, p in named.items()
             if n in keep
         ]
-    modules = dict(bare.named_modules())
+    # TransformerLens hook point names (hook_dict, aliases included) first, as compile() sees them.
+    hook_dict = getattr(bare, "hook_dict", None)
+    modules = {str(n): m for n, m in hook_dict.items() if isinstance(m, nn.Module)} if isinstance(hook_dict, Mapping) else {}
+    for n, m in bare.named_modules():
+        modules.setdefault(n, m)
     keep = set(match_names([pattern], list(modules)))
     if pattern in ("", "**"):
         keep.add("")  # the listing shows the root too; a spec reaches it with target ""

@@ -246,15 +246,29 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     if isinstance(clean.get("when"), Mapping):
         clean["when"] = dict(clean["when"])
         problems += _check_schedule(clean["when"], f"{key}.when")
+    # Python objects in args (a HookGraph or Run as a patch source) cannot pass through
+    # OmegaConf; such args skip the merge and are checked against the action's signature.
+    objects = clean.pop("args") if isinstance(clean.get("args"), Mapping) and _holds_objects(clean["args"]) else None
     merged, found = _merge_fields(clean, key)
     problems += found
     if merged is None:
         return None, problems
     spec = cast(HookSpec, OmegaConf.to_object(merged))
+    if objects is not None:
+        spec = replace(spec, args=dict(objects))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
         problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
     return replace(spec, name=name), problems
+
+
+def _holds_objects(value: Any) -> bool:
+    """True when a value nests something other than YAML's types (str, numbers, bool, None)."""
+    if isinstance(value, Mapping):
+        return any(_holds_objects(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_objects(v) for v in value)
+    return not isinstance(value, (str, int, float, bool, type(None), Enum))
 
 
 def _to_dict(spec: HookSpec) -> dict:

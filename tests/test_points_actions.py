@@ -249,6 +249,34 @@ def case_mask(capsys, tmp_path):
     assert out.tolist() == [[1.0, -2.0, 3.0], [-1.0, -1.0, -1.0]]
 
 
+def case_steer(capsys, tmp_path):
+    _, out = run_identity("steer", {"vector": [1.0, 0.0, -1.0], "scale": 2.0})
+    assert out.tolist() == [[3.0, -2.0, 1.0], [-2.0, 5.0, -8.0]]
+    x = torch.zeros(1, 2, 3)  # [batch, seq, width]: positions along dim 1
+    _, out = run_identity("steer", {"vector": [1.0, 0.0, -1.0], "positions": -1}, x=x)
+    assert out.tolist() == [[[0.0, 0.0, 0.0], [1.0, 0.0, -1.0]]]
+
+
+def case_head_mask(capsys, tmp_path):
+    x = torch.arange(8.0).reshape(1, 2, 4)  # [batch, seq, 2 heads * 2]
+    _, out = run_identity("head_mask", {"heads": 1, "n_heads": 2}, x=x)
+    assert out.tolist() == [[[0.0, 1.0, 0.0, 0.0], [4.0, 5.0, 0.0, 0.0]]]
+
+
+def case_patch_positions(capsys, tmp_path):
+    source = {"r": {"0": [torch.full((1, 2, 4), -1.0)]}}  # in-memory records: spec -> target -> calls
+    x = torch.arange(8.0).reshape(1, 2, 4)
+    _, out = run_identity("patch_positions", {"run": source, "spec": "r", "positions": 1}, x=x)
+    assert out.tolist() == [[[0.0, 1.0, 2.0, 3.0], [-1.0, -1.0, -1.0, -1.0]]]
+
+
+def case_head_patch(capsys, tmp_path):
+    source = {"r": {"0": [torch.full((1, 2, 4), -1.0)]}}
+    x = torch.arange(8.0).reshape(1, 2, 4)
+    _, out = run_identity("head_patch", {"heads": 0, "n_heads": 2, "run": source, "spec": "r", "positions": 0}, x=x)
+    assert out.tolist() == [[[-1.0, -1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]
+
+
 def case_clip_norm(capsys, tmp_path):
     _, out = run_identity("clip_norm", {"max_norm": 1.0})
     assert torch.linalg.vector_norm(out).item() <= 1.0

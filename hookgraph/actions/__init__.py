@@ -7,6 +7,8 @@ Public names: ACTIONS, ActionContext, ActionDef, register_action.
 from . import record as _record  # noqa: F401  (fills the registry)
 from . import builtin as _builtin  # noqa: F401, I001
 from . import patch as _patch  # noqa: F401
+from . import patching as _patching  # noqa: F401  (patch_positions, head_patch, head_mask)
+from . import steer as _steer  # noqa: F401  (steer)
 from .registry import ACTIONS, ActionContext, ActionDef, register_action
 
 __all__ = ["ACTIONS", "ActionContext", "ActionDef", "register_action"]

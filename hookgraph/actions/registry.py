@@ -28,7 +28,7 @@ import warnings
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import Problem, did_you_mean
 from ..points import HookPoint
@@ -74,6 +74,7 @@ class ActionContext:
     module_type: str
     store: ResultStore
     key: str = ""
+    model: Optional[nn.Module] = None  # the bare model: for actions that look around their site (attention heads)
 
     @property
     def point(self) -> HookPoint:

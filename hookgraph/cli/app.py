@@ -143,8 +143,9 @@ def _app(cfg: DictConfig) -> float | None:
         for spec, counts in (summary.get("specs") or {}).items():
             log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])
         log.info("completed %d step(s); run folder: %s", summary["steps"], out_dir)
-    loss = summary.get("loss")
-    return float(loss) if loss is not None else None  # an objective for Hydra sweepers
+    # An objective for Hydra sweepers: runner.metric when set, otherwise the last step's loss.
+    objective = summary.get("metric", summary.get("loss"))
+    return float(objective) if objective is not None else None
 
 
 def _yaml_syntax(argv: list[str]) -> Optional[str]:

@@ -115,6 +115,8 @@ def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[di
             rows.append(row)
             continue
         row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
+        if "metric" in s:
+            row["metric"] = s["metric"]
         run_s = (s.get("timings") or {}).get("run_s")
         if isinstance(run_s, (int, float)):
             row["run_s"] = round(run_s, 4)
@@ -188,3 +190,12 @@ class SweepTable(Callback):
                 log.info("sweep report: %s", write_sweep_report(sweep_dir))
             except Exception as exc:  # the page only shows the table; it must never hide it
                 log.warning("no sweep report: %s: %s", type(exc).__name__, exc)
+            if any("metric" in r for r in rows):
+                try:
+                    from ..report.patching import write_patching
+
+                    figure = write_patching(sweep_dir)  # None unless the sweep is layer x position
+                    if figure is not None:
+                        log.info("patching heatmap: %s", figure)
+                except Exception as exc:
+                    log.warning("no patching heatmap: %s", exc)

@@ -96,7 +96,8 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         import base64
 
         figure = "data:image/png;base64," + base64.b64encode(sweep_png.read_bytes()).decode()
-    return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes, "metric": "loss",
+    return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes,
+            "metric": "metric" if any("metric" in r for r in rows) else "loss",
             "columns": list(dict.fromkeys(k for r in rows for k in r)), "notes": notes, "figure": figure}
 
 

@@ -61,6 +61,7 @@ class RunnerConfig:
     backward: bool = True  # false: forward only, under torch.no_grad()
     loss: str = "sum"  # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
     target_class: int = 0  # the class whose score is the loss when loss=target_class
+    metric: Any = None  # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
     optimizer: Optional[str] = None  # null, sgd or adam: step after each backward
     lr: float = 0.01
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)

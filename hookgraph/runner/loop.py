@@ -48,6 +48,7 @@ from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .batches import LOSSES, call_model, compute_loss, to_device
 from .device import resolve_device, resolve_dtype
 from .lifecycle import MARKER, RunFolderError, RunInterrupted, check_run_dir, signals_as_interrupts
+from .metrics import check_metric, compute_metric
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
@@ -88,6 +89,8 @@ def _validate_runner(r: DictConfig) -> None:
         raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+    if r.metric is not None:
+        check_metric(r.metric)
 
 
 def _validate_sink(sink: DictConfig) -> Optional[dict[str, str]]:
@@ -179,6 +182,7 @@ class _Run:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    metrics: list[float] = field(default_factory=list)  # runner.metric per step
     graph: Optional[HookGraph] = None
     tb: Optional[TensorBoardSink] = None
     model: Optional[torch.nn.Module] = None
@@ -294,6 +298,8 @@ def _steps(st: _Run) -> None:
             with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
                 out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
                 loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                if r.metric is not None:
+                    st.metrics.append(compute_metric(r.metric, out, inputs))
             if r.backward:
                 if not loss.requires_grad:
                     raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
@@ -374,6 +380,9 @@ def _close(st: _Run, failing: bool) -> None:
         if s["loss"] is None:
             s["loss_nonfinite"] = str(last)  # "nan", "inf" or "-inf": why loss is null
         s["losses"] = [_finite(v) for v in st.losses]
+    if st.metrics:
+        s["metric"] = _finite(st.metrics[-1])
+        s["metrics"] = [_finite(v) for v in st.metrics]
     if st.graph is not None:
         s["specs"] = _headline(st.graph, st.writer)
         _silent_specs(st)

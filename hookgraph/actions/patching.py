@@ -1,0 +1,258 @@
+"""Activation patching restricted to sequence positions and attention heads.
+
+Public names (registry keys): patch_positions, head_patch, head_mask. Helpers: head_view,
+n_heads_of.
+
+``patch_positions`` replaces a value with a recorded one at some positions only (the
+per-position patching of the ROME and IOI papers). The source is a run folder, a ``Run``,
+or, from Python, a ``HookGraph`` (or its records) in memory: ``args: {run: graph, ...}``.
+
+Heads: GPT-2's attention concatenates its heads before ``attn.c_proj``, so the input of
+``c_proj`` ([batch, seq, n_heads * d_head], head ``h`` at ``h*d_head:(h+1)*d_head``) holds
+each head's output, and a ``forward_pre`` hook on it addresses one head. The head count
+comes from ``n_heads`` or from the nearest enclosing module that has ``num_heads``,
+``n_head``, ``n_heads`` or a config with one. A value that is already split,
+[batch, seq, n_heads, d_head] (TransformerLens's ``blocks.L.attn.hook_z``), is used as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..errors import HookGraphError
+from .registry import ActionContext, register_action
+from .sources import position_index, recorded_value, resolve_positions, source_label
+
+__all__ = ["head_view", "n_heads_of"]
+
+_HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
+
+
+def n_heads_of(model: torch.nn.Module, target: str) -> Optional[int]:
+    """The head count of the nearest module enclosing ``target`` (itself included), or None."""
+    parts = target.split(".") if target else []
+    for cut in range(len(parts), -1, -1):
+        try:
+            mod = model.get_submodule(".".join(parts[:cut]))
+        except AttributeError:
+            continue
+        for holder in (mod, getattr(mod, "config", None), getattr(mod, "cfg", None)):
+            for attr in _HEAD_ATTRS:
+                n = getattr(holder, attr, None) if holder is not None else None
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    return n
+    return None
+
+
+def _heads_list(heads: Union[int, list]) -> list[int]:
+    idx = [heads] if isinstance(heads, int) and not isinstance(heads, bool) else heads
+    if not isinstance(idx, (list, tuple)) or not idx or not all(isinstance(h, int) and not isinstance(h, bool) for h in idx):
+        raise ValueError(f"heads must be a head index or a non-empty list of them, got {heads!r}")
+    return list(idx)
+
+
+def head_view(t: Tensor, n_heads: Optional[int], where: str) -> Tensor:
+    """``t`` as [..., n_heads, d_head]: split along the last dimension, or as is when already split."""
+    if n_heads is not None and t.dim() >= 4 and t.shape[-2] == n_heads:
+        return t  # TransformerLens's hook_z / hook_result layout
+    if n_heads is None:
+        if t.dim() >= 4:
+            return t
+        raise HookGraphError(f"{where}: cannot tell the head count of a value of shape {list(t.shape)}; give n_heads")
+    if t.shape[-1] % n_heads:
+        raise HookGraphError(f"{where}: the last dimension ({t.shape[-1]}) of shape {list(t.shape)} is not divisible by n_heads={n_heads}")
+    return t.reshape(*t.shape[:-1], n_heads, t.shape[-1] // n_heads)
+
+
+def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
+    n = view.shape[-2]
+    bad = [h for h in heads if not -n <= h < n]
+    if bad:
+        raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
+
+
+def _mask(view_shape: torch.Size, dim: Optional[int], pos: Any, heads: Optional[list[int]], device: torch.device, where: str) -> Tensor:
+    """A boolean mask broadcastable to ``view_shape``: True where the patch applies."""
+    nd = len(view_shape)
+    m = torch.ones([1] * nd, dtype=torch.bool, device=device)
+    if pos is not None:
+        d = dim % nd
+        sel = torch.zeros(view_shape[d], dtype=torch.bool, device=device)
+        sel[resolve_positions(pos, view_shape[d], where)] = True
+        m = m & sel.reshape([-1 if i == d else 1 for i in range(nd)])
+    if heads is not None:
+        sel = torch.zeros(view_shape[-2], dtype=torch.bool, device=device)
+        sel[torch.tensor(heads) % view_shape[-2]] = True
+        m = m & sel.reshape([1] * (nd - 2) + [-1, 1])
+    return m
+
+
+def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
+    """The value at the spec's own site when the model reads ``prompt`` (token ids): one
+    forward pass at compile time, under no_grad, through a hook that is removed at once.
+    At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
+    its first positional input. The pass runs in the model's current mode (eval, in the
+    runner's default) and through any other graph attached at that moment."""
+    from ..points import HookPoint
+
+    if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
+        raise ValueError(f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run")
+    try:
+        ids = torch.as_tensor(prompt, dtype=torch.long)
+    except (TypeError, ValueError, RuntimeError):
+        ids = None
+    if ids is None or ids.dim() not in (1, 2) or ids.numel() == 0:
+        raise ValueError(f"prompt: expected token ids, a list of ints or a list of equal-length lists, got {prompt!r}")
+    model = ctx.model
+    module = model.get_submodule(ctx.target)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    got: list[Any] = []
+    if ctx.point is HookPoint.forward:
+        handle = module.register_forward_hook(lambda m, args, out: got.append(out))
+    else:
+        handle = module.register_forward_pre_hook(lambda m, args: got.append(args[0] if args else None))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids.reshape(-1, ids.shape[-1]).to(device))
+    except Exception as exc:
+        raise ValueError(f"prompt: the model failed on the prompt: {type(exc).__name__}: {exc}") from None
+    finally:
+        handle.remove()
+    if not got:
+        raise ValueError(f"prompt: the forward pass never reached {ctx.target!r}")
+    value = got[0]
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    if not isinstance(value, Tensor):
+        raise ValueError(f"prompt: {ctx.target!r} gave a {type(value).__name__}, not a tensor")
+    return value.detach().clone()
+
+
+def _source(ctx: ActionContext, run: Any, spec: Optional[str], step: int, call: int, prompt: Any = None) -> Tensor:
+    if (run is None) == (prompt is None):
+        raise ValueError("give run (and spec): a recorded run, or prompt: token ids to run the model on now")
+    if prompt is not None:
+        return prompt_value(ctx, prompt)
+    if spec is None:
+        raise ValueError("run needs spec: the record spec in that run")
+    saved = recorded_value(run, spec, ctx.target, step, call)
+    if not isinstance(saved, Tensor):
+        raise ValueError(
+            f"spec {spec!r} recorded a {type(saved).__name__} at {ctx.target!r}, not one tensor; "
+            "record a single tensor there (index: 0 for a tuple output)"
+        )
+    return saved
+
+
+def _patcher(ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: Optional[list[int]], n_heads: Optional[int]):
+    label = f"{ctx.spec} at {ctx.target!r}"
+    cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def fn(value: Any) -> Tensor:
+        if not isinstance(value, Tensor):
+            raise HookGraphError(f"{label}: the value is a {type(value).__name__}; pick one tensor with index: 0")
+        if saved.shape != value.shape:
+            raise HookGraphError(
+                f"{label}: the recorded value from {where} has shape {list(saved.shape)}, the live value "
+                f"{list(value.shape)}; patch runs with the same batch size and sequence length"
+            )
+        key = (value.device, value.dtype, value.shape)
+        hit = cache.get(key)
+        if hit is None:
+            src = saved.to(device=value.device, dtype=value.dtype)
+            view = head_view(src, n_heads, label) if heads is not None else src
+            if heads is not None:
+                _check_heads(heads, view, label)
+            if pos is not None and not -view.dim() <= dim < view.dim():
+                raise HookGraphError(f"{label}: dim {dim} is out of range for a value of shape {list(value.shape)}")
+            hit = cache[key] = (view, _mask(view.shape, dim, pos, heads, value.device, label))
+        src_view, m = hit
+        live = head_view(value, n_heads, label) if heads is not None else value
+        return torch.where(m, src_view, live).reshape(value.shape)
+
+    return fn
+
+
+@register_action(replaces=True, per_tensor=False)
+def patch_positions(
+    ctx: ActionContext,
+    run: Any = None,
+    spec: Optional[str] = None,
+    positions: Union[int, list, str, None] = None,
+    step: int = 0,
+    call: int = 0,
+    dim: int = 1,
+    prompt: Optional[list] = None,
+):
+    """Replace the value with a recorded one (same target) at ``positions`` along ``dim``
+    (the sequence, by default) and keep the live value elsewhere. ``run``: a run folder, a
+    Run, or from Python a HookGraph or its records; or instead ``prompt``: token ids the
+    model reads once at compile time (the clean prompt, in the same run); ``positions``: an
+    int, a list of ints (negative ones count from the end) or a slice string "a:b"; null
+    patches everything."""
+    pos = position_index(positions)
+    saved = _source(ctx, run, spec, step, call, prompt)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
+
+
+def _where(run: Any, spec: Optional[str], step: int, call: int, prompt: Any) -> str:
+    return f"prompt {prompt!r}" if prompt is not None else f"{source_label(run)} ({spec}, step {step}, call {call})"
+
+
+@register_action(replaces=True, per_tensor=False)
+def head_patch(
+    ctx: ActionContext,
+    heads: Union[int, list],
+    run: Any = None,
+    spec: Optional[str] = None,
+    positions: Union[int, list, str, None] = None,
+    step: int = 0,
+    call: int = 0,
+    n_heads: Optional[int] = None,
+    dim: int = 1,
+    prompt: Optional[list] = None,
+):
+    """Replace attention head(s) ``heads`` with their recorded output (and only at
+    ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
+    TransformerLens's ``hook_z``. The source is ``run``/``spec`` or ``prompt``, as for
+    patch_positions; ``n_heads`` defaults to the enclosing attention's."""
+    idx = _heads_list(heads)
+    pos = position_index(positions)
+    n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    saved = _source(ctx, run, spec, step, call, prompt)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
+
+
+@register_action(replaces=True)
+def head_mask(
+    ctx: ActionContext,
+    heads: Union[int, list],
+    value: float = 0.0,
+    n_heads: Optional[int] = None,
+    positions: Union[int, list, str, None] = None,
+    dim: int = 1,
+):
+    """Set attention head(s) ``heads`` to ``value`` (0: ablate the head), at ``positions``
+    along ``dim`` only when given: at GPT-2's ``attn.c_proj`` input (``at: forward_pre``)
+    or TransformerLens's ``hook_z``."""
+    idx = _heads_list(heads)
+    pos = position_index(positions)
+    n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    label = f"{ctx.spec} at {ctx.target!r}"
+    cache: dict[tuple, Tensor] = {}
+
+    def fn(t: Tensor) -> Tensor:
+        view = head_view(t, n, label)
+        key = (t.device, view.shape)
+        m = cache.get(key)
+        if m is None:
+            _check_heads(idx, view, label)
+            if pos is not None and (not -view.dim() <= dim < view.dim() or dim % view.dim() >= view.dim() - 2):
+                raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+            m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
+        return view.masked_fill(m, value).reshape(t.shape)
+
+    return fn

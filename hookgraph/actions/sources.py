@@ -1,0 +1,121 @@
+"""Where patching and steering actions read a recorded tensor from, and which positions they touch.
+
+Public names: recorded_value, position_index, source_label.
+
+A source is a run folder (a path), a ``Run`` from ``hookgraph.load_run``, a ``HookGraph``
+whose records are still in memory, or a records mapping (``graph.records`` /
+``run.records``). Everything here runs in the action's factory, at compile time, so a
+missing run, spec or target is a compile error naming the nearest valid names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..errors import HookGraphError, did_you_mean
+
+__all__ = ["recorded_value", "position_index", "source_label"]
+
+
+def source_label(source: Any) -> str:
+    if isinstance(source, (str, Path)):
+        return repr(str(source))
+    return f"a {type(source).__name__} in memory"
+
+
+def _records_of(source: Any) -> Mapping:
+    """The spec -> target -> entries mapping behind a source."""
+    from ..graph import HookGraph
+    from ..runs import load_run
+
+    if isinstance(source, (str, Path)):
+        root = Path(source).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
+        try:
+            return load_run(root).records
+        except HookGraphError as exc:
+            raise ValueError(f"run: {exc}") from None
+    if isinstance(source, HookGraph):
+        return source.records
+    records = getattr(source, "records", None)  # a Run
+    if isinstance(records, Mapping):
+        return records
+    if isinstance(source, Mapping):
+        return source
+    raise ValueError(
+        f"run: expected a run folder, a Run (hookgraph.load_run), a HookGraph or its records, got {type(source).__name__}"
+    )
+
+
+def recorded_value(source: Any, spec: str, target: str, step: int = 0, call: int = 0) -> Any:
+    """One recorded call of ``spec`` at ``target`` in ``source``.
+
+    A run folder (or ``Run``) is indexed by ``step`` and ``call``, as its records are
+    stored. In-memory records (a ``HookGraph`` or ``graph.records``) are one list per
+    target, in the order the calls happened: ``call`` indexes that list and ``step`` is
+    not used (a graph keeps no step per entry).
+    """
+    where = source_label(source)
+    records = _records_of(source)
+    if spec not in records:
+        raise ValueError(f"spec: {spec!r} recorded nothing in {where}; {did_you_mean(spec, list(records), 'specs with records there')}")
+    targets = records[spec]
+    if not isinstance(targets, Mapping):
+        raise ValueError(f"spec: {spec!r} in {where} holds rows (trace or stats), not recorded tensors")
+    if target not in targets:
+        raise ValueError(f"spec {spec!r} in {where} has no record of {target!r}; {did_you_mean(target, list(targets), 'recorded targets')}")
+    entry = getattr(targets, "entry", None)
+    if entry is not None:  # a run folder's lazy records
+        try:
+            return entry(target, step, call)
+        except HookGraphError as exc:
+            raise ValueError(f"step/call: {exc}") from None
+    calls = targets[target]
+    if not -len(calls) <= call < len(calls):
+        raise ValueError(f"call: {target!r} in spec {spec!r} has {len(calls)} recorded call(s) in {where}, no call {call}")
+    return calls[call]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def position_index(positions: Union[int, Sequence, str, None]) -> Optional[Any]:
+    """``positions`` (an int, a list of ints or a slice string "a:b") -> an index, checked now.
+
+    Returns None for all positions, a ``slice`` or a list of ints (negative ones count
+    from the end and are resolved per call, against the live length).
+    """
+    if positions is None:
+        return None
+    if _is_int(positions):
+        return [positions]
+    if isinstance(positions, str):
+        parts = positions.split(":")
+        try:
+            if len(parts) in (2, 3):
+                return slice(*(int(p) if p.strip() else None for p in parts))
+        except ValueError:
+            pass
+        raise ValueError(f"positions must be an int, a list of ints or a slice string such as '2:5', got {positions!r}")
+    if isinstance(positions, Sequence) and positions and all(_is_int(p) for p in positions):
+        return list(positions)
+    raise ValueError(f"positions must be an int, a non-empty list of ints or a slice string such as '2:5', got {positions!r}")
+
+
+def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:
+    """The per-call form of :func:`position_index`: negative ints resolved, bounds checked."""
+    if isinstance(index, slice):
+        return index
+    out = []
+    for p in index:
+        if not -length <= p < length:
+            raise HookGraphError(f"{where}: position {p} is out of range for a sequence of length {length}")
+        out.append(p % length)
+    return torch.tensor(out)

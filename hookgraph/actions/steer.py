@@ -1,0 +1,145 @@
+"""Steering vectors: add ``scale * vector`` to an activation, broadcast over its last dimension.
+
+Public names (registry key): steer. Helper: steering_vector.
+
+``vector`` is one of
+- a list of floats;
+- a ``.safetensors`` file: ``"v.safetensors"`` (a file holding one tensor) or
+  ``{path: v.safetensors, key: name}``;
+- a record of another run: ``{run: <folder, Run or HookGraph>, spec: resid, target:
+  transformer.h.1, step: 0, call: 0, position: -1, minus: {run: <other run>}}``. The
+  record is averaged over every dimension but the last (after picking ``position`` along
+  dim 1 when given); ``minus`` (same keys, each defaulting to the outer ones) is subtracted,
+  which gives the mean difference of two prompts' residuals at one layer. ``target``
+  defaults to the spec's own target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..errors import HookGraphError
+from .registry import ActionContext, register_action
+from .sources import position_index, recorded_value, resolve_positions
+
+__all__ = ["steering_vector"]
+
+_RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
+
+
+def _from_file(path: Any, key: Optional[str]) -> Tensor:
+    from safetensors import safe_open
+
+    p = Path(str(path)).expanduser()
+    if p.suffix != ".safetensors":
+        raise ValueError(f"vector: {str(p)!r} is not a .safetensors file (hookgraph never unpickles tensors)")
+    if not p.is_file():
+        raise ValueError(f"vector: no file at {str(p)!r}")
+    with safe_open(str(p), framework="pt") as f:
+        keys = list(f.keys())
+        if key is None:
+            if len(keys) != 1:
+                raise ValueError(f"vector: {str(p)!r} holds {len(keys)} tensors {keys[:8]}; name one with {{path: ..., key: ...}}")
+            key = keys[0]
+        if key not in keys:
+            from ..errors import did_you_mean
+
+            raise ValueError(f"vector.key: {key!r} is not in {str(p)!r}; {did_you_mean(key, keys, 'tensors there')}")
+        return f.get_tensor(key)
+
+
+def _from_record(src: Mapping, target: str, outer: Optional[Mapping] = None) -> Tensor:
+    merged = {**(outer or {}), **src}
+    unknown = set(src) - _RECORD_KEYS
+    if unknown:
+        raise ValueError(f"vector: unknown key(s) {sorted(unknown)}; a record source takes {sorted(_RECORD_KEYS)}")
+    if "spec" not in merged or "run" not in merged:
+        raise ValueError("vector: a record source needs run and spec")
+    t = recorded_value(merged["run"], str(merged["spec"]), str(merged.get("target") or target), int(merged.get("step", 0)), int(merged.get("call", 0)))
+    if not isinstance(t, Tensor) or t.dim() == 0:
+        raise ValueError(f"vector: the record of spec {merged['spec']!r} is not a tensor with a last dimension")
+    t = t.float()
+    if merged.get("position") is not None:
+        if t.dim() < 3:
+            raise ValueError(f"vector.position: the record has shape {list(t.shape)}, no sequence dimension (dim 1) to pick from")
+        idx = resolve_positions(position_index(merged["position"]), t.shape[1], "vector.position")
+        t = t[:, idx] if isinstance(idx, slice) else t.index_select(1, idx)
+    v = t.reshape(-1, t.shape[-1]).mean(0)
+    minus = src.get("minus")
+    if minus is not None:
+        if not isinstance(minus, Mapping):
+            raise ValueError(f"vector.minus: expected a record source such as {{run: other_run}}, got {minus!r}")
+        base = {k: v2 for k, v2 in merged.items() if k != "minus"}
+        w = _from_record(minus, target, base)
+        if w.shape != v.shape:
+            raise ValueError(f"vector.minus: shapes differ, {list(v.shape)} and {list(w.shape)}")
+        v = v - w
+    return v
+
+
+def steering_vector(vector: Any, target: str = "") -> Tensor:
+    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc."""
+    if isinstance(vector, Tensor):
+        v = vector.detach()
+    elif isinstance(vector, (str, Path)):
+        v = _from_file(vector, None)
+    elif isinstance(vector, Mapping) and "path" in vector:
+        extra = set(vector) - {"path", "key"}
+        if extra:
+            raise ValueError(f"vector: a file source takes path and key, not {sorted(extra)}")
+        v = _from_file(vector["path"], vector.get("key"))
+    elif isinstance(vector, Mapping):
+        v = _from_record(vector, target)
+    elif isinstance(vector, Sequence) and vector and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+        v = torch.tensor([float(x) for x in vector])
+    else:
+        raise ValueError(
+            "vector: expected a list of numbers, a .safetensors path, {path, key}, or a record source "
+            f"{{run, spec, ...}}, got {vector!r}"
+        )
+    if not v.is_floating_point():
+        v = v.float()
+    if v.dim() == 0 or v.numel() == 0:
+        raise ValueError(f"vector: must have a last dimension, got shape {list(v.shape)}")
+    return v
+
+
+@register_action(replaces=True)
+def steer(
+    ctx: ActionContext,
+    vector: Any,
+    scale: float = 1.0,
+    positions: Union[int, list, str, None] = None,
+    dim: int = 1,
+):
+    """Add ``scale * vector`` over the last dimension (at ``positions`` along ``dim`` only,
+    when given). ``vector``: a list, a .safetensors file, or a record of a run (see the
+    module doc); it is read once, at compile time."""
+    v = steering_vector(vector, ctx.target) * float(scale)
+    pos = position_index(positions)
+    label = f"{ctx.spec} at {ctx.target!r}"
+    cache: dict[tuple, Tensor] = {}
+
+    def fn(t: Tensor) -> Tensor:
+        if t.shape[-1:] != v.shape[-1:] or v.dim() > t.dim():
+            raise HookGraphError(f"{label}: a steering vector of shape {list(v.shape)} does not broadcast over the last dimension of a value of shape {list(t.shape)}")
+        key = (t.device, t.dtype, t.shape if pos is not None else None)
+        add = cache.get(key)
+        if add is None:
+            add = v.to(device=t.device, dtype=t.dtype)
+            if pos is not None:
+                if not -t.dim() <= dim < t.dim() or dim % t.dim() == t.dim() - 1:
+                    raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+                d = dim % t.dim()
+                sel = torch.zeros(t.shape[d], dtype=t.dtype, device=t.device)
+                sel[resolve_positions(pos, t.shape[d], label)] = 1
+                add = add * sel.reshape([-1 if i == d else 1 for i in range(t.dim() - 1)] + [1])
+            cache[key] = add
+        return t + add
+
+    return fn
