@@ -1,38 +1,147 @@
 """Reading a run folder back.
 
-Public names: Run, load_run, load_records.
+Public names: Run, load_run, load_records, run_content.
 
 Records are indexed from the shards' headers only; a tensor is read from disk when it is
-asked for, so looking at one target does not load the others.
+asked for, so looking at one target does not load the others. Tensors are read with
+plain file reads into memory the tensor owns: no memory map outlives a read, so a run of
+any number of entries reads within the kernel's limit on maps (65,530 per process).
+
+A damaged shard (truncated, unreadable, foreign metadata) does not stop the rest: it is
+listed in ``Run.damaged`` with a warning, and reading a record stored there raises a
+:class:`HookGraphError` naming it. Every other damaged file raises a HookGraphError that
+names the file.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+import struct
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
-from safetensors import safe_open
 
 from ..errors import HookGraphError, did_you_mean
+from ..tree import rebuild
 
-__all__ = ["Run", "load_run", "load_records"]
+__all__ = ["Run", "load_run", "load_records", "run_content"]
+
+# safetensors' dtype names (its format spec); complex64 is the one extra hookgraph writes.
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64,
+    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+}
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound on a header
+
+
+class _Tensor(NamedTuple):
+    """Where one stored tensor lies in its shard (offsets from the file's start)."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class _Shard:
+    """One shard file: its path and, when it cannot be read, why."""
+
+    __slots__ = ("path", "name", "damage")
+
+    def __init__(self, path: Path, name: str, damage: Optional[str] = None):
+        self.path, self.name, self.damage = path, name, damage
+
+
+class _Entry(NamedTuple):
+    """One recorded call: its tensors and the structure that holds them."""
+
+    step: int
+    call: int
+    shard: _Shard
+    tensors: tuple[_Tensor, ...]
+    structure: Any  # tree.describe's form; for shards of format 1, ("legacy", [paths])
+
+
+def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
+    """``items`` of one shard, read with one open; each tensor owns its memory."""
+    if shard.damage is not None:
+        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
+    out: list[torch.Tensor] = []
+    try:
+        with open(shard.path, "rb") as f:
+            for t in items:
+                f.seek(t.begin)
+                buf = bytearray(t.end - t.begin)
+                if f.readinto(buf) != len(buf):
+                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
+                if not buf:
+                    out.append(torch.empty(t.shape, dtype=t.dtype))
+                else:
+                    out.append(torch.frombuffer(buf, dtype=t.dtype).reshape(t.shape))
+    except OSError as exc:
+        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
+    return out
+
+
+def _load(entries: list[_Entry]) -> list:
+    """Each entry's value, in the structure it was recorded with; one open per shard."""
+    by_shard: dict[int, tuple[_Shard, list[_Tensor]]] = {}
+    for e in entries:
+        by_shard.setdefault(id(e.shard), (e.shard, []))[1].extend(e.tensors)
+    read: dict[tuple[int, str], torch.Tensor] = {}
+    for shard, items in by_shard.values():
+        items.sort(key=lambda t: t.begin)  # one forward pass over the file
+        for t, value in zip(items, _read_tensors(shard, items)):
+            read[(id(shard), t.key)] = value
+    out = []
+    for e in entries:
+        values = [read[(id(e.shard), t.key)] for t in e.tensors]
+        if isinstance(e.structure, tuple):
+            out.append(_legacy(e.structure[1], values))
+        else:
+            try:
+                out.append(rebuild(e.structure, values))
+            except ValueError as exc:
+                raise HookGraphError(f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}") from None
+    return out
+
+
+def _legacy(paths: list[str], values: list[torch.Tensor]) -> Any:
+    # Shards written before structures were stored: tuples read back as lists, keys as
+    # strings and None elements are lost, as they always were for those files.
+    parts = dict(zip(paths, values))
+    if list(parts) == [""]:
+        return parts[""]
+    if all(k.isdigit() for k in parts):
+        return [parts[k] for k in sorted(parts, key=int)]
+    return dict(parts)
 
 
 class _Targets(Mapping):
     """``records[spec]``: target -> the list of its recorded calls, read on first access."""
 
-    def __init__(self, spec: str, index: dict[str, list[tuple[int, int, Path, str]]]):
-        self._spec, self._index = spec, index
+    def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str]):
+        self._spec, self._index, self._damaged = spec, index, damaged
         self._cache: dict[str, list] = {}
 
-    def _entries(self, target: str) -> list[tuple[int, int, Path, str]]:
+    def _missing(self) -> str:
+        return f" (damaged shards not read: {', '.join(self._damaged)})" if self._damaged else ""
+
+    def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
-            raise HookGraphError(f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}")
+            raise HookGraphError(
+                f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}"
+                + self._missing()
+            )
         return self._index[target]
 
     def __getitem__(self, target: str) -> list:
@@ -42,15 +151,17 @@ class _Targets(Mapping):
 
     def calls(self, target: str) -> list[tuple[int, int]]:
         """The (step, call) pairs recorded for ``target``, in order, without reading tensors."""
-        return sorted({(e[0], e[1]) for e in self._entries(target)})
+        return sorted({(e.step, e.call) for e in self._entries(target)})
 
     def entry(self, target: str, step: int = 0, call: int = 0) -> Any:
         """One call's value, reading only its own tensors (not the target's other calls)."""
-        picked = [e for e in self._entries(target) if e[0] == step and e[1] == call]
+        picked = [e for e in self._entries(target) if e.step == step and e.call == call]
         if not picked:
             shown = ", ".join(f"step {s} call {c}" for s, c in self.calls(target)[:8])
-            raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}")
-        return _load(picked)[0]
+            raise HookGraphError(
+                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}" + self._missing()
+            )
+        return _load(picked[:1])[0]
 
     def __contains__(self, target: object) -> bool:
         # Mapping's own version relies on KeyError; a missing name raises HookGraphError here.
@@ -66,39 +177,17 @@ class _Targets(Mapping):
         return len(self._index)
 
 
-def _load(entries: list[tuple[int, int, Path, str]]) -> list:
-    """Rebuild each call's value: a tensor, or a list/dict of its element tensors."""
-    grouped: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    by_path: dict[Path, list] = {}
-    for e in entries:
-        by_path.setdefault(e[2], []).append(e)
-    loaded = {}
-    for path, group in by_path.items():
-        with safe_open(str(path), framework="pt") as f:  # one open per shard, not per key
-            for step, call, _, key in group:
-                loaded[(step, call, key)] = f.get_tensor(key)
-    for step, call, _, key in sorted(entries, key=lambda e: (e[0], e[1])):
-        rest = key.split("/", 4)[4] if key.count("/") >= 4 else ""
-        grouped.setdefault((step, call), {})[rest] = loaded[(step, call, key)]
-    out = []
-    for parts in grouped.values():
-        if list(parts) == [""]:
-            out.append(parts[""])
-        elif all(k.isdigit() for k in parts):
-            out.append([parts[k] for k in sorted(parts, key=int)])
-        else:
-            out.append(dict(parts))
-    return out
-
-
 class _Records(Mapping):
-    def __init__(self, index: dict[str, dict[str, list]]):
-        self._index = index
-        self._targets = {spec: _Targets(spec, targets) for spec, targets in index.items()}
+    """``records[spec]`` -> its targets; ``damaged``: the shards that could not be indexed."""
+
+    def __init__(self, index: dict[str, dict[str, list[_Entry]]], damaged: list[str]):
+        self._index, self.damaged = index, damaged
+        self._targets = {spec: _Targets(spec, targets, damaged) for spec, targets in index.items()}
 
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
-            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}")
+            extra = f" (damaged shards not read: {', '.join(self.damaged)})" if self.damaged else ""
+            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
         return self._targets[spec]
 
     def __contains__(self, spec: object) -> bool:
@@ -114,12 +203,202 @@ class _Records(Mapping):
         return len(self._targets)
 
 
+# -- shard headers -------------------------------------------------------------------
+
+
+class _Damaged(Exception):
+    """A shard that cannot be indexed; the message says why."""
+
+
+def _header(path: Path) -> tuple[dict, int, int]:
+    """The shard's header (key -> tensor info, ``__metadata__``), where its data starts and
+    the file's size."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            head = f.read(8)
+            if len(head) < 8:
+                raise _Damaged(f"{size} bytes, shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise _Damaged(f"header of {n:,} bytes in a file of {size:,}")
+            text = f.read(n)
+    except IsADirectoryError:
+        raise _Damaged("a directory, not a file") from None
+    except OSError as exc:
+        raise _Damaged(exc.strerror or str(exc)) from None
+    try:
+        header = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Damaged(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise _Damaged("header is not a JSON object")
+    return header, 8 + n, size
+
+
+def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
+    try:
+        dtype = _DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        b, e = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise _Damaged(f"tensor {key!r} has no valid dtype, shape and offsets") from None
+    if not 0 <= b <= e or math.prod(shape) * dtype.itemsize != e - b:
+        raise _Damaged(f"tensor {key!r} has offsets that do not fit its shape")
+    if start + e > size:
+        raise _Damaged(f"truncated: tensor {key!r} ends at byte {start + e:,}, the file at {size:,}")
+    return _Tensor(key, dtype, shape, start + b, start + e)
+
+
+def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> None:
+    """Add the shard's entries to ``index``; raises _Damaged and then adds nothing."""
+    header, start, size = _header(shard.path)
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise _Damaged("metadata is not a JSON object")
+    tensors = {k: _tensor_info(k, v, start, size) for k, v in header.items()}
+    found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
+    for spec, target, entry in found:  # only now: a damaged shard adds nothing
+        index.setdefault(spec, {}).setdefault(target, []).append(entry)
+
+
+def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    from .writer import FORMAT, shard_key
+
+    if meta.get("hookgraph") != FORMAT:
+        raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
+    try:
+        step = int(meta["step"])
+        order = json.loads(meta["order"])
+        structures = json.loads(meta["structures"])
+        entries = json.loads(meta["entries"])
+        out = []
+        for o, call, s in entries:
+            spec, target = order[o]
+            if not (isinstance(spec, str) and isinstance(target, str) and isinstance(call, int) and call >= 0):
+                raise TypeError("names must be strings, calls counts")
+            structure = structures[s]
+            n = _count_tensors(structure)
+            keys = [shard_key(spec, target, step, call)] if structure == {"tensor": 0} else [
+                shard_key(spec, target, step, call, i) for i in range(n)
+            ]
+            out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for k in keys), structure)))
+    except KeyError as exc:
+        raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
+    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        raise _Damaged(f"metadata is damaged: {exc}") from None
+    return out
+
+
+def _count_tensors(structure: Any) -> int:
+    if isinstance(structure, dict):
+        if "tensor" in structure:
+            return 1
+        return sum(_count_tensors(v) for v in structure.values() if isinstance(v, list))
+    if isinstance(structure, list):
+        return sum(_count_tensors(v) for v in structure)
+    return 0
+
+
+def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    # Format 1 (no structure metadata): keys <spec>/<target>/<step>/<call>[/<path>], names unescaped.
+    grouped: dict[tuple[str, str, int, int], list[tuple[str, _Tensor]]] = {}
+    try:
+        order = json.loads(meta.get("order", "[]"))
+        for key, t in tensors.items():
+            parts = key.split("/", 4)
+            spec, target, step, call = parts[:4]
+            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", t))
+    except (ValueError, TypeError) as exc:
+        raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
+    ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
+    out = []
+    for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
+        out.append((spec, target, _Entry(step, call, shard, tuple(t for _, t in items), ("legacy", [p for p, _ in items]))))
+    return out
+
+
+def load_records(root: str | Path) -> _Records:
+    """``records[spec][target]`` of a run folder, indexed from the shard headers only.
+
+    Damaged shards are skipped with a warning and listed in ``.damaged``."""
+    index: dict[str, dict[str, list[_Entry]]] = {}
+    damaged: list[str] = []
+    shard_dir = Path(root) / "records"
+    for path in _shard_paths(shard_dir):
+        shard = _Shard(path, f"records/{path.name}")
+        try:
+            _index_shard(shard, index)
+        except _Damaged as exc:
+            shard.damage = str(exc)
+            damaged.append(shard.name)
+            warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
+    for targets in index.values():
+        for entries in targets.values():
+            entries.sort(key=lambda e: (e.step, e.call))
+    return _Records(index, damaged)
+
+
+def _shard_paths(shard_dir: Path) -> list[Path]:
+    try:
+        if not shard_dir.is_dir():
+            if _exists(shard_dir):
+                raise HookGraphError(f"{shard_dir} is not a readable folder of record shards")
+            return []
+        return sorted(shard_dir.glob("*.safetensors"))
+    except OSError as exc:
+        raise HookGraphError(f"{shard_dir} cannot be listed ({exc.strerror or exc})") from None
+
+
+def _exists(path: Path) -> bool:
+    # lexists: a dangling link or a link loop is there, though it cannot be opened.
+    try:
+        path.lstat()
+        return True
+    except OSError:
+        return False
+
+
+# -- the other files -------------------------------------------------------------------
+
+
+def _text(path: Path) -> Optional[str]:
+    """The file's text; None when there is no such file; a HookGraphError naming it when it
+    is there but cannot be read (a directory, a link loop, no permission, not UTF-8)."""
+    if not _exists(path):
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise HookGraphError(f"{path} cannot be read ({why})") from None
+
+
+def _json(path: Path, kind: type) -> Any:
+    text = _text(path)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise HookGraphError(f"{path} is damaged: not JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise HookGraphError(f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
 def _read_csv(path: Path) -> list[dict]:
-    if not path.is_file():
+    text = _text(path)
+    if text is None:
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        rows = list(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise HookGraphError(f"{path} is damaged: {exc}") from None
     for r in rows:
+        if None in r or None in r.values():
+            raise HookGraphError(f"{path} is damaged: row {rows.index(r) + 2} does not have the header's columns")
         for k, v in r.items():
             try:
                 r[k] = json.loads(v) if v and v[0] in "[{" else _number(v)
@@ -137,10 +416,26 @@ def _number(v: str) -> Any:
     return v
 
 
+def _config(path: Path) -> Any:
+    text = _text(path)
+    if text is None:
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.create(text)
+    except Exception as exc:  # yaml and omegaconf raise many types; all mean the same here
+        raise HookGraphError(f"{path} is damaged: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
 @dataclass
 class Run:
     """A run folder, read back: ``records[spec][target]`` (tensors, lazily), ``stats`` and
-    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary`` and ``config``."""
+    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary`` and ``config``.
+
+    ``damaged`` names the record shards that could not be read (relative to ``path``).
+    A folder without summary.json (a run killed before it could write one) reads with
+    ``summary == {"status": "incomplete", ...}``."""
 
     path: Path
     records: Mapping
@@ -149,46 +444,50 @@ class Run:
     plan: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     config: Optional[Any] = None
+    damaged: list = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
 
     @property
     def ok(self) -> bool:
-        return self.summary.get("status") == "completed"
+        return self.status == "completed" and not self.damaged
 
 
-def load_records(root: str | Path) -> Mapping:
-    """``records[spec][target]`` of a run folder, indexed from the shard headers only."""
-    index: dict[str, dict[str, list]] = {}
-    shard_dir = Path(root) / "records"
-    for shard in sorted(shard_dir.glob("*.safetensors")) if shard_dir.is_dir() else []:
-        with safe_open(str(shard), framework="pt") as f:
-            order = json.loads((f.metadata() or {}).get("order", "[]"))
-            for pair in order:  # first the recorded order, so targets iterate as they ran
-                spec, _, target = pair.partition("/")
-                index.setdefault(spec, {}).setdefault(target, [])
-            for key in f.keys():
-                spec, target, step, call = key.split("/", 4)[:4]
-                index.setdefault(spec, {}).setdefault(target, []).append((int(step), int(call), shard, key))
-    return _Records(index)
+_CONTENT = ("summary.json", "plan.json", "records", "stats.csv", "trace.csv")
+
+
+def run_content(path: str | Path) -> list[str]:
+    """The hookgraph files and folders present in ``path`` (empty: not a run folder)."""
+    root = Path(path)
+    return [name for name in _CONTENT if _exists(root / name)]
 
 
 def load_run(path: str | Path) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`."""
     root = Path(path)
-    if not (root / "summary.json").is_file():
-        raise HookGraphError(f"{root} is not a hookgraph run folder (no summary.json)")
-    config = None
-    cfg_path = root / ".hydra" / "config.yaml"
-    if cfg_path.is_file():
-        from omegaconf import OmegaConf
-
-        config = OmegaConf.load(cfg_path)
-    plan_path = root / "plan.json"
+    if not root.is_dir():
+        raise HookGraphError(f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})")
+    present = run_content(root)
+    if not present:
+        raise HookGraphError(
+            f"{root} is not a hookgraph run folder (no summary.json, plan.json, records/ or stats.csv); "
+            "give the folder of a hookgraph run (runs/<date>/<time> by default)"
+        )
+    summary = _json(root / "summary.json", dict)
+    if summary is None:
+        summary = {"status": "incomplete", "note": "no summary.json: the run ended before writing one (killed?); "
+                   f"read what it left: {', '.join(present)}"}
+        warnings.warn(f"{root}: no summary.json; reading an incomplete run", stacklevel=2)
+    records = load_records(root)
     return Run(
         path=root,
-        records=load_records(root),
+        records=records,
         stats=_read_csv(root / "stats.csv"),
         trace=_read_csv(root / "trace.csv"),
-        plan=json.loads(plan_path.read_text()) if plan_path.is_file() else [],
-        summary=json.loads((root / "summary.json").read_text()),
-        config=config,
+        plan=_json(root / "plan.json", list) or [],
+        summary=summary,
+        config=_config(root / ".hydra" / "config.yaml"),
+        damaged=list(records.damaged),
     )
