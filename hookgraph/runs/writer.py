@@ -35,6 +35,7 @@ from ..tree import describe
 __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json"]
 
 FORMAT = "2"
+_ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -128,13 +129,14 @@ class RunWriter:
                 slots.append(slot)
                 order.append([spec, target])
                 for call, value in enumerate(slot):
-                    found, structure = describe(value)
-                    if structure == {"tensor": 0}:
-                        tensors[shard_key(spec, target, step, call)] = found[0]
+                    if isinstance(value, torch.Tensor):  # most records: skip the walk
+                        tensors[shard_key(spec, target, step, call)] = value
+                        text = _ONE_TENSOR
                     else:
+                        found, structure = describe(value)
                         for i, t in enumerate(found):
                             tensors[shard_key(spec, target, step, call, i)] = t
-                    text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
+                        text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
                     entries.append([len(order) - 1, call, structures.setdefault(text, len(structures))])
         if not entries:
             return 0
