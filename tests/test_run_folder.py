@@ -202,3 +202,41 @@ def test_summary_with_a_nan_loss_is_strict_json(tmp_path):
     assert summary["loss"] is None and summary["losses"] == [1.0, None, None]
     assert summary["non_finite"] == [".loss: nan", ".losses[1]: inf", ".losses[2]: -inf"]
     assert hg.load_run(tmp_path).summary["loss"] is None
+
+
+# -- the shard file --------------------------------------------------------------
+
+
+def _every_dtype():
+    base = torch.arange(12.0).reshape(3, 4)
+    return {
+        "f32": base, "view": base[1:], "row": base[2], "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.ones(0, 3), "bf16": base.to(torch.bfloat16), "f16": base.half(), "bool": base > 5,
+        "i64": torch.tensor([-(2**40), 7]), "u8": torch.tensor([0, 255], dtype=torch.uint8),
+        "c64": torch.tensor([1 + 2j], dtype=torch.complex64), "f8": torch.tensor([0.5, -2.0]).to(torch.float8_e4m3fn),
+    }
+
+
+def test_shards_are_safetensors_files_that_safetensors_reads(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    values = _every_dtype()
+    RunWriter(tmp_path).flush_records({"r": {k: [v] for k, v in values.items()}}, 3)
+    shard = tmp_path / "records" / "step-000003.safetensors"
+    theirs = load_file(str(shard))
+    ours = _records(tmp_path)["r"]
+    assert sorted(theirs) == sorted(f"r/{k}/3/0" for k in values)
+    for k, v in values.items():
+        for got in (theirs[f"r/{k}/3/0"], ours.entry(k, step=3)):
+            assert got.dtype == v.dtype and got.shape == v.shape
+            assert torch.equal(got.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else got,
+                               v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v)
+    with safe_open(str(shard), "pt") as f:
+        assert f.metadata()["hookgraph"] == "2" and f.metadata()["step"] == "3"
+
+
+def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path):
+    with pytest.raises(hg.HookGraphError, match=r"record 'r/z/0/0': a torch.complex128 tensor cannot be stored"):
+        RunWriter(tmp_path).flush_records({"r": {"z": [torch.ones(1, dtype=torch.complex128)]}}, 0)
+    assert not (tmp_path / "records").exists() or list((tmp_path / "records").iterdir()) == []

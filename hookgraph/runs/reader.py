@@ -15,9 +15,12 @@ names the file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import json
 import math
+import os
 import struct
 import warnings
 from collections.abc import Mapping
@@ -29,17 +32,25 @@ import torch
 
 from ..errors import HookGraphError, did_you_mean
 from ..tree import rebuild
+from .writer import _DTYPE_NAMES, FORMAT, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content"]
 
-# safetensors' dtype names (its format spec); complex64 is the one extra hookgraph writes.
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64,
-    "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}  # safetensors' dtype names
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound on a header
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Indexing and reading make many small objects that live on; with torch's own objects
+    # alive, the collections they trigger cost more than the reading (10x at 100k entries).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Tensor(NamedTuple):
@@ -55,10 +66,11 @@ class _Tensor(NamedTuple):
 class _Shard:
     """One shard file: its path and, when it cannot be read, why."""
 
-    __slots__ = ("path", "name", "damage")
+    __slots__ = ("path", "file", "name", "damage")
 
     def __init__(self, path: Path, name: str, damage: Optional[str] = None):
         self.path, self.name, self.damage = path, name, damage
+        self.file = str(path)  # os.open takes a str without pathlib's conversion per read
 
 
 class _Entry(NamedTuple):
@@ -77,16 +89,20 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     out: list[torch.Tensor] = []
     try:
-        with open(shard.path, "rb") as f:
+        # os-level reads: a buffered file object costs more than the read itself here.
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
             for t in items:
-                f.seek(t.begin)
                 buf = bytearray(t.end - t.begin)
-                if f.readinto(buf) != len(buf):
-                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
                 if not buf:
                     out.append(torch.empty(t.shape, dtype=t.dtype))
-                else:
-                    out.append(torch.frombuffer(buf, dtype=t.dtype).reshape(t.shape))
+                    continue
+                if os.preadv(fd, [buf], t.begin) != len(buf):
+                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
+                value = torch.frombuffer(buf, dtype=t.dtype)
+                out.append(value if len(t.shape) == 1 else value.reshape(t.shape))
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
     return out
@@ -94,19 +110,23 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
 
 def _load(entries: list[_Entry]) -> list:
     """Each entry's value, in the structure it was recorded with; one open per shard."""
-    by_shard: dict[int, tuple[_Shard, list[_Tensor]]] = {}
+    by_shard: dict[_Shard, list[_Tensor]] = {}
     for e in entries:
-        by_shard.setdefault(id(e.shard), (e.shard, []))[1].extend(e.tensors)
-    read: dict[tuple[int, str], torch.Tensor] = {}
-    for shard, items in by_shard.values():
-        items.sort(key=lambda t: t.begin)  # one forward pass over the file
+        if e.tensors:
+            by_shard.setdefault(e.shard, []).extend(e.tensors)
+    read: dict[int, torch.Tensor] = {}  # id of a _Tensor (alive in ``entries``) -> its tensor
+    for shard, items in by_shard.items():
+        if len(items) > 1:
+            items.sort(key=lambda t: t.begin)  # one forward pass over the file
         for t, value in zip(items, _read_tensors(shard, items)):
-            read[(id(shard), t.key)] = value
+            read[id(t)] = value
     out = []
     for e in entries:
-        values = [read[(id(e.shard), t.key)] for t in e.tensors]
+        values = [read[id(t)] for t in e.tensors]
         if isinstance(e.structure, tuple):
             out.append(_legacy(e.structure[1], values))
+        elif len(values) == 1 and e.structure == {"tensor": 0}:
+            out.append(values[0])
         else:
             try:
                 out.append(rebuild(e.structure, values))
@@ -146,7 +166,8 @@ class _Targets(Mapping):
 
     def __getitem__(self, target: str) -> list:
         if target not in self._cache:
-            self._cache[target] = _load(self._entries(target))
+            with _gc_paused():
+                self._cache[target] = _load(self._entries(target))
         return self._cache[target]
 
     def calls(self, target: str) -> list[tuple[int, int]]:
@@ -264,8 +285,6 @@ def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> No
 
 
 def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
-    from .writer import FORMAT, shard_key
-
     if meta.get("hookgraph") != FORMAT:
         raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
     try:
@@ -273,21 +292,26 @@ def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
         order = json.loads(meta["order"])
         structures = json.loads(meta["structures"])
         entries = json.loads(meta["entries"])
+        for pair in order:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)):
+                raise TypeError(f"order holds {pair!r}, not a [spec, target] pair of names")
+        # Per structure: None for one bare tensor (key without /<i>), else its tensor count.
+        counts = [None if s == {"tensor": 0} else _count_tensors(s) for s in structures]
         out = []
         for o, call, s in entries:
+            if not (isinstance(call, int) and call >= 0 and o >= 0 and s >= 0):
+                raise TypeError(f"entry {[o, call, s]!r} is not three counts")
             spec, target = order[o]
-            if not (isinstance(spec, str) and isinstance(target, str) and isinstance(call, int) and call >= 0):
-                raise TypeError("names must be strings, calls counts")
-            structure = structures[s]
-            n = _count_tensors(structure)
-            keys = [shard_key(spec, target, step, call)] if structure == {"tensor": 0} else [
-                shard_key(spec, target, step, call, i) for i in range(n)
-            ]
-            out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for k in keys), structure)))
+            n = counts[s]
+            if n is None:
+                found = (tensors[shard_key(spec, target, step, call)],)
+            else:
+                found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
+            out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
     except KeyError as exc:
         raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
     except (ValueError, TypeError, IndexError, AttributeError) as exc:
-        raise _Damaged(f"metadata is damaged: {exc}") from None
+        raise _Damaged(f"metadata is damaged: {type(exc).__name__}: {exc}") from None
     return out
 
 
@@ -326,17 +350,18 @@ def load_records(root: str | Path) -> _Records:
     index: dict[str, dict[str, list[_Entry]]] = {}
     damaged: list[str] = []
     shard_dir = Path(root) / "records"
-    for path in _shard_paths(shard_dir):
-        shard = _Shard(path, f"records/{path.name}")
-        try:
-            _index_shard(shard, index)
-        except _Damaged as exc:
-            shard.damage = str(exc)
-            damaged.append(shard.name)
-            warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
-    for targets in index.values():
-        for entries in targets.values():
-            entries.sort(key=lambda e: (e.step, e.call))
+    with _gc_paused():
+        for path in _shard_paths(shard_dir):
+            shard = _Shard(path, f"records/{path.name}")
+            try:
+                _index_shard(shard, index)
+            except _Damaged as exc:
+                shard.damage = str(exc)
+                damaged.append(shard.name)
+                warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
+        for targets in index.values():
+            for entries in targets.values():
+                entries.sort(key=lambda e: (e.step, e.call))
     return _Records(index, damaged)
 
 
