@@ -240,3 +240,41 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path):
     with pytest.raises(hg.HookGraphError, match=r"record 'r/z/0/0': a torch.complex128 tensor cannot be stored"):
         RunWriter(tmp_path).flush_records({"r": {"z": [torch.ones(1, dtype=torch.complex128)]}}, 0)
     assert not (tmp_path / "records").exists() or list((tmp_path / "records").iterdir()) == []
+
+
+# -- patching from a folder ---------------------------------------------------------
+
+
+class _WithNone(nn.Module):
+    def forward(self, x):
+        return x * 2, None  # GPT-2 attention's shape: (tensor, None)
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _WithNone()
+        self.lstm = nn.LSTM(2, 3, batch_first=True)
+
+    def forward(self, x):
+        a, _ = self.attn(x)
+        out, (h, c) = self.lstm(a)
+        return out.sum() + h.sum() + c.sum()
+
+
+def test_patch_from_a_folder_fits_a_tuple_with_none_and_an_lstm(tmp_path):
+    torch.manual_seed(0)
+    model = _Net()
+    clean_x, other_x = torch.randn(1, 4, 2), torch.randn(1, 4, 2)
+    graph = hg.compile(model, {"r": {"target": ["attn", "lstm"], "action": "record"}})
+    with graph.attach(), torch.no_grad():
+        clean = model(clean_x)
+    writer = RunWriter(tmp_path)
+    writer.flush_records(graph.records, 0)
+    writer.json("summary.json", {"status": "completed"})
+    patch = {"p": {"target": ["attn", "lstm"], "action": "patch", "args": {"run": str(tmp_path), "spec": "r"}}}
+    patched = hg.compile(model, patch)
+    with patched.attach(), torch.no_grad():
+        assert torch.equal(model(other_x), clean)
+    with torch.no_grad():
+        assert not torch.equal(model(other_x), clean)

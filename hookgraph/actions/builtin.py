@@ -404,7 +404,7 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
                 f"patch at {ctx.target!r}{path} (spec {ctx.spec!r}): the recorded value from {where} has shape "
                 f"{list(saved.shape)}, the live value {list(value.shape)}; patch runs with the same batch size and input shape"
             )
-        key = (value.device, value.dtype)
+        key = (path, value.device, value.dtype)  # per element: (out, (h, c)) holds three tensors
         t = moved.get(key)
         if t is None:
             t = moved[key] = saved.to(device=value.device, dtype=value.dtype)
@@ -414,10 +414,15 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
     def walk(saved: Any, value: Any, path: str) -> Any:
         if isinstance(saved, Tensor) and isinstance(value, Tensor):
             return one(saved, value, path)
-        if isinstance(saved, list) and isinstance(value, (tuple, list)) and len(saved) == len(value):
-            return type(value)(walk(s, v, f"{path}[{i}]") for i, (s, v) in enumerate(zip(saved, value)))
-        if isinstance(saved, dict) and isinstance(value, dict) and set(map(str, value)) == set(saved):
-            return {k: walk(saved[str(k)], v, f"{path}[{k!r}]") for k, v in value.items()}
+        if saved is None and value is None:  # a None recorded in place (GPT-2 attention's (out, None))
+            return None
+        # Run folders give back tuples, lists and dicts with their key types; folders of
+        # the first format gave lists and str keys, so both are accepted.
+        if isinstance(saved, (list, tuple)) and isinstance(value, (tuple, list)) and len(saved) == len(value):
+            items = [walk(s, v, f"{path}[{i}]") for i, (s, v) in enumerate(zip(saved, value))]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if isinstance(saved, dict) and isinstance(value, dict) and set(map(str, value)) == set(map(str, saved)):
+            return {k: walk(saved[k] if k in saved else saved[str(k)], v, f"{path}[{k!r}]") for k, v in value.items()}
         raise HookGraphError(
             f"patch at {ctx.target!r}{path} (spec {ctx.spec!r}): the recorded value from {where} is a "
             f"{type(saved).__name__}, the live value a {type(value).__name__} of a different structure"
