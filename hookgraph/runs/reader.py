@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import gc
+import io
 import json
 import math
 import os
@@ -330,13 +331,13 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
     grouped: dict[tuple[str, str, int, int], list[tuple[str, _Tensor]]] = {}
     try:
         order = json.loads(meta.get("order", "[]"))
+        ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
         for key, t in tensors.items():
             parts = key.split("/", 4)
             spec, target, step, call = parts[:4]
             grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", t))
     except (ValueError, TypeError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
-    ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
     out = []
     for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
         out.append((spec, target, _Entry(step, call, shard, tuple(t for _, t in items), ("legacy", [p for p, _ in items]))))
@@ -371,7 +372,9 @@ def _shard_paths(shard_dir: Path) -> list[Path]:
             if _exists(shard_dir):
                 raise HookGraphError(f"{shard_dir} is not a readable folder of record shards")
             return []
-        return sorted(shard_dir.glob("*.safetensors"))
+        # iterdir, not glob: glob passes over a folder it may not list without a word. Dot
+        # files are copy tools' litter (macOS ._ files), not shards.
+        return sorted(p for p in shard_dir.iterdir() if p.name.endswith(".safetensors") and not p.name.startswith("."))
     except OSError as exc:
         raise HookGraphError(f"{shard_dir} cannot be listed ({exc.strerror or exc})") from None
 
@@ -394,7 +397,7 @@ def _text(path: Path) -> Optional[str]:
     if not _exists(path):
         return None
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")  # no newline translation: csv needs the raw ends
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise HookGraphError(f"{path} cannot be read ({why})") from None
@@ -418,7 +421,7 @@ def _read_csv(path: Path) -> list[dict]:
     if text is None:
         return []
     try:
-        rows = list(csv.DictReader(text.splitlines()))
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
     except csv.Error as exc:
         raise HookGraphError(f"{path} is damaged: {exc}") from None
     for r in rows:
