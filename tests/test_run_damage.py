@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -32,8 +31,8 @@ def _shard(path, step: int):
 
 
 def _truncate(file, keep: int) -> None:
-    data = file.read_bytes()
-    file.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    """Keep the first ``keep`` bytes (negative: drop the last ``-keep``)."""
+    file.write_bytes(file.read_bytes()[:keep])
 
 
 def _load_damaged(path):
@@ -126,10 +125,11 @@ def test_a_shard_damaged_after_indexing_names_itself_when_read(tmp_path):
         ("plan.json", '[{"spec": ', "not JSON"),
         ("plan.json", b"\xff\xfe[]", "cannot be read"),
         (".hydra/config.yaml", "model: [mlp\nhooks: {", "damaged"),
+        (".hydra/config.yaml", "42", "damaged"),
         ("stats.csv", b"spec,target\n\xff\xfe,x\n", "cannot be read"),
         ("stats.csv", "spec,target\ns,a,extra,cells\n", "row 2 does not have the header's columns"),
     ],
-    ids=["summary-cut", "summary-array", "plan-cut", "plan-bytes", "config-yaml", "stats-bytes", "stats-ragged"],
+    ids=["summary-cut", "summary-array", "plan-cut", "plan-bytes", "config-yaml", "config-scalar", "stats-bytes", "stats-ragged"],
 )
 def test_a_damaged_file_is_a_hookgraph_error_naming_it(tmp_path, name, text, words):
     _run(tmp_path)

@@ -448,12 +448,18 @@ def _config(path: Path) -> Any:
     text = _text(path)
     if text is None:
         return None
-    from omegaconf import OmegaConf
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.create(text)
-    except Exception as exc:  # yaml and omegaconf raise many types; all mean the same here
-        raise HookGraphError(f"{path} is damaged: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        config = OmegaConf.load(io.StringIO(text))  # OmegaConf's own YAML loader, as Hydra wrote it
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookGraphError(f"{path} is damaged: {type(exc).__name__}: {first}") from None
+    if not isinstance(config, DictConfig):
+        raise HookGraphError(f"{path} is damaged: a YAML list, expected the run's config mapping")
+    return config
 
 
 @dataclass
