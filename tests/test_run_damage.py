@@ -44,19 +44,34 @@ def _load_damaged(path):
 # -- shards ------------------------------------------------------------------------
 
 
-def test_a_truncated_shard_is_reported_and_the_rest_reads(tmp_path):
+def _load_partly(path):
+    with pytest.warns(UserWarning, match="damaged shard partly read") as caught:
+        run = hg.load_run(path)
+    return run, [str(w.message) for w in caught]
+
+
+def test_a_truncated_shard_is_read_up_to_the_cut_and_reported(tmp_path):
     _run(tmp_path)
-    _truncate(_shard(tmp_path, 1), -3)  # the last tensor loses its last bytes
-    run, warned = _load_damaged(tmp_path)
+    _truncate(_shard(tmp_path, 1), -3)  # step 1's last tensor ('only1') loses its last bytes
+    run, warned = _load_partly(tmp_path)
     assert run.damaged == ["records/step-000001.safetensors"]
-    assert "step-000001.safetensors" in warned[0] and "truncated" in warned[0]
+    assert "step-000001.safetensors" in warned[0] and "1 of 2 call(s) lost (r/only1 step 1 call 0)" in warned[0]
+    assert [v.tolist() for v in run.records["r"]["a"]] == [[0.0] * 4, [1.0] * 4, [2.0] * 4]
+    assert not run.ok and run.status == "completed"
+    with pytest.raises(hg.HookGraphError, match=r"recorded nothing for 'only1'.*damaged shards.*: records/step-000001"):
+        run.records["r"]["only1"]
+
+
+def test_a_shard_cut_through_every_call_names_itself_when_a_call_is_asked_for(tmp_path):
+    _run(tmp_path)
+    shard = _shard(tmp_path, 1)
+    _truncate(shard, shard.stat().st_size - 12)  # into 'a' (16 bytes), before 'only1'
+    run, warned = _load_partly(tmp_path)
+    assert "2 of 2 call(s) lost" in warned[0]
     assert run.records["r"].calls("a") == [(0, 0), (2, 0)]
     assert [v.tolist() for v in run.records["r"]["a"]] == [[0.0] * 4, [2.0] * 4]
-    assert not run.ok and run.status == "completed"
-    with pytest.raises(hg.HookGraphError, match=r"no step 1, call 0 for 'a'.*damaged shards not read: records/step-000001"):
+    with pytest.raises(hg.HookGraphError, match=r"no step 1, call 0 for 'a'.*damaged shards.*: records/step-000001"):
         run.records["r"].entry("a", step=1)
-    with pytest.raises(hg.HookGraphError, match=r"recorded nothing for 'only1'.*damaged shards not read: records/step-000001"):
-        run.records["r"]["only1"]
 
 
 @pytest.mark.parametrize("keep", [0, 5, 20], ids=["empty", "inside-length", "inside-header"])

@@ -155,7 +155,7 @@ class _Targets(Mapping):
         self._cache: dict[str, list] = {}
 
     def _missing(self) -> str:
-        return f" (damaged shards not read: {', '.join(self._damaged)})" if self._damaged else ""
+        return f" (damaged shards, not or not fully read: {', '.join(self._damaged)})" if self._damaged else ""
 
     def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
@@ -208,7 +208,7 @@ class _Records(Mapping):
 
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
-            extra = f" (damaged shards not read: {', '.join(self.damaged)})" if self.damaged else ""
+            extra = f" (damaged shards, not or not fully read: {', '.join(self.damaged)})" if self.damaged else ""
             raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
         return self._targets[spec]
 
@@ -259,7 +259,8 @@ def _header(path: Path) -> tuple[dict, int, int]:
     return header, 8 + n, size
 
 
-def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
+def _tensor_info(key: str, info: Any, start: int, size: int) -> Optional[_Tensor]:
+    """Where the tensor lies; None when the file ends before it does (a cut copy)."""
     try:
         dtype = _DTYPES[info["dtype"]]
         shape = tuple(int(d) for d in info["shape"])
@@ -269,20 +270,28 @@ def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
     if not 0 <= b <= e or math.prod(shape) * dtype.itemsize != e - b:
         raise _Damaged(f"tensor {key!r} has offsets that do not fit its shape")
     if start + e > size:
-        raise _Damaged(f"truncated: tensor {key!r} ends at byte {start + e:,}, the file at {size:,}")
+        return None
     return _Tensor(key, dtype, shape, start + b, start + e)
 
 
-def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> None:
-    """Add the shard's entries to ``index``; raises _Damaged and then adds nothing."""
+def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> Optional[str]:
+    """Add the shard's readable entries to ``index``. Returns why some were left out (the
+    file was cut: the calls whose tensors lie past its end), or None. Raises _Damaged, and
+    then adds nothing, when the shard cannot be indexed at all."""
     header, start, size = _header(shard.path)
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict):
         raise _Damaged("metadata is not a JSON object")
     tensors = {k: _tensor_info(k, v, start, size) for k, v in header.items()}
     found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
-    for spec, target, entry in found:  # only now: a damaged shard adds nothing
+    kept = [f for f in found if None not in f[2].tensors]
+    for spec, target, entry in kept:  # only now: a damaged shard adds nothing
         index.setdefault(spec, {}).setdefault(target, []).append(entry)
+    if len(kept) == len(found):
+        return None
+    lost = [f"{spec}/{target} step {e.step} call {e.call}" for spec, target, e in found if None in e.tensors]
+    shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+    return f"truncated at byte {size:,}: {len(lost)} of {len(found)} call(s) lost ({shown}), the rest read"
 
 
 def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
@@ -355,11 +364,15 @@ def load_records(root: str | Path) -> _Records:
         for path in _shard_paths(shard_dir):
             shard = _Shard(path, f"records/{path.name}")
             try:
-                _index_shard(shard, index)
+                partly = _index_shard(shard, index)
             except _Damaged as exc:
                 shard.damage = str(exc)
                 damaged.append(shard.name)
                 warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
+                continue
+            if partly is not None:
+                damaged.append(shard.name)
+                warnings.warn(f"{Path(root) / shard.name}: damaged shard partly read ({partly})", stacklevel=3)
         for targets in index.values():
             for entries in targets.values():
                 entries.sort(key=lambda e: (e.step, e.call))
