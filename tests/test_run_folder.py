@@ -204,6 +204,18 @@ def test_summary_with_a_nan_loss_is_strict_json(tmp_path):
     assert hg.load_run(tmp_path).summary["loss"] is None
 
 
+def test_a_run_with_a_nan_loss_writes_a_strict_summary(tmp_path):
+    from hookgraph.runner import run
+
+    from .test_records import mlp_cfg
+
+    summary = run(mlp_cfg({}, model={"name": "nan_net"}, runner={"steps": 1}), tmp_path)
+    assert summary["loss"] != summary["loss"]  # the returned summary keeps the NaN for sweepers
+    written = json.loads((tmp_path / "summary.json").read_text(), parse_constant=_refuse)
+    assert written["status"] == "completed" and written["loss"] is None and written["losses"] == [None]
+    assert written["non_finite"] == [".loss: nan", ".losses[0]: nan"]
+
+
 # -- the shard file --------------------------------------------------------------
 
 
