@@ -93,8 +93,8 @@ def _serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> by
         offset += n
     head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     head += b" " * (-len(head) % 8)
-    data = torch.cat(chunks).numpy().tobytes() if chunks else b""
-    return struct.pack("<Q", len(head)) + head + data
+    data = torch.cat(chunks).numpy().data if chunks else b""  # a view: the join below is the one copy
+    return b"".join((struct.pack("<Q", len(head)), head, data))
 
 
 def strict_json(obj: Any, found: Optional[list[str]] = None, path: str = "") -> Any:
