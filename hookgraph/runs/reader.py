@@ -2,15 +2,16 @@
 
 Public names: Run, load_run, load_records, run_content.
 
-Records are indexed from the shards' headers only; a tensor is read from disk when it is
-asked for, so looking at one target does not load the others. Tensors are read with
-plain file reads into memory the tensor owns: no memory map outlives a read, so a run of
-any number of entries reads within the kernel's limit on maps (65,530 per process).
+Records are indexed from the shards' headers only (safetensors' ``safe_open``: metadata
+and keys); a tensor is read when it is asked for, so looking at one target does not load
+the others. Each tensor read is copied out of safetensors' memory map before the shard is
+closed: no map outlives a read, so a run of any number of entries reads within the
+kernel's limit on maps (65,530 per process).
 
-A damaged shard (truncated, unreadable, foreign metadata) does not stop the rest: it is
-listed in ``Run.damaged`` with a warning, and reading a record stored there raises a
-:class:`HookGraphError` naming it. Every other damaged file raises a HookGraphError that
-names the file.
+A damaged shard (one safetensors cannot open, or whose metadata is not hookgraph's) does
+not stop the rest: it is listed in ``Run.damaged`` with a warning and skipped, and reading
+a record stored there raises a :class:`HookGraphError` naming it. Every other damaged file
+raises a HookGraphError that names the file.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ import csv
 import gc
 import io
 import json
-import math
-import os
-import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,15 +28,14 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from ..errors import HookGraphError, did_you_mean
 from ..tree import rebuild
-from .writer import _DTYPE_NAMES, FORMAT, shard_key
+from .writer import FORMAT, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content"]
 
-_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}  # safetensors' dtype names
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound on a header
 
 
 @contextlib.contextmanager
@@ -54,16 +51,6 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-class _Tensor(NamedTuple):
-    """Where one stored tensor lies in its shard (offsets from the file's start)."""
-
-    key: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-
 class _Shard:
     """One shard file: its path and, when it cannot be read, why."""
 
@@ -71,59 +58,73 @@ class _Shard:
 
     def __init__(self, path: Path, name: str, damage: Optional[str] = None):
         self.path, self.name, self.damage = path, name, damage
-        self.file = str(path)  # os.open takes a str without pathlib's conversion per read
+        self.file = str(path)
 
 
 class _Entry(NamedTuple):
-    """One recorded call: its tensors and the structure that holds them."""
+    """One recorded call: the keys of its tensors and the structure that holds them."""
 
     step: int
     call: int
     shard: _Shard
-    tensors: tuple[_Tensor, ...]
+    tensors: tuple[str, ...]
     structure: Any  # tree.describe's form; for shards of format 1, ("legacy", [paths])
 
 
-def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
-    """``items`` of one shard, read with one open; each tensor owns its memory."""
+class _Damaged(Exception):
+    """A shard that safetensors cannot open or hookgraph cannot index; the message says why."""
+
+
+def _why(path: Path, exc: Exception) -> str:
+    """Why safetensors could not open ``path``, in the OS's words where the OS refused:
+    safetensors reports a link loop as a missing file and a directory as 'No such device'."""
+    if isinstance(exc, OSError):
+        try:
+            with open(path, "rb"):
+                pass
+        except IsADirectoryError:
+            return "a directory, not a file"
+        except OSError as os_exc:
+            return os_exc.strerror or str(os_exc)
+    return str(exc)
+
+
+@contextlib.contextmanager
+def _opened(shard: _Shard) -> Iterator[Any]:
+    """``safe_open`` of the shard; every way it fails is a _Damaged naming why."""
+    try:
+        with safe_open(shard.file, framework="pt") as f:
+            yield f
+    except (SafetensorError, OSError) as exc:
+        raise _Damaged(_why(shard.path, exc)) from None
+
+
+def _read_tensors(shard: _Shard, keys: list[str]) -> list[torch.Tensor]:
+    """``keys`` of one shard, read with one open. Each tensor is a copy that owns its
+    memory: a tensor straight from ``get_tensor`` keeps the shard's map alive, one map per
+    shard read, and a long run has more shards than a process may map."""
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
-    out: list[torch.Tensor] = []
     try:
-        # os-level reads: a buffered file object costs more than the read itself here.
-        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            for t in items:
-                buf = bytearray(t.end - t.begin)
-                if not buf:
-                    out.append(torch.empty(t.shape, dtype=t.dtype))
-                    continue
-                if os.preadv(fd, [buf], t.begin) != len(buf):
-                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
-                value = torch.frombuffer(buf, dtype=t.dtype)
-                out.append(value if len(t.shape) == 1 else value.reshape(t.shape))
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
-    return out
+        with _opened(shard) as f:
+            return [f.get_tensor(k).clone() for k in keys]
+    except _Damaged as exc:  # damaged after it was indexed
+        raise HookGraphError(f"{shard.name} is damaged ({exc}); its records cannot be read") from None
 
 
 def _load(entries: list[_Entry]) -> list:
     """Each entry's value, in the structure it was recorded with; one open per shard."""
-    by_shard: dict[_Shard, list[_Tensor]] = {}
+    by_shard: dict[_Shard, list[str]] = {}
     for e in entries:
         if e.tensors:
             by_shard.setdefault(e.shard, []).extend(e.tensors)
-    read: dict[int, torch.Tensor] = {}  # id of a _Tensor (alive in ``entries``) -> its tensor
-    for shard, items in by_shard.items():
-        if len(items) > 1:
-            items.sort(key=lambda t: t.begin)  # one forward pass over the file
-        for t, value in zip(items, _read_tensors(shard, items)):
-            read[id(t)] = value
+    read: dict[tuple[_Shard, str], torch.Tensor] = {}
+    for shard, keys in by_shard.items():
+        for key, value in zip(keys, _read_tensors(shard, keys)):
+            read[shard, key] = value
     out = []
     for e in entries:
-        values = [read[id(t)] for t in e.tensors]
+        values = [read[e.shard, k] for k in e.tensors]
         if isinstance(e.structure, tuple):
             out.append(_legacy(e.structure[1], values))
         elif len(values) == 1 and e.structure == {"tensor": 0}:
@@ -155,7 +156,7 @@ class _Targets(Mapping):
         self._cache: dict[str, list] = {}
 
     def _missing(self) -> str:
-        return f" (damaged shards, not or not fully read: {', '.join(self._damaged)})" if self._damaged else ""
+        return f" (damaged shards, not read: {', '.join(self._damaged)})" if self._damaged else ""
 
     def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
@@ -208,7 +209,7 @@ class _Records(Mapping):
 
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
-            extra = f" (damaged shards, not or not fully read: {', '.join(self.damaged)})" if self.damaged else ""
+            extra = f" (damaged shards, not read: {', '.join(self.damaged)})" if self.damaged else ""
             raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
         return self._targets[spec]
 
@@ -228,73 +229,24 @@ class _Records(Mapping):
 # -- shard headers -------------------------------------------------------------------
 
 
-class _Damaged(Exception):
-    """A shard that cannot be indexed; the message says why."""
-
-
-def _header(path: Path) -> tuple[dict, int, int]:
-    """The shard's header (key -> tensor info, ``__metadata__``), where its data starts and
-    the file's size."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(0)
-            head = f.read(8)
-            if len(head) < 8:
-                raise _Damaged(f"{size} bytes, shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise _Damaged(f"header of {n:,} bytes in a file of {size:,}")
-            text = f.read(n)
-    except IsADirectoryError:
-        raise _Damaged("a directory, not a file") from None
-    except OSError as exc:
-        raise _Damaged(exc.strerror or str(exc)) from None
-    try:
-        header = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _Damaged(f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise _Damaged("header is not a JSON object")
-    return header, 8 + n, size
-
-
-def _tensor_info(key: str, info: Any, start: int, size: int) -> Optional[_Tensor]:
-    """Where the tensor lies; None when the file ends before it does (a cut copy)."""
-    try:
-        dtype = _DTYPES[info["dtype"]]
-        shape = tuple(int(d) for d in info["shape"])
-        b, e = (int(x) for x in info["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-        raise _Damaged(f"tensor {key!r} has no valid dtype, shape and offsets") from None
-    if not 0 <= b <= e or math.prod(shape) * dtype.itemsize != e - b:
-        raise _Damaged(f"tensor {key!r} has offsets that do not fit its shape")
-    if start + e > size:
-        return None
-    return _Tensor(key, dtype, shape, start + b, start + e)
-
-
-def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> Optional[str]:
-    """Add the shard's readable entries to ``index``. Returns why some were left out (the
-    file was cut: the calls whose tensors lie past its end), or None. Raises _Damaged, and
-    then adds nothing, when the shard cannot be indexed at all."""
-    header, start, size = _header(shard.path)
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict):
-        raise _Damaged("metadata is not a JSON object")
-    tensors = {k: _tensor_info(k, v, start, size) for k, v in header.items()}
-    found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
-    kept = [f for f in found if None not in f[2].tensors]
-    for spec, target, entry in kept:  # only now: a damaged shard adds nothing
+def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> None:
+    """Add the shard's entries to ``index``. Raises _Damaged, and then adds nothing, when
+    safetensors cannot open it or its metadata is not hookgraph's."""
+    with _opened(shard) as f:
+        meta = f.metadata() or {}
+        keys = set(f.keys())
+    found = _entries_v2(shard, meta, keys) if "hookgraph" in meta else _entries_v1(shard, meta, keys)
+    for spec, target, entry in found:  # only now: a damaged shard adds nothing
         index.setdefault(spec, {}).setdefault(target, []).append(entry)
-    if len(kept) == len(found):
-        return None
-    lost = [f"{spec}/{target} step {e.step} call {e.call}" for spec, target, e in found if None in e.tensors]
-    shown = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
-    return f"truncated at byte {size:,}: {len(lost)} of {len(found)} call(s) lost ({shown}), the rest read"
 
 
-def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+def _held(keys: set[str], key: str) -> str:
+    if key not in keys:
+        raise KeyError(key)
+    return key
+
+
+def _entries_v2(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, str, _Entry]]:
     if meta.get("hookgraph") != FORMAT:
         raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
     try:
@@ -314,9 +266,9 @@ def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             spec, target = order[o]
             n = counts[s]
             if n is None:
-                found = (tensors[shard_key(spec, target, step, call)],)
+                found = (_held(keys, shard_key(spec, target, step, call)),)
             else:
-                found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
+                found = tuple(_held(keys, shard_key(spec, target, step, call, i)) for i in range(n))
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
     except KeyError as exc:
         raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
@@ -335,16 +287,16 @@ def _count_tensors(structure: Any) -> int:
     return 0
 
 
-def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+def _entries_v1(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, str, _Entry]]:
     # Format 1 (no structure metadata): keys <spec>/<target>/<step>/<call>[/<path>], names unescaped.
-    grouped: dict[tuple[str, str, int, int], list[tuple[str, _Tensor]]] = {}
+    grouped: dict[tuple[str, str, int, int], list[tuple[str, str]]] = {}
     try:
         order = json.loads(meta.get("order", "[]"))
         ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
-        for key, t in tensors.items():
+        for key in sorted(keys):
             parts = key.split("/", 4)
             spec, target, step, call = parts[:4]
-            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", t))
+            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", key))
     except (ValueError, TypeError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
@@ -364,15 +316,11 @@ def load_records(root: str | Path) -> _Records:
         for path in _shard_paths(shard_dir):
             shard = _Shard(path, f"records/{path.name}")
             try:
-                partly = _index_shard(shard, index)
+                _index_shard(shard, index)
             except _Damaged as exc:
                 shard.damage = str(exc)
                 damaged.append(shard.name)
                 warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
-                continue
-            if partly is not None:
-                damaged.append(shard.name)
-                warnings.warn(f"{Path(root) / shard.name}: damaged shard partly read ({partly})", stacklevel=3)
         for targets in index.values():
             for entries in targets.values():
                 entries.sort(key=lambda e: (e.step, e.call))

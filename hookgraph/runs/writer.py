@@ -19,15 +19,16 @@ step number only: nothing from a name becomes a path.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
 import os
-import struct
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
+from safetensors.torch import save as st_save
 
 from ..errors import ConfigError, HookGraphError, RecordBudgetError
 from ..tree import describe
@@ -62,39 +63,36 @@ def shard_key(spec: str, target: str, step: int, call: int, index: Optional[int]
     return key if index is None else f"{key}/{index}"
 
 
-# torch dtype -> safetensors' name for it (its format spec).
-_DTYPE_NAMES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-}
+@functools.cache
+def _unstorable(dtype: torch.dtype) -> Optional[str]:
+    """Why safetensors cannot hold ``dtype`` (None: it can), asked of the library itself
+    with an empty tensor, once per dtype."""
+    try:
+        st_save({"t": torch.empty(0, dtype=dtype)})
+    except Exception as exc:  # the library's own refusal, whatever its type
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
-def _serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """One safetensors file: the length of the header, the header (JSON, space-padded to 8
-    bytes), then every tensor's bytes in key order. safetensors' own ``save`` converts each
-    tensor through numpy, which costs more than the step when a step records hundreds of
-    targets; here all tensors are copied in one ``torch.cat``. Copies also mean tensors that
-    share storage (a view and its base) are simply written twice."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    chunks: list[torch.Tensor] = []
-    offset = 0
+def _prepare(tensors: dict[str, torch.Tensor]) -> None:
+    """Make every tensor one safetensors can write, in place: detached, on the CPU,
+    contiguous, and owning its storage. safetensors refuses tensors whose storage overlaps
+    (a view and its base, two slices of one output): each storage is written once, copies
+    take the rest. A dtype it cannot hold is refused by the record's name."""
+    seen: set[int] = set()
     for key, t in tensors.items():
-        if t.dtype not in _DTYPE_NAMES:
+        why = _unstorable(t.dtype)
+        if why is not None:
             raise HookGraphError(
-                f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard (it holds "
-                f"{', '.join(sorted(_DTYPE_NAMES.values()))}); record it as another dtype (args.dtype)"
+                f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard ({why}); "
+                "record it as another dtype (args.dtype)"
             )
-        n = t.numel() * t.element_size()
-        header[key] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
-        if n:
-            chunks.append(t.reshape(-1).view(torch.uint8))
-        offset += n
-    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    head += b" " * (-len(head) % 8)
-    data = torch.cat(chunks).numpy().data if chunks else b""  # a view: the join below is the one copy
-    return b"".join((struct.pack("<Q", len(head)), head, data))
+        t = t.detach().to("cpu").contiguous()
+        storage = t.untyped_storage().data_ptr()
+        if storage in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[key] = t
 
 
 def strict_json(obj: Any, found: Optional[list[str]] = None, path: str = "") -> Any:
@@ -175,8 +173,7 @@ class RunWriter:
                     entries.append([len(order) - 1, call, structures.setdefault(text, len(structures))])
         if not entries:
             return 0
-        for k, t in tensors.items():
-            tensors[k] = t.detach().to("cpu").contiguous()
+        _prepare(tensors)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             raise RecordBudgetError(
@@ -194,7 +191,7 @@ class RunWriter:
             "structures": "[" + ",".join(structures) + "]",
             "entries": json.dumps(entries, **compact),
         }
-        atomic_write(self.records_dir / name, _serialize(tensors, meta))
+        atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
         for (spec, _), slot in zip(order, slots):
