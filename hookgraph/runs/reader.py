@@ -37,7 +37,6 @@ from .writer import FORMAT, shard_key
 __all__ = ["Run", "load_run", "load_records", "run_content"]
 
 
-
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     # Indexing and reading make many small objects that live on; with torch's own objects

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save as st_save
 
 from ..errors import ConfigError, HookGraphError, RecordBudgetError
@@ -69,7 +70,7 @@ def _unstorable(dtype: torch.dtype) -> Optional[str]:
     with an empty tensor, once per dtype."""
     try:
         st_save({"t": torch.empty(0, dtype=dtype)})
-    except Exception as exc:  # the library's own refusal, whatever its type
+    except (KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as exc:  # 0.8 raises KeyError(dtype)
         return f"{type(exc).__name__}: {exc}"
     return None
 
