@@ -217,9 +217,9 @@ def test_load_run_reads_only_the_target_asked_for(tmp_path, monkeypatch):
     read: list[str] = []
     real_read = reader._read_tensors
 
-    def counting_read(shard, keys):  # every tensor read from disk passes here
-        read.extend(keys)
-        return real_read(shard, keys)
+    def counting_read(shard, items):  # every tensor read from disk passes here
+        read.extend(t.key for t in items)
+        return real_read(shard, items)
 
     monkeypatch.setattr(reader, "_read_tensors", counting_read)
     records = hg.load_run(tmp_path).records

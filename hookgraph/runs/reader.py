@@ -2,16 +2,18 @@
 
 Public names: Run, load_run, load_records, run_content.
 
-Records are indexed from the shards' headers only (safetensors' ``safe_open``: metadata
-and keys); a tensor is read when it is asked for, so looking at one target does not load
-the others. Each tensor read is copied out of safetensors' memory map before the shard is
-closed: no map outlives a read, so a run of any number of entries reads within the
-kernel's limit on maps (65,530 per process).
+Each shard is indexed once: safetensors' ``safe_open`` validates it and gives its metadata
+and keys, and its header (the documented 8-byte length + JSON) gives where each tensor's
+bytes lie. A tensor is read when it is asked for, with one positioned read of its bytes
+into memory the tensor owns, so looking at one target does not load the others and no
+memory map outlives a read (a run of any number of entries reads within the kernel's
+limit on maps, 65,530 per process).
 
 A damaged shard (one safetensors cannot open, or whose metadata is not hookgraph's) does
 not stop the rest: it is listed in ``Run.damaged`` with a warning and skipped, and reading
-a record stored there raises a :class:`HookGraphError` naming it. Every other damaged file
-raises a HookGraphError that names the file.
+a record stored there raises a :class:`HookGraphError` naming it; so does reading from a
+shard that changed or was cut after it was indexed. Every other damaged file raises a
+HookGraphError that names the file.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import csv
 import gc
 import io
 import json
+import math
+import os
+import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,23 +55,40 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-class _Shard:
-    """One shard file: its path and, when it cannot be read, why."""
+class _Tensor(NamedTuple):
+    """Where one stored tensor's bytes lie in its shard (offsets from the file's start)."""
 
-    __slots__ = ("path", "file", "name", "damage")
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class _Shard:
+    """One shard file: its path, the file it was indexed from and, when it cannot be read, why."""
+
+    __slots__ = ("path", "file", "name", "damage", "stamp")
 
     def __init__(self, path: Path, name: str, damage: Optional[str] = None):
         self.path, self.name, self.damage = path, name, damage
-        self.file = str(path)
+        self.file = str(path)  # os.open takes a str without pathlib's conversion per read
+        self.stamp: Optional[tuple[int, ...]] = None  # _stamp of the file when indexed
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    # The same file, unchanged: the writer replaces files by rename (a new inode), and a
+    # cut or a rewrite in place changes the size or the modification time.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class _Entry(NamedTuple):
-    """One recorded call: the keys of its tensors and the structure that holds them."""
+    """One recorded call: its tensors and the structure that holds them."""
 
     step: int
     call: int
     shard: _Shard
-    tensors: tuple[str, ...]
+    tensors: tuple[_Tensor, ...]
     structure: Any  # tree.describe's form; for shards of format 1, ("legacy", [paths])
 
 
@@ -98,32 +120,53 @@ def _opened(shard: _Shard) -> Iterator[Any]:
         raise _Damaged(_why(shard.path, exc)) from None
 
 
-def _read_tensors(shard: _Shard, keys: list[str]) -> list[torch.Tensor]:
-    """``keys`` of one shard, read with one open. Each tensor is a copy that owns its
-    memory: a tensor straight from ``get_tensor`` keeps the shard's map alive, one map per
-    shard read, and a long run has more shards than a process may map."""
+def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
+    """``items`` of one shard, read with one open: one positioned read per tensor into a
+    buffer the tensor owns. Not safetensors' ``safe_open`` + ``get_tensor``: it maps the
+    file and parses its whole header on every open (~1 ms for a 500-key shard), and a
+    tensor from it keeps the map alive. Measured on 100,000 entries (benchmarks/RESULTS.md):
+    ~1.4 ms per entry through safe_open (each target opens every shard), ~30 us this way."""
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
+    out: list[torch.Tensor] = []
     try:
-        with _opened(shard) as f:
-            return [f.get_tensor(k).clone() for k in keys]
-    except _Damaged as exc:  # damaged after it was indexed
-        raise HookGraphError(f"{shard.name} is damaged ({exc}); its records cannot be read") from None
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if _stamp(st) != shard.stamp:
+                size = shard.stamp[2] if shard.stamp else 0
+                what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
+                raise HookGraphError(f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read")
+            for t in items:
+                buf = bytearray(t.end - t.begin)
+                if not buf:
+                    out.append(torch.empty(t.shape, dtype=t.dtype))
+                    continue
+                if os.preadv(fd, [buf], t.begin) != len(buf):
+                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
+                out.append(torch.frombuffer(buf, dtype=t.dtype).view(t.shape))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
+    return out
 
 
 def _load(entries: list[_Entry]) -> list:
     """Each entry's value, in the structure it was recorded with; one open per shard."""
-    by_shard: dict[_Shard, list[str]] = {}
+    by_shard: dict[_Shard, list[_Tensor]] = {}
     for e in entries:
         if e.tensors:
             by_shard.setdefault(e.shard, []).extend(e.tensors)
-    read: dict[tuple[_Shard, str], torch.Tensor] = {}
-    for shard, keys in by_shard.items():
-        for key, value in zip(keys, _read_tensors(shard, keys)):
-            read[shard, key] = value
+    read: dict[int, torch.Tensor] = {}  # id of a _Tensor (alive in ``entries``) -> its tensor
+    for shard, items in by_shard.items():
+        if len(items) > 1:
+            items.sort(key=lambda t: t.begin)  # one forward pass over the file
+        for t, value in zip(items, _read_tensors(shard, items)):
+            read[id(t)] = value
     out = []
     for e in entries:
-        values = [read[e.shard, k] for k in e.tensors]
+        values = [read[id(t)] for t in e.tensors]
         if isinstance(e.structure, tuple):
             out.append(_legacy(e.structure[1], values))
         elif len(values) == 1 and e.structure == {"tensor": 0}:
@@ -234,18 +277,75 @@ def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> No
     with _opened(shard) as f:
         meta = f.metadata() or {}
         keys = set(f.keys())
-    found = _entries_v2(shard, meta, keys) if "hookgraph" in meta else _entries_v1(shard, meta, keys)
+    tensors = _locate(shard, meta, keys)
+    found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
     for spec, target, entry in found:  # only now: a damaged shard adds nothing
         index.setdefault(spec, {}).setdefault(target, []).append(entry)
 
 
-def _held(keys: set[str], key: str) -> str:
-    if key not in keys:
-        raise KeyError(key)
-    return key
+# safetensors' dtype names (the format's documented list) -> torch dtype and how many of
+# the header's elements one torch element holds (F4 packs two in a float4_e2m1fn_x2).
+_DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    name: (getattr(torch, attr), per)
+    for name, attr, per in [
+        ("F64", "float64", 1), ("F32", "float32", 1), ("F16", "float16", 1), ("BF16", "bfloat16", 1),
+        ("I64", "int64", 1), ("I32", "int32", 1), ("I16", "int16", 1), ("I8", "int8", 1),
+        ("U64", "uint64", 1), ("U32", "uint32", 1), ("U16", "uint16", 1), ("U8", "uint8", 1),
+        ("BOOL", "bool", 1), ("C64", "complex64", 1),
+        ("F8_E4M3", "float8_e4m3fn", 1), ("F8_E4M3FNUZ", "float8_e4m3fnuz", 1), ("F8_E5M2", "float8_e5m2", 1),
+        ("F8_E5M2FNUZ", "float8_e5m2fnuz", 1), ("F8_E8M0", "float8_e8m0fnu", 1), ("F4", "float4_e2m1fn_x2", 2),
+    ]
+    if hasattr(torch, attr)
+}
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound on a header
 
 
-def _entries_v2(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, str, _Entry]]:
+def _locate(shard: _Shard, meta: dict, keys: set[str]) -> dict[str, _Tensor]:
+    """Where each tensor of the shard lies, from its header: 8 bytes of little-endian length,
+    then that many bytes of JSON (key -> dtype, shape, data_offsets from the end of the
+    header). ``safe_open`` has just validated the file; its metadata and keys must match
+    what is read here, or the file changed in between. Records the file's stamp."""
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, 8, 0)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 <= n <= min(_MAX_HEADER, st.st_size - 8):
+                raise _Damaged("changed while it was indexed (header cut)")
+            text = os.pread(fd, n, 8)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _Damaged(exc.strerror or str(exc)) from None
+    try:
+        header = json.loads(text)
+        header_meta = header.pop("__metadata__", None) or {}
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        raise _Damaged("changed while it was indexed (header is not a JSON object)") from None
+    if header_meta != meta or header.keys() != keys:
+        raise _Damaged("changed while it was indexed (header differs from what safetensors read)")
+    shard.stamp = _stamp(st)
+    return {k: _tensor_info(k, v, 8 + n, st.st_size) for k, v in header.items()}
+
+
+def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
+    try:
+        dtype, per = _DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        b, e = (int(x) for x in info["data_offsets"])
+    except KeyError as exc:
+        raise _Damaged(f"tensor {key!r}: no dtype, shape or offsets, or a dtype this torch lacks ({exc})") from None
+    except (TypeError, ValueError):
+        raise _Damaged(f"tensor {key!r} has no valid dtype, shape and offsets") from None
+    if per > 1:
+        shape = (*shape[:-1], shape[-1] // per) if shape else shape
+    if not 0 <= b <= e or start + e > size or math.prod(shape) * dtype.itemsize != e - b:
+        raise _Damaged(f"tensor {key!r} has offsets that do not fit its shape or the file")
+    return _Tensor(key, dtype, shape, start + b, start + e)
+
+
+def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
     if meta.get("hookgraph") != FORMAT:
         raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
     try:
@@ -265,9 +365,9 @@ def _entries_v2(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, st
             spec, target = order[o]
             n = counts[s]
             if n is None:
-                found = (_held(keys, shard_key(spec, target, step, call)),)
+                found = (tensors[shard_key(spec, target, step, call)],)
             else:
-                found = tuple(_held(keys, shard_key(spec, target, step, call, i)) for i in range(n))
+                found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
     except KeyError as exc:
         raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
@@ -286,13 +386,13 @@ def _count_tensors(structure: Any) -> int:
     return 0
 
 
-def _entries_v1(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, str, _Entry]]:
+def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
     # Format 1 (no structure metadata): keys <spec>/<target>/<step>/<call>[/<path>], names unescaped.
     grouped: dict[tuple[str, str, int, int], list[tuple[str, str]]] = {}
     try:
         order = json.loads(meta.get("order", "[]"))
         ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
-        for key in sorted(keys):
+        for key in sorted(tensors):
             parts = key.split("/", 4)
             spec, target, step, call = parts[:4]
             grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", key))
@@ -300,7 +400,7 @@ def _entries_v1(shard: _Shard, meta: dict, keys: set[str]) -> list[tuple[str, st
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
     for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
-        out.append((spec, target, _Entry(step, call, shard, tuple(t for _, t in items), ("legacy", [p for p, _ in items]))))
+        out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items]))))
     return out
 
 
