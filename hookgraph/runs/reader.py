@@ -126,7 +126,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
     buffer the tensor owns. Not safetensors' ``safe_open`` + ``get_tensor``: it maps the
     file and parses its whole header on every open (~1 ms for a 500-key shard), and a
     tensor from it keeps the map alive. Measured on 100,000 entries (benchmarks/RESULTS.md):
-    ~1.4 ms per entry through safe_open (each target opens every shard), ~30 us this way."""
+    1.1 ms per entry through safe_open (each target opens every shard), 15 us this way."""
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     out: list[torch.Tensor] = []
@@ -142,7 +142,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
                 # storage (~4 us), since a view of frombuffer keeps its base tensor alive
-                # (twice the objects: +56 MB and ~2x the read time at 100k entries).
+                # (twice the objects: +56 MB and 1.6x the read time at 100k entries).
                 n = t.end - t.begin
                 flat = len(t.shape) == 1 and n > 0  # frombuffer's own shape: no view needed
                 value = None if flat else torch.empty(t.shape, dtype=t.dtype)
