@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hookgraph as hg
-import hookgraph.runs.reader as reader
+from hookgraph.runs import reader
 from hookgraph.runs.writer import RunWriter
 
 
