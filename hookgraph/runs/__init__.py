@@ -1,9 +1,9 @@
 """Run folders: the on-disk contract between a run and whoever reads it.
 
-Public names: Run, RunWriter, load_run.
+Public names: Run, RunWriter, load_run, run_content.
 """
 
-from .reader import Run, load_run
+from .reader import Run, load_run, run_content
 from .writer import RunWriter
 
-__all__ = ["Run", "RunWriter", "load_run"]
+__all__ = ["Run", "RunWriter", "load_run", "run_content"]

@@ -1,56 +1,237 @@
 """Reading a run folder back.
 
-Public names: Run, load_run, load_records.
+Public names: Run, load_run, load_records, run_content.
 
-Records are indexed from the shards' headers only; a tensor is read from disk when it is
-asked for, so looking at one target does not load the others.
+Each shard is indexed once: safetensors' ``safe_open`` validates it and gives its metadata
+and keys, and its header (the documented 8-byte length + JSON) gives where each tensor's
+bytes lie. A tensor is read when it is asked for, with one positioned read of its bytes
+into memory the tensor owns, so looking at one target does not load the others and no
+memory map outlives a read (a run of any number of entries reads within the kernel's
+limit on maps, 65,530 per process).
+
+A damaged shard (one safetensors cannot open, or whose metadata is not hookgraph's) does
+not stop the rest: it is listed in ``Run.damaged`` with a warning and skipped, and reading
+a record stored there raises a :class:`HookGraphError` naming it; so does reading from a
+shard that changed or was cut after it was indexed. Every other damaged file raises a
+HookGraphError that names the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
+import gc
+import io
 import json
+import math
+import os
+import struct
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ..errors import HookGraphError, did_you_mean
+from ..tree import rebuild
+from .writer import FORMAT, shard_key
 
-__all__ = ["Run", "load_run", "load_records"]
+__all__ = ["Run", "load_run", "load_records", "run_content"]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Indexing and reading make many small objects that live on; with torch's own objects
+    # alive, the collections they trigger cost more than the reading (10x at 100k entries).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class _Tensor(NamedTuple):
+    """Where one stored tensor's bytes lie in its shard (offsets from the file's start)."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class _Shard:
+    """One shard file: its path, the file it was indexed from and, when it cannot be read, why."""
+
+    __slots__ = ("path", "file", "name", "damage", "stamp")
+
+    def __init__(self, path: Path, name: str, damage: Optional[str] = None):
+        self.path, self.name, self.damage = path, name, damage
+        self.file = str(path)  # os.open takes a str without pathlib's conversion per read
+        self.stamp: Optional[tuple[int, ...]] = None  # _stamp of the file when indexed
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    # The same file, unchanged: the writer replaces files by rename (a new inode), and a
+    # cut or a rewrite in place changes the size or the modification time.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _Entry(NamedTuple):
+    """One recorded call: its tensors and the structure that holds them."""
+
+    step: int
+    call: int
+    shard: _Shard
+    tensors: tuple[_Tensor, ...]
+    structure: Any  # tree.describe's form; for shards of format 1, ("legacy", [paths])
+
+
+class _Damaged(Exception):
+    """A shard that safetensors cannot open or hookgraph cannot index; the message says why."""
+
+
+def _why(path: Path, exc: Exception) -> str:
+    """Why safetensors could not open ``path``, in the OS's words where the OS refused:
+    safetensors reports a link loop as a missing file and a directory as 'No such device'."""
+    if isinstance(exc, OSError):
+        try:
+            with open(path, "rb"):
+                pass
+        except IsADirectoryError:
+            return "a directory, not a file"
+        except OSError as os_exc:
+            return os_exc.strerror or str(os_exc)
+    return str(exc)
+
+
+@contextlib.contextmanager
+def _opened(shard: _Shard) -> Iterator[Any]:
+    """``safe_open`` of the shard; every way it fails is a _Damaged naming why."""
+    try:
+        with safe_open(shard.file, framework="pt") as f:
+            yield f
+    except (SafetensorError, OSError) as exc:
+        raise _Damaged(_why(shard.path, exc)) from None
+
+
+def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
+    """``items`` of one shard, read with one open: one positioned read per tensor into a
+    buffer the tensor owns. Not safetensors' ``safe_open`` + ``get_tensor``: it maps the
+    file and parses its whole header on every open (~1 ms for a 500-key shard), and a
+    tensor from it keeps the map alive. Measured on 100,000 entries (benchmarks/RESULTS.md):
+    1.1 ms per entry through safe_open (each target opens every shard), 15 us this way."""
+    if shard.damage is not None:
+        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
+    out: list[torch.Tensor] = []
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if _stamp(st) != shard.stamp:
+                size = shard.stamp[2] if shard.stamp else 0
+                what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
+                raise HookGraphError(f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read")
+            for t in items:
+                # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
+                # the bytes read (~2 us); any other shape is read straight into torch.empty's
+                # storage (~4 us), since a view of frombuffer keeps its base tensor alive
+                # (twice the objects: +56 MB and 1.6x the read time at 100k entries).
+                n = t.end - t.begin
+                flat = len(t.shape) == 1 and n > 0  # frombuffer's own shape: no view needed
+                value = None if flat else torch.empty(t.shape, dtype=t.dtype)
+                buf = bytearray(n) if flat else (ctypes.c_char * n).from_address(value.data_ptr())
+                if n and os.preadv(fd, [buf], t.begin) != n:
+                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
+                out.append(torch.frombuffer(buf, dtype=t.dtype) if flat else value)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
+    return out
+
+
+def _load(entries: list[_Entry]) -> list:
+    """Each entry's value, in the structure it was recorded with; one open per shard."""
+    by_shard: dict[_Shard, list[_Tensor]] = {}
+    for e in entries:
+        if e.tensors:
+            by_shard.setdefault(e.shard, []).extend(e.tensors)
+    read: dict[int, torch.Tensor] = {}  # id of a _Tensor (alive in ``entries``) -> its tensor
+    for shard, items in by_shard.items():
+        if len(items) > 1:
+            items.sort(key=lambda t: t.begin)  # one forward pass over the file
+        for t, value in zip(items, _read_tensors(shard, items)):
+            read[id(t)] = value
+    out = []
+    for e in entries:
+        values = [read[id(t)] for t in e.tensors]
+        if isinstance(e.structure, tuple):
+            out.append(_legacy(e.structure[1], values))
+        elif len(values) == 1 and e.structure == {"tensor": 0}:
+            out.append(values[0])
+        else:
+            try:
+                out.append(rebuild(e.structure, values))
+            except ValueError as exc:
+                raise HookGraphError(f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}") from None
+    return out
+
+
+def _legacy(paths: list[str], values: list[torch.Tensor]) -> Any:
+    # Shards written before structures were stored: tuples read back as lists, keys as
+    # strings and None elements are lost, as they always were for those files.
+    parts = dict(zip(paths, values))
+    if list(parts) == [""]:
+        return parts[""]
+    if all(k.isdigit() for k in parts):
+        return [parts[k] for k in sorted(parts, key=int)]
+    return dict(parts)
 
 
 class _Targets(Mapping):
     """``records[spec]``: target -> the list of its recorded calls, read on first access."""
 
-    def __init__(self, spec: str, index: dict[str, list[tuple[int, int, Path, str]]]):
-        self._spec, self._index = spec, index
+    def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str]):
+        self._spec, self._index, self._damaged = spec, index, damaged
         self._cache: dict[str, list] = {}
 
-    def _entries(self, target: str) -> list[tuple[int, int, Path, str]]:
+    def _missing(self) -> str:
+        return f" (damaged shards, not read: {', '.join(self._damaged)})" if self._damaged else ""
+
+    def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
-            raise HookGraphError(f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}")
+            raise HookGraphError(
+                f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}"
+                + self._missing()
+            )
         return self._index[target]
 
     def __getitem__(self, target: str) -> list:
         if target not in self._cache:
-            self._cache[target] = _load(self._entries(target))
+            with _gc_paused():
+                self._cache[target] = _load(self._entries(target))
         return self._cache[target]
 
     def calls(self, target: str) -> list[tuple[int, int]]:
         """The (step, call) pairs recorded for ``target``, in order, without reading tensors."""
-        return sorted({(e[0], e[1]) for e in self._entries(target)})
+        return sorted({(e.step, e.call) for e in self._entries(target)})
 
     def entry(self, target: str, step: int = 0, call: int = 0) -> Any:
         """One call's value, reading only its own tensors (not the target's other calls)."""
-        picked = [e for e in self._entries(target) if e[0] == step and e[1] == call]
+        picked = [e for e in self._entries(target) if e.step == step and e.call == call]
         if not picked:
             shown = ", ".join(f"step {s} call {c}" for s, c in self.calls(target)[:8])
-            raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}")
-        return _load(picked)[0]
+            raise HookGraphError(
+                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}" + self._missing()
+            )
+        return _load(picked[:1])[0]
 
     def __contains__(self, target: object) -> bool:
         # Mapping's own version relies on KeyError; a missing name raises HookGraphError here.
@@ -66,39 +247,17 @@ class _Targets(Mapping):
         return len(self._index)
 
 
-def _load(entries: list[tuple[int, int, Path, str]]) -> list:
-    """Rebuild each call's value: a tensor, or a list/dict of its element tensors."""
-    grouped: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    by_path: dict[Path, list] = {}
-    for e in entries:
-        by_path.setdefault(e[2], []).append(e)
-    loaded = {}
-    for path, group in by_path.items():
-        with safe_open(str(path), framework="pt") as f:  # one open per shard, not per key
-            for step, call, _, key in group:
-                loaded[(step, call, key)] = f.get_tensor(key)
-    for step, call, _, key in sorted(entries, key=lambda e: (e[0], e[1])):
-        rest = key.split("/", 4)[4] if key.count("/") >= 4 else ""
-        grouped.setdefault((step, call), {})[rest] = loaded[(step, call, key)]
-    out = []
-    for parts in grouped.values():
-        if list(parts) == [""]:
-            out.append(parts[""])
-        elif all(k.isdigit() for k in parts):
-            out.append([parts[k] for k in sorted(parts, key=int)])
-        else:
-            out.append(dict(parts))
-    return out
-
-
 class _Records(Mapping):
-    def __init__(self, index: dict[str, dict[str, list]]):
-        self._index = index
-        self._targets = {spec: _Targets(spec, targets) for spec, targets in index.items()}
+    """``records[spec]`` -> its targets; ``damaged``: the shards that could not be indexed."""
+
+    def __init__(self, index: dict[str, dict[str, list[_Entry]]], damaged: list[str]):
+        self._index, self.damaged = index, damaged
+        self._targets = {spec: _Targets(spec, targets, damaged) for spec, targets in index.items()}
 
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
-            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}")
+            extra = f" (damaged shards, not read: {', '.join(self.damaged)})" if self.damaged else ""
+            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
         return self._targets[spec]
 
     def __contains__(self, spec: object) -> bool:
@@ -114,12 +273,225 @@ class _Records(Mapping):
         return len(self._targets)
 
 
+# -- shard headers -------------------------------------------------------------------
+
+
+def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> None:
+    """Add the shard's entries to ``index``. Raises _Damaged, and then adds nothing, when
+    safetensors cannot open it or its metadata is not hookgraph's."""
+    with _opened(shard) as f:
+        meta = f.metadata() or {}
+        keys = set(f.keys())
+    tensors = _locate(shard, meta, keys)
+    found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
+    for spec, target, entry in found:  # only now: a damaged shard adds nothing
+        index.setdefault(spec, {}).setdefault(target, []).append(entry)
+
+
+# safetensors' dtype names (the format's documented list) -> torch dtype and how many of
+# the header's elements one torch element holds (F4 packs two in a float4_e2m1fn_x2).
+_DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    name: (getattr(torch, attr), per)
+    for name, attr, per in [
+        ("F64", "float64", 1), ("F32", "float32", 1), ("F16", "float16", 1), ("BF16", "bfloat16", 1),
+        ("I64", "int64", 1), ("I32", "int32", 1), ("I16", "int16", 1), ("I8", "int8", 1),
+        ("U64", "uint64", 1), ("U32", "uint32", 1), ("U16", "uint16", 1), ("U8", "uint8", 1),
+        ("BOOL", "bool", 1), ("C64", "complex64", 1),
+        ("F8_E4M3", "float8_e4m3fn", 1), ("F8_E4M3FNUZ", "float8_e4m3fnuz", 1), ("F8_E5M2", "float8_e5m2", 1),
+        ("F8_E5M2FNUZ", "float8_e5m2fnuz", 1), ("F8_E8M0", "float8_e8m0fnu", 1), ("F4", "float4_e2m1fn_x2", 2),
+    ]
+    if hasattr(torch, attr)
+}
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound on a header
+
+
+def _locate(shard: _Shard, meta: dict, keys: set[str]) -> dict[str, _Tensor]:
+    """Where each tensor of the shard lies, from its header: 8 bytes of little-endian length,
+    then that many bytes of JSON (key -> dtype, shape, data_offsets from the end of the
+    header). ``safe_open`` has just validated the file; its metadata and keys must match
+    what is read here, or the file changed in between. Records the file's stamp."""
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, 8, 0)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 <= n <= min(_MAX_HEADER, st.st_size - 8):
+                raise _Damaged("changed while it was indexed (header cut)")
+            text = os.pread(fd, n, 8)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _Damaged(exc.strerror or str(exc)) from None
+    try:
+        header = json.loads(text)
+        header_meta = header.pop("__metadata__", None) or {}
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        raise _Damaged("changed while it was indexed (header is not a JSON object)") from None
+    if header_meta != meta or header.keys() != keys:
+        raise _Damaged("changed while it was indexed (header differs from what safetensors read)")
+    shard.stamp = _stamp(st)
+    return {k: _tensor_info(k, v, 8 + n, st.st_size) for k, v in header.items()}
+
+
+def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
+    try:
+        dtype, per = _DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        b, e = (int(x) for x in info["data_offsets"])
+    except KeyError as exc:
+        raise _Damaged(f"tensor {key!r}: no dtype, shape or offsets, or a dtype this torch lacks ({exc})") from None
+    except (TypeError, ValueError):
+        raise _Damaged(f"tensor {key!r} has no valid dtype, shape and offsets") from None
+    if per > 1:
+        shape = (*shape[:-1], shape[-1] // per) if shape else shape
+    if not 0 <= b <= e or start + e > size or math.prod(shape) * dtype.itemsize != e - b:
+        raise _Damaged(f"tensor {key!r} has offsets that do not fit its shape or the file")
+    return _Tensor(key, dtype, shape, start + b, start + e)
+
+
+def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    if meta.get("hookgraph") != FORMAT:
+        raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
+    try:
+        step = int(meta["step"])
+        order = json.loads(meta["order"])
+        structures = json.loads(meta["structures"])
+        entries = json.loads(meta["entries"])
+        for pair in order:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)):
+                raise TypeError(f"order holds {pair!r}, not a [spec, target] pair of names")
+        # Per structure: None for one bare tensor (key without /<i>), else its tensor count.
+        counts = [None if s == {"tensor": 0} else _count_tensors(s) for s in structures]
+        out = []
+        for o, call, s in entries:
+            if not (isinstance(call, int) and call >= 0 and o >= 0 and s >= 0):
+                raise TypeError(f"entry {[o, call, s]!r} is not three counts")
+            spec, target = order[o]
+            n = counts[s]
+            if n is None:
+                found = (tensors[shard_key(spec, target, step, call)],)
+            else:
+                found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
+            out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
+    except KeyError as exc:
+        raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
+    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        raise _Damaged(f"metadata is damaged: {type(exc).__name__}: {exc}") from None
+    return out
+
+
+def _count_tensors(structure: Any) -> int:
+    if isinstance(structure, dict):
+        if "tensor" in structure:
+            return 1
+        return sum(_count_tensors(v) for v in structure.values() if isinstance(v, list))
+    if isinstance(structure, list):
+        return sum(_count_tensors(v) for v in structure)
+    return 0
+
+
+def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    # Format 1 (no structure metadata): keys <spec>/<target>/<step>/<call>[/<path>], names unescaped.
+    grouped: dict[tuple[str, str, int, int], list[tuple[str, str]]] = {}
+    try:
+        order = json.loads(meta.get("order", "[]"))
+        ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
+        for key in sorted(tensors):
+            parts = key.split("/", 4)
+            spec, target, step, call = parts[:4]
+            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", key))
+    except (ValueError, TypeError) as exc:
+        raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
+    out = []
+    for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
+        out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items]))))
+    return out
+
+
+def load_records(root: str | Path) -> _Records:
+    """``records[spec][target]`` of a run folder, indexed from the shard headers only.
+
+    Damaged shards are skipped with a warning and listed in ``.damaged``."""
+    index: dict[str, dict[str, list[_Entry]]] = {}
+    damaged: list[str] = []
+    shard_dir = Path(root) / "records"
+    with _gc_paused():
+        for path in _shard_paths(shard_dir):
+            shard = _Shard(path, f"records/{path.name}")
+            try:
+                _index_shard(shard, index)
+            except _Damaged as exc:
+                shard.damage = str(exc)
+                damaged.append(shard.name)
+                warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
+        for targets in index.values():
+            for entries in targets.values():
+                entries.sort(key=lambda e: (e.step, e.call))
+    return _Records(index, damaged)
+
+
+def _shard_paths(shard_dir: Path) -> list[Path]:
+    try:
+        if not shard_dir.is_dir():
+            if _exists(shard_dir):
+                raise HookGraphError(f"{shard_dir} is not a readable folder of record shards")
+            return []
+        # iterdir, not glob: glob passes over a folder it may not list without a word. Dot
+        # files are copy tools' litter (macOS ._ files), not shards.
+        return sorted(p for p in shard_dir.iterdir() if p.name.endswith(".safetensors") and not p.name.startswith("."))
+    except OSError as exc:
+        raise HookGraphError(f"{shard_dir} cannot be listed ({exc.strerror or exc})") from None
+
+
+def _exists(path: Path) -> bool:
+    # lexists: a dangling link or a link loop is there, though it cannot be opened.
+    try:
+        path.lstat()
+        return True
+    except OSError:
+        return False
+
+
+# -- the other files -------------------------------------------------------------------
+
+
+def _text(path: Path) -> Optional[str]:
+    """The file's text; None when there is no such file; a HookGraphError naming it when it
+    is there but cannot be read (a directory, a link loop, no permission, not UTF-8)."""
+    if not _exists(path):
+        return None
+    try:
+        return path.read_bytes().decode("utf-8")  # no newline translation: csv needs the raw ends
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise HookGraphError(f"{path} cannot be read ({why})") from None
+
+
+def _json(path: Path, kind: type) -> Any:
+    text = _text(path)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise HookGraphError(f"{path} is damaged: not JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise HookGraphError(f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
 def _read_csv(path: Path) -> list[dict]:
-    if not path.is_file():
+    text = _text(path)
+    if text is None:
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise HookGraphError(f"{path} is damaged: {exc}") from None
     for r in rows:
+        if None in r or None in r.values():
+            raise HookGraphError(f"{path} is damaged: row {rows.index(r) + 2} does not have the header's columns")
         for k, v in r.items():
             try:
                 r[k] = json.loads(v) if v and v[0] in "[{" else _number(v)
@@ -137,10 +509,32 @@ def _number(v: str) -> Any:
     return v
 
 
+def _config(path: Path) -> Any:
+    text = _text(path)
+    if text is None:
+        return None
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        config = OmegaConf.load(io.StringIO(text))  # OmegaConf's own YAML loader, as Hydra wrote it
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookGraphError(f"{path} is damaged: {type(exc).__name__}: {first}") from None
+    if not isinstance(config, DictConfig):
+        raise HookGraphError(f"{path} is damaged: a YAML list, expected the run's config mapping")
+    return config
+
+
 @dataclass
 class Run:
     """A run folder, read back: ``records[spec][target]`` (tensors, lazily), ``stats`` and
-    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary`` and ``config``."""
+    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary`` and ``config``.
+
+    ``damaged`` names the record shards that could not be read (relative to ``path``).
+    A folder without summary.json (a run killed before it could write one) reads with
+    ``summary == {"status": "incomplete", ...}``."""
 
     path: Path
     records: Mapping
@@ -149,46 +543,50 @@ class Run:
     plan: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     config: Optional[Any] = None
+    damaged: list = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
 
     @property
     def ok(self) -> bool:
-        return self.summary.get("status") == "completed"
+        return self.status == "completed" and not self.damaged
 
 
-def load_records(root: str | Path) -> Mapping:
-    """``records[spec][target]`` of a run folder, indexed from the shard headers only."""
-    index: dict[str, dict[str, list]] = {}
-    shard_dir = Path(root) / "records"
-    for shard in sorted(shard_dir.glob("*.safetensors")) if shard_dir.is_dir() else []:
-        with safe_open(str(shard), framework="pt") as f:
-            order = json.loads((f.metadata() or {}).get("order", "[]"))
-            for pair in order:  # first the recorded order, so targets iterate as they ran
-                spec, _, target = pair.partition("/")
-                index.setdefault(spec, {}).setdefault(target, [])
-            for key in f.keys():
-                spec, target, step, call = key.split("/", 4)[:4]
-                index.setdefault(spec, {}).setdefault(target, []).append((int(step), int(call), shard, key))
-    return _Records(index)
+_CONTENT = ("summary.json", "plan.json", "records", "stats.csv", "trace.csv")
+
+
+def run_content(path: str | Path) -> list[str]:
+    """The hookgraph files and folders present in ``path`` (empty: not a run folder)."""
+    root = Path(path)
+    return [name for name in _CONTENT if _exists(root / name)]
 
 
 def load_run(path: str | Path) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`."""
     root = Path(path)
-    if not (root / "summary.json").is_file():
-        raise HookGraphError(f"{root} is not a hookgraph run folder (no summary.json)")
-    config = None
-    cfg_path = root / ".hydra" / "config.yaml"
-    if cfg_path.is_file():
-        from omegaconf import OmegaConf
-
-        config = OmegaConf.load(cfg_path)
-    plan_path = root / "plan.json"
+    if not root.is_dir():
+        raise HookGraphError(f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})")
+    present = run_content(root)
+    if not present:
+        raise HookGraphError(
+            f"{root} is not a hookgraph run folder (no summary.json, plan.json, records/ or stats.csv); "
+            "give the folder of a hookgraph run (runs/<date>/<time> by default)"
+        )
+    summary = _json(root / "summary.json", dict)
+    if summary is None:
+        summary = {"status": "incomplete", "note": "no summary.json: the run ended before writing one (killed?); "
+                   f"read what it left: {', '.join(present)}"}
+        warnings.warn(f"{root}: no summary.json; reading an incomplete run", stacklevel=2)
+    records = load_records(root)
     return Run(
         path=root,
-        records=load_records(root),
+        records=records,
         stats=_read_csv(root / "stats.csv"),
         trace=_read_csv(root / "trace.csv"),
-        plan=json.loads(plan_path.read_text()) if plan_path.is_file() else [],
-        summary=json.loads((root / "summary.json").read_text()),
-        config=config,
+        plan=_json(root / "plan.json", list) or [],
+        summary=summary,
+        config=_config(root / ".hydra" / "config.yaml"),
+        damaged=list(records.damaged),
     )

@@ -1,27 +1,43 @@
 """Writing a run folder: atomic files, record shards streamed per step, tables.
 
-Public names: RunWriter, TensorBoardSink, atomic_write, flatten_entry.
+Public names: RunWriter, TensorBoardSink, atomic_write, shard_key, strict_json.
 
 Every file is written under a temporary name and renamed into place, so a reader (or a
 crash) never sees half a file. Records leave memory at the end of every step as one
 safetensors shard, which keeps host memory bounded however many steps run.
+
+Shard format 2 (metadata ``hookgraph: "2"``): each recorded call is one entry; its tensors
+are stored under ``<spec>/<target>/<step>/<call>`` (a call that is one tensor) or
+``<spec>/<target>/<step>/<call>/<i>`` (its i-th tensor in walk order), with ``%`` and ``/``
+in names percent-encoded so a name can never split a key. The metadata holds the real
+names (``order``: ``[[spec, target], ...]`` in execution order), each call's structure
+from :func:`hookgraph.tree.describe` (``structures``, deduplicated per shard) and
+``entries``: ``[[order index, call, structure index], ...]``. File names come from the
+step number only: nothing from a name becomes a path.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save as st_save
 
-from ..errors import ConfigError, RecordBudgetError
+from ..errors import ConfigError, HookGraphError, RecordBudgetError
+from ..tree import describe
 
-__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "flatten_entry"]
+__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json"]
+
+FORMAT = "2"
+_ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -37,16 +53,61 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def flatten_entry(prefix: str, value: Any, out: dict[str, torch.Tensor]) -> None:
-    """A recorded value (tensor or nested tuple/list/dict of tensors) -> flat keys."""
-    if isinstance(value, torch.Tensor):
-        out[prefix] = value
-    elif isinstance(value, (tuple, list)):
-        for i, v in enumerate(value):
-            flatten_entry(f"{prefix}/{i}", v, out)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            flatten_entry(f"{prefix}/{k}", v, out)
+def _escape(name: str) -> str:
+    # '%' first, so an escape that was already in a name is escaped, not read as one.
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
+def shard_key(spec: str, target: str, step: int, call: int, index: Optional[int] = None) -> str:
+    """The safetensors key of a call's tensor (``index`` None: the call is one tensor)."""
+    key = f"{_escape(spec)}/{_escape(target)}/{step}/{call}"
+    return key if index is None else f"{key}/{index}"
+
+
+@functools.cache
+def _unstorable(dtype: torch.dtype) -> Optional[str]:
+    """Why safetensors cannot hold ``dtype`` (None: it can), asked of the library itself
+    with an empty tensor, once per dtype."""
+    try:
+        st_save({"t": torch.empty(0, dtype=dtype)})
+    except (KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as exc:  # 0.8 raises KeyError(dtype)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _prepare(tensors: dict[str, torch.Tensor]) -> None:
+    """Make every tensor one safetensors can write, in place: detached, on the CPU,
+    contiguous, and owning its storage. safetensors refuses tensors whose storage overlaps
+    (a view and its base, two slices of one output): each storage is written once, copies
+    take the rest. A dtype it cannot hold is refused by the record's name."""
+    seen: set[int] = set()
+    for key, t in tensors.items():
+        why = _unstorable(t.dtype)
+        if why is not None:
+            raise HookGraphError(
+                f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard ({why}); "
+                "record it as another dtype (args.dtype)"
+            )
+        t = t.detach().to("cpu").contiguous()
+        storage = t.untyped_storage().data_ptr()
+        if storage in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[key] = t
+
+
+def strict_json(obj: Any, found: Optional[list[str]] = None, path: str = "") -> Any:
+    """``obj`` with every non-finite float replaced by None (JSON has no NaN or Infinity);
+    the paths replaced are appended to ``found``."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if found is not None:
+            found.append(f"{path or '.'}: {obj}")
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v, found, f"{path}.{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v, found, f"{path}[{i}]") for i, v in enumerate(obj)]
+    return obj
 
 
 class RunWriter:
@@ -62,8 +123,14 @@ class RunWriter:
         self.counts: dict[str, int] = {}  # spec -> entries written
 
     def json(self, name: str, obj: Any) -> Path:
+        """Strict JSON: a NaN or infinite number is written as null, and a dict says which
+        values were (``non_finite``: ``[".loss: nan"]``), since strict parsers refuse NaN."""
         path = self.dir / name
-        atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+        found: list[str] = []
+        clean = strict_json(obj, found)
+        if found and isinstance(clean, dict):
+            clean["non_finite"] = found
+        atomic_write(path, (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode())
         return path
 
     def csv(self, name: str, rows: Sequence[dict], columns: Optional[Sequence[str]] = None) -> Optional[Path]:
@@ -80,30 +147,34 @@ class RunWriter:
         return path
 
     def flush_records(self, records: dict[str, Any], step: int) -> int:
-        """Write what ``records`` holds as one shard for ``step`` and empty the slots.
-
-        Only record-style entries (``records[spec][target]`` lists) are written; trace rows
-        stay for the trace table. Returns the bytes written.
-        """
+        """Write what ``records`` (``records[spec][target]``: a list of values, one per call)
+        holds as one shard for ``step`` and empty the slots. Returns the bytes written."""
         tensors: dict[str, torch.Tensor] = {}
+        order: list[list[str]] = []
+        structures: dict[str, int] = {}  # a structure's JSON -> its index in this shard
+        entries: list[list[int]] = []
+        slots: list[list] = []
         for spec, targets in records.items():
             if not isinstance(targets, dict):
-                continue
+                continue  # trace-style rows belong to the trace table
             for target, slot in targets.items():
-                for call, entry in enumerate(slot):
-                    flatten_entry(f"{spec}/{target}/{step}/{call}", entry, tensors)
-        if not tensors:
+                if not slot:
+                    continue
+                slots.append(slot)
+                order.append([spec, target])
+                for call, value in enumerate(slot):
+                    if isinstance(value, torch.Tensor):  # most records: skip the walk
+                        tensors[shard_key(spec, target, step, call)] = value
+                        text = _ONE_TENSOR
+                    else:
+                        found, structure = describe(value)
+                        for i, t in enumerate(found):
+                            tensors[shard_key(spec, target, step, call, i)] = t
+                        text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
+                    entries.append([len(order) - 1, call, structures.setdefault(text, len(structures))])
+        if not entries:
             return 0
-        seen: set[int] = set()
-        for k, t in tensors.items():
-            t = t.detach().to("cpu").contiguous()
-            # safetensors refuses tensors whose storage overlaps (a view and its base, two
-            # slices of one output): each storage is written once, copies take the rest.
-            storage = t.untyped_storage().data_ptr()
-            if storage in seen:
-                t = t.clone()
-            seen.add(t.untyped_storage().data_ptr())
-            tensors[k] = t
+        _prepare(tensors)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             raise RecordBudgetError(
@@ -113,19 +184,20 @@ class RunWriter:
             )
         self.records_dir.mkdir(exist_ok=True)
         name = f"step-{step:06d}.safetensors"
-        # safetensors sorts its keys; keep the order records were made in (execution order).
-        order = list(dict.fromkeys("/".join(k.split("/", 2)[:2]) for k in tensors))
-        meta = {"step": str(step), "order": json.dumps(order)}
+        compact = {"separators": (",", ":"), "ensure_ascii": False}
+        meta = {
+            "hookgraph": FORMAT,
+            "step": str(step),
+            "order": json.dumps(order, **compact),
+            "structures": "[" + ",".join(structures) + "]",
+            "entries": json.dumps(entries, **compact),
+        }
         atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
-        for spec, targets in records.items():
-            if isinstance(targets, dict):
-                self.counts[spec] = self.counts.get(spec, 0) + sum(len(slot) for slot in targets.values())
-        for targets in records.values():
-            if isinstance(targets, dict):
-                for slot in targets.values():
-                    slot.clear()
+        for (spec, _), slot in zip(order, slots):
+            self.counts[spec] = self.counts.get(spec, 0) + len(slot)
+            slot.clear()
         return size
 
 
