@@ -12,13 +12,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ConfigError, HookGraphError
+from ..runs.reader import MARKER, run_content
 
 __all__ = ["MARKER", "check_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
-
-MARKER = ".hookgraph"  # written first: a folder holding it belongs to a run, finished or not
-# What makes a folder an earlier run's: the marker, or what older versions wrote.
-_EARLIER = (MARKER, "summary.json", "plan.json", "records")
-
 
 class RunInterrupted(KeyboardInterrupt):
     """The run was stopped by a signal (SIGINT or SIGTERM); ``signum`` says which."""
@@ -35,7 +31,7 @@ class RunFolderError(HookGraphError):
 def check_run_dir(out_dir: str | Path) -> None:
     """Refuse a folder that holds anything an earlier hookgraph run wrote (finished or not)."""
     root = Path(out_dir)
-    found = [name for name in _EARLIER if (root / name).exists()]
+    found = run_content(root)  # what load_run would read: the two must agree on what a run folder is
     if found:
         raise ConfigError(
             "hydra.run.dir",

@@ -554,7 +554,8 @@ class Run:
         return self.status == "completed" and not self.damaged
 
 
-_CONTENT = ("summary.json", "plan.json", "records", "stats.csv", "trace.csv")
+MARKER = ".hookgraph"  # written first by the runner: a folder holding it belongs to a run, finished or not
+_CONTENT = (MARKER, "summary.json", "plan.json", "records", "stats.csv", "trace.csv")
 
 
 def run_content(path: str | Path) -> list[str]:
