@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +119,7 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     return _save(fig, path)
 
 
-def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: Union[int, Sequence[int]]) -> torch.Tensor:
+def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: int | Sequence[int]) -> torch.Tensor:
     """The Grad-CAM heatmap of one layer, as a [H, W] tensor in [0, 1].
 
     ``activation``: the layer's output, [C, h, w] or [N, C, h, w] (sample 0 is used);
@@ -153,7 +154,7 @@ def _picture(image: torch.Tensor) -> torch.Tensor:
     return (img - lo) / (hi - lo) if bool(hi > lo) else torch.zeros_like(img)
 
 
-def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path, title: str) -> Path:
+def gradcam_figure(heat: torch.Tensor, image: torch.Tensor | None, path: Path, title: str) -> Path:
     """The heatmap over the input image (or alone when there is no image)."""
     fig = _figure(figsize=(4, 4))
     ax = fig.subplots()
@@ -168,7 +169,7 @@ def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path
     return _save(fig, path)
 
 
-def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tensor], out_dir: Path) -> Path:
+def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None, out_dir: Path) -> Path:
     """figures/gradcam_<target>.png from the first recorded call of both specs."""
     # A DictConfig from the runner, or a plain dict / GradcamConfig from Python callers.
     g = {k: cfg[k] if isinstance(cfg, Mapping) else getattr(cfg, k) for k in ("activations", "gradients", "target")}
@@ -189,8 +190,8 @@ def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tens
     return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
 
 
-def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Tensor] = None,
-                  warnings: Optional[list[str]] = None, gradcam: Any = None) -> list[str]:
+def write_figures(run_dir: Path, graph: Any, sink: Any, image: torch.Tensor | None = None,
+                  warnings: list[str] | None = None, gradcam: Any = None) -> list[str]:
     """Figures for a finished run; returns their paths relative to the run folder.
 
     ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.

@@ -22,8 +22,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
@@ -42,10 +42,10 @@ _SEGMENT = "(?:[^.]++\\.)"
 _ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
 
 
-def _segment_pieces(seg: str) -> list[Optional[str]]:
+def _segment_pieces(seg: str) -> list[str | None]:
     """One glob segment -> regex pieces that match exactly one character (or a literal), and
     None for each star; adjacent stars collapse into one."""
-    out: list[Optional[str]] = []
+    out: list[str | None] = []
     i = 0
     while i < len(seg):
         c = seg[i]
@@ -137,7 +137,7 @@ class NameIndex:
     modules, matching is then one combined regex pass (or a set lookup for literal names)
     per spec instead of one Python call per name and pattern."""
 
-    def __init__(self, names: Sequence[str], kinds: Optional[Mapping[str, Sequence[str]]] = None):
+    def __init__(self, names: Sequence[str], kinds: Mapping[str, Sequence[str]] | None = None):
         self.names = list(names)
         self.position = {n: i for i, n in enumerate(self.names)}
         self.nonroot = [n for n in self.names if n]
@@ -145,8 +145,8 @@ class NameIndex:
         self.kinds = kinds or {}
         self.all_kinds = {k for ks in set(map(tuple, self.kinds.values())) for k in ks}
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
-        self._vocabulary: Optional[dict[str, None]] = None
-        self._depths: Optional[dict[int, list[str]]] = None
+        self._vocabulary: dict[str, None] | None = None
+        self._depths: dict[int, list[str]] | None = None
 
     @property
     def vocabulary(self) -> dict[str, None]:
@@ -200,9 +200,9 @@ def resolve_names(
     names: Sequence[str] | NameIndex,
     excludes: Sequence[str] = (),
     types: Sequence[str] = (),
-    kinds: Optional[Mapping[str, Sequence[str]]] = None,
+    kinds: Mapping[str, Sequence[str]] | None = None,
     expect_min: int = 1,
-    expect_max: Optional[int] = None,
+    expect_max: int | None = None,
     known_types: Collection[str] = (),
     list_hint: str = "list them with hookgraph.list_targets(model)",
 ) -> tuple[list[str], list[Problem]]:

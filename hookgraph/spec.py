@@ -11,10 +11,11 @@ key (``hooks.<name>.<field>``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, Optional, cast
+from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -35,7 +36,7 @@ class Mode(str, Enum):
 class Schedule:
     """When a spec is active. Steps count from 0; ``steps`` is ``"start:stop"`` (stop excluded)."""
 
-    steps: Optional[str] = None  # "0:100", "5:" or "7"; None means every step
+    steps: str | None = None  # "0:100", "5:" or "7"; None means every step
     every: int = 1  # run on every N-th step of the range
     mode: Mode = Mode.any  # train / eval: checked against the module's own .training flag
 
@@ -45,7 +46,7 @@ class Expect:
     """Bounds on the number of names a spec matches; matching nothing is an error by default."""
 
     min: int = 1
-    max: Optional[int] = None
+    max: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +62,7 @@ class HookSpec:
     args: dict = field(default_factory=dict)
     index: Any = None  # pick one element of a tuple/list/dict value (int or key)
     when: Schedule = field(default_factory=Schedule)
-    order: Optional[int] = None  # lower runs first at the same site
+    order: int | None = None  # lower runs first at the same site
     expect: Expect = field(default_factory=Expect)
     enabled: bool = True
     name: str = ""
@@ -202,7 +203,7 @@ def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
         return None, [*problems, _merge_problem(exc, key)]
 
 
-def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], list[Problem]]:
+def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[Problem]]:
     """Best effort: the spec with its bad fields dropped (or None), and the problems found.
 
     Returning a partial spec lets the compiler go on to check names and arguments, so one
@@ -286,7 +287,7 @@ def _check_schedule(when: dict, key: str) -> list[Problem]:
     return problems
 
 
-def parse_steps(text: str) -> tuple[int, Optional[int]]:
+def parse_steps(text: str) -> tuple[int, int | None]:
     """``"a:b"`` -> (a, b); ``"a:"`` -> (a, None); ``"a"`` -> (a, a + 1)."""
     try:
         if ":" in text:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -155,7 +156,7 @@ class StatsBuffer:
         self._keys: list[tuple[str, str, str, int]] = []
         self._values: list[Tensor] = []
 
-    def sink(self, spec: str, target: str, point: str, clock: "ResultStore") -> Callable[[Tensor], None]:
+    def sink(self, spec: str, target: str, point: str, clock: ResultStore) -> Callable[[Tensor], None]:
         """``add(vec)`` for one site: ``vec`` holds the statistics in ``STAT_NAMES`` order."""
         keys, values = self._keys, self._values
 
@@ -212,7 +213,7 @@ class ResultStore:
         self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
         self.per_device = per_device
         # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
-        self.lock: Optional[threading.RLock] = threading.RLock() if per_device else None
+        self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 

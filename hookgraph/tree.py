@@ -22,7 +22,8 @@ from __future__ import annotations
 import collections
 import copy
 import functools
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.utils._pytree as pytree
 from torch import Tensor
@@ -72,7 +73,7 @@ def tree_map(fn: Callable[[Tensor], Any], value: Any) -> Any:
     return pytree.tree_unflatten(out, spec)
 
 
-def tree_replace(fn: Callable[[Tensor], Optional[Tensor]], value: Any) -> Any:
+def tree_replace(fn: Callable[[Tensor], Tensor | None], value: Any) -> Any:
     """Like :func:`tree_map`, for actions that may replace tensors: ``fn`` returns a new tensor
     or None (keep it). Returns None when no tensor was replaced, so the hook leaves the
     value alone."""

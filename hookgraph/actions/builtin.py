@@ -11,7 +11,7 @@ job is to look at values on the host.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ def trace(ctx: ActionContext):
 
 
 @register_action(replaces=True)
-def clamp(ctx: ActionContext, min: Optional[float] = None, max: Optional[float] = None):
+def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None):
     """Clamp every element into [min, max]."""
     if min is None and max is None:
         raise ValueError("give min, max or both")
@@ -126,7 +126,7 @@ def zero(ctx: ActionContext):
 
 
 @register_action(replaces=True)
-def noise(ctx: ActionContext, std: float, seed: Optional[int] = None):
+def noise(ctx: ActionContext, std: float, seed: int | None = None):
     """Add Gaussian noise of standard deviation ``std`` (seeded per site when ``seed`` is set)."""
     if std < 0:
         raise ValueError(f"std must be >= 0, got {std}")
@@ -144,7 +144,7 @@ def noise(ctx: ActionContext, std: float, seed: Optional[int] = None):
 
 
 @register_action(replaces=True)
-def mask(ctx: ActionContext, index: Union[int, list], dim: int = 1, value: float = 0.0):
+def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0):
     """Set the given indices along ``dim`` (channels by default) to ``value``."""
     idx = [index] if isinstance(index, int) else list(index)
     if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):

@@ -9,8 +9,9 @@ the live value's device and dtype (once) and copies it per call.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor
 

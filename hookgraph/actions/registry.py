@@ -25,8 +25,9 @@ import inspect
 import types
 import typing
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from torch import Tensor
 
@@ -118,7 +119,7 @@ _KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 
 def register_action(
-    name: Optional[str] = None,
+    name: str | None = None,
     *,
     replaces: bool = False,
     per_tensor: bool = True,
@@ -191,7 +192,7 @@ def _plain_function_action(fn: Callable[..., Any], label: str, replaces: bool = 
     return ActionDef(label, factory, replaces=replaces, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "")
 
 
-def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Problem]]:
+def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Problem]]:
     """A registered name or ``{_target_: dotted.path}`` -> its ActionDef."""
     if isinstance(action, str):
         if action in ACTIONS:

@@ -20,8 +20,9 @@ import contextlib
 import logging
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -90,7 +91,7 @@ def _user_set_run_dir() -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
 
 
-def _tidy(out_dir: str, summary: dict[str, Any], exc: Optional[BaseException]) -> bool:
+def _tidy(out_dir: str, summary: dict[str, Any], exc: BaseException | None) -> bool:
     """A default run folder (runs/<date>/<time>) that this run created and that holds nothing
     worth keeping is removed: a config error before the first step, a listing, a dry run.
     A folder named with hydra.run.dir, or one that existed before, is never removed."""
@@ -147,7 +148,7 @@ def _app(cfg: DictConfig) -> float | None:
     return float(loss) if loss is not None else None  # an objective for Hydra sweepers
 
 
-def _yaml_syntax(argv: list[str]) -> Optional[str]:
+def _yaml_syntax(argv: list[str]) -> str | None:
     """The first YAML syntax error in the files of ``--config-dir`` folders, as file:line:column."""
     import yaml
 

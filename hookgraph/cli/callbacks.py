@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -82,7 +82,7 @@ class RunDirGuard(Callback):
                     "runs/multirun/<date_time> is new for every sweep)")
 
 
-def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[dict[str, Any]]:
+def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per job of a sweep: its numbered folder, or ``status: missing``.
 
     ``expected``: each job's overrides in job order, when known; otherwise the jobs are the
@@ -130,7 +130,7 @@ def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[di
     return rows
 
 
-def _expected_jobs(config: DictConfig) -> Optional[list[str]]:
+def _expected_jobs(config: DictConfig) -> list[str] | None:
     """Each job's overrides, as Hydra's basic sweeper will launch them (None for other sweepers)."""
     try:
         if not str(config.hydra.sweeper._target_).endswith("BasicSweeper"):

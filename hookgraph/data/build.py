@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # (positional inputs, labels); the kinds for Hugging Face models give a dict of keyword inputs.
-Batch = tuple[Union[tuple[torch.Tensor, ...], dict[str, Any]], Optional[Any]]
+Batch = tuple[tuple[torch.Tensor, ...] | dict[str, Any], Any | None]
 
 DATA_KINDS = ("none", "random", "fake", "images", "custom", "torchvision", "tokens", "text")
 # torchvision's ImageFolder list, so a flat folder and class folders accept the same files.
@@ -227,23 +227,23 @@ def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size
 def build_data(
     kind: str = "random",
     *,
-    shape: Union[int, Sequence[int]] = (3, 32, 32),
+    shape: int | Sequence[int] = (3, 32, 32),
     num_classes: int = 10,
     size: int = 64,
-    root: Optional[str] = None,
-    image_size: Union[int, Sequence[int], None] = None,
-    normalize: Union[bool, Mapping[str, Sequence[float]]] = False,
+    root: str | None = None,
+    image_size: int | Sequence[int] | None = None,
+    normalize: bool | Mapping[str, Sequence[float]] = False,
     batch_size: int = 1,
     seed: int = 0,
-    target: Optional[str] = None,
-    kwargs: Optional[Mapping[str, Any]] = None,
-    name: Optional[str] = None,
+    target: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
     num_workers: int = 0,
     shuffle: bool = False,
-    vocab_size: Optional[int] = None,
+    vocab_size: int | None = None,
     seq_len: int = 16,
-    path: Optional[str] = None,
-    tokenizer: Optional[str] = None,
+    path: str | None = None,
+    tokenizer: str | None = None,
     key: str = "data",
 ) -> Batches:
     """The batches a data config describes.

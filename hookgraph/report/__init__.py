@@ -23,6 +23,6 @@ from .sweep import is_sweep, write_sweep_report
 __all__ = ["write_report", "write_sweep_report", "report", "module_tree", "plan_svg", "write_plan_svg", "is_sweep"]
 
 
-def report(path: str | Path, modules: Optional[list[dict]] = None) -> Path:
+def report(path: str | Path, modules: list[dict] | None = None) -> Path:
     """``report.html`` for a run folder or a sweep folder, whichever ``path`` is."""
     return write_sweep_report(path) if is_sweep(path) else write_report(path, modules)

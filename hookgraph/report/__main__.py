@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hookgraph report", description="Write report.html into run or sweep folders.")
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     args = parser.parse_args(argv)

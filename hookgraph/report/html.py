@@ -7,9 +7,10 @@ Public names: document, table, json_island, esc, cell, STATIC.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 __all__ = ["document", "table", "json_island", "esc", "cell", "STATIC"]
 
@@ -32,7 +33,7 @@ def cell(v: Any) -> str:
     return f"<td>{esc(v)}</td>"
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], sortable: bool = False, raw: Optional[set[int]] = None,
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], sortable: bool = False, raw: set[int] | None = None,
           css_id: str = "") -> str:
     """A table; cells in ``raw`` columns are inserted as HTML (already escaped by the caller)."""
     raw = raw or set()

@@ -14,7 +14,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .modules import hooks_by_module, merge_missing, tree_from_plan
 
@@ -233,7 +233,7 @@ def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
             _csv(root / "trace.csv"), records, notes)
 
 
-def read_run_page(run_dir: str | Path, modules: Optional[list[dict]] = None) -> dict:
+def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dict:
     """The page model of one run folder (see the module docstring)."""
     root = Path(run_dir)
     summary, plan, stats, trace, records, notes = _load(root)

@@ -8,9 +8,9 @@ counted in a grey line), so a 20k-module model with a few bindings stays a small
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from html import escape
 from pathlib import Path
-from typing import Iterable, Optional
 
 from .modules import hooks_by_module, merge_missing, tree_from_plan
 from .svg import color
@@ -21,11 +21,11 @@ ROW, INDENT, CHAR = 18, 16, 7.3  # px per row, per depth level, per character (1
 MAX_ROWS = 2000
 
 
-def _parent(name: str) -> Optional[str]:
+def _parent(name: str) -> str | None:
     return None if name == "" else name.rpartition(".")[0]
 
 
-def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None, title: str = "hookgraph plan") -> str:
+def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, title: str = "hookgraph plan") -> str:
     """An SVG picture of ``plan_rows`` (``graph.plan()`` or plan.json) on ``model_tree``
     (:func:`~hookgraph.report.module_tree`; rebuilt from the targets' names when None)."""
     plan = list(plan_rows)
@@ -99,7 +99,7 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None,
     return head + "".join(rows) + "</svg>"
 
 
-def write_plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]], path: str | Path, title: str = "hookgraph plan") -> Path:
+def write_plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan") -> Path:
     """Write :func:`plan_svg` to ``path`` (atomically) and return it."""
     from ..runs.writer import atomic_write
 

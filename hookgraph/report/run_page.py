@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from .html import document, esc, json_island, table
 from .page import STAT_PLOTS, read_run_page
@@ -159,7 +158,7 @@ def render_run_page(p: dict) -> str:
     return document(f"hookgraph · {p['title']}", header, [(a, label) for a, label, _ in sections], body)
 
 
-def write_report(run_dir: str | Path, modules: Optional[list[dict]] = None) -> Path:
+def write_report(run_dir: str | Path, modules: list[dict] | None = None) -> Path:
     """Write ``report.html`` into the run folder ``run_dir`` and return its path.
 
     ``modules`` (from :func:`~hookgraph.report.module_tree`) gives the whole module tree;

@@ -10,8 +10,8 @@ target. Long series are sampled down to ``max_points``, which bounds the page's 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Iterable, Optional, Sequence
 
 __all__ = ["PALETTE", "color", "sample", "line_plot", "histogram", "heatmap", "fmt"]
 
@@ -76,7 +76,7 @@ def line_plot(
     width: int = 420,
     height: int = 200,
     max_points: int = 300,
-    xticks: Optional[Sequence[tuple[float, str]]] = None,
+    xticks: Sequence[tuple[float, str]] | None = None,
     markers: bool = False,
     css_class: str = "plot",
 ) -> str:
@@ -140,7 +140,7 @@ def histogram(counts: Sequence[float], lo: float, hi: float, title: str = "", wi
     return "".join(out)
 
 
-def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], ylabels: Sequence[str],
+def heatmap(grid: Sequence[Sequence[float | None]], xlabels: Sequence[str], ylabels: Sequence[str],
             title: str = "", xname: str = "", yname: str = "") -> str:
     """``grid[row][col]`` as coloured cells (light = low, dark = high); empty cells stay blank.
     ``xname`` labels the columns (above them), ``yname`` the rows (left of them)."""

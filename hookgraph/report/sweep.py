@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .html import document, esc, table
 from .page import _csv
@@ -56,7 +56,7 @@ def _overrides(job: Path, row: dict) -> dict[str, str]:
     return out
 
 
-def _num(v: Any) -> Optional[float]:
+def _num(v: Any) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):

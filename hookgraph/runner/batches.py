@@ -11,7 +11,7 @@ a tensor, a tuple, a dict or a Hugging Face ``ModelOutput``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ __all__ = ["LOSSES", "to_device", "call_model", "first_tensor", "compute_loss"]
 LOSSES = ("sum", "mean", "cross_entropy", "target_class", "model", "lm")
 
 
-def to_device(value: Any, device: torch.device, dtype: Optional[torch.dtype] = None) -> Any:
+def to_device(value: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """Every tensor in ``value`` on ``device``; floating tensors also cast to ``dtype``.
 
     Integer tensors (token ids, masks, labels) keep their dtype.
@@ -101,7 +101,7 @@ def _lm_loss(out: Any, inputs: Any) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
-def compute_loss(out: Any, labels: Optional[torch.Tensor], inputs: Any, loss: str, target_class: int = 0) -> torch.Tensor:
+def compute_loss(out: Any, labels: torch.Tensor | None, inputs: Any, loss: str, target_class: int = 0) -> torch.Tensor:
     """The scalar a step backpropagates; ``loss`` is one of :data:`LOSSES` (runner.loss)."""
     if loss == "model":
         return _model_loss(out)

@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -90,7 +90,7 @@ def _validate_runner(r: DictConfig) -> None:
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
 
 
-def _validate_sink(sink: DictConfig) -> Optional[dict[str, str]]:
+def _validate_sink(sink: DictConfig) -> dict[str, str] | None:
     """Sink options are checked before the model runs; returns sink.gradcam with its defaults."""
     picks = to_plain(sink.feature_maps)
     if picks is None:
@@ -179,14 +179,14 @@ class _Run:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    graph: Optional[HookGraph] = None
-    tb: Optional[TensorBoardSink] = None
-    model: Optional[torch.nn.Module] = None
-    device: Optional[torch.device] = None
-    dtype: Optional[torch.dtype] = None
-    gradcam: Optional[dict[str, str]] = None
-    modules: Optional[list[dict]] = None  # the module tree, for plan.svg and the report page
-    first_input: Optional[torch.Tensor] = None
+    graph: HookGraph | None = None
+    tb: TensorBoardSink | None = None
+    model: torch.nn.Module | None = None
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    gradcam: dict[str, str] | None = None
+    modules: list[dict] | None = None  # the module tree, for plan.svg and the report page
+    first_input: torch.Tensor | None = None
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = time.perf_counter() - since
@@ -356,7 +356,7 @@ def _fail(st: _Run, exc: BaseException) -> None:
         st.warnings.append(f"could not write the stats and trace tables: {inner}")
 
 
-def _finite(x: float) -> Optional[float]:
+def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None  # strict JSON has no NaN or Infinity
 
 
@@ -412,7 +412,7 @@ def _silent_specs(st: _Run) -> None:
             st.summary["never_fired"] = silent
 
 
-def _first_nonfinite(graph: HookGraph) -> Optional[dict[str, Any]]:
+def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:
     """The first check_finite row (rows are in execution order): where NaN/Inf started."""
     checkers = {b.spec.name for b in graph.bindings if b.action.name == "check_finite"}
     for row in _trace_rows(graph):
@@ -434,7 +434,7 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     return per_spec
 
 
-def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one job described by ``cfg`` and write its folder; returns the summary.
 
     The summary's ``loss`` (last step) is what Hydra sweepers can optimise. A folder that
@@ -474,7 +474,7 @@ def _trace_rows(graph: HookGraph) -> list[dict]:
     return list(rows_with_spec(graph.rows))
 
 
-def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
+def _write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None = None) -> None:
     stats = graph.stats
     writer.csv("stats.csv", stats)
     if tb is not None:
