@@ -522,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown workloads {unknown}; choose from {sorted(factories)}")
 
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     machine = machine_info(args.threads, torch_default_threads)
     t0 = time.perf_counter()
     tables, raw = [], {}

@@ -91,7 +91,7 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     rows = (len(items) + cols - 1) // cols
     fig = _figure(figsize=(cols * 3, rows * 2.2))
     axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, (name, t) in zip(axes.flat, items):
+    for ax, (name, t) in zip(axes.flat, items, strict=False):  # the grid's last row may have spare panels
         x = t.detach().float().cpu().flatten()
         x = x[torch.isfinite(x)]
         ax.hist(x.numpy(), bins=50)

@@ -177,7 +177,7 @@ class NameIndex:
         globs = [p for p in patterns if not _is_literal(p) and not p.startswith("re:")]
         if globs:
             fullmatch = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in globs)).fullmatch
-            in_order = [n for n, d in zip(self.nonroot, self.dotted) if fullmatch(d)]
+            in_order = [n for n, d in zip(self.nonroot, self.dotted, strict=True) if fullmatch(d)]
             if not hits and len(globs) == len(patterns):
                 return in_order  # already in index order: no sort over what may be every name
             hits.update(in_order)

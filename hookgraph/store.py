@@ -185,7 +185,7 @@ class StatsBuffer:
             values = torch.stack([v.cpu() for v in vecs]).tolist()
         calls: dict[tuple, int] = {}
         out = []
-        for (spec, target, point, step), vals in zip(self._keys, values):
+        for (spec, target, point, step), vals in zip(self._keys, values, strict=True):
             k = (spec, target, point, step)
             calls[k] = calls.get(k, -1) + 1
             out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k],
@@ -242,7 +242,7 @@ class ResultStore:
         vecs = [v for v, _ in items]
         device = vecs[0].device
         values = torch.stack([v.to(device) for v in vecs]).cpu().tolist()  # one synchronisation
-        for (_, check), vals in zip(items, values):
+        for (_, check), vals in zip(items, values, strict=True):
             check(vals)
 
     # -- what readers get ----------------------------------------------------------

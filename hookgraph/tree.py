@@ -42,7 +42,7 @@ def _rebuild_container(x: Any, items: list) -> Any:
     """``x``'s own type holding ``items`` (its values, in order)."""
     if isinstance(x, dict):
         new = copy.copy(x)
-        for k, v in zip(list(x), items):
+        for k, v in zip(list(x), items, strict=True):
             new[k] = v
         return new
     if isinstance(x, list):
@@ -136,7 +136,7 @@ def _walk_keys(value: Any, named: bool) -> list[tuple[tuple, Tensor]]:
         if isinstance(x, Tensor):
             out.append((keys, x))
         elif pytree.is_namedtuple_instance(x):
-            for i, (f, v) in enumerate(zip(x._fields, x)):
+            for i, (f, v) in enumerate(zip(x._fields, x, strict=True)):
                 walk(v, keys + ((".", f) if named else (i,),))
         elif isinstance(x, dict):
             for k, v in x.items():

@@ -40,7 +40,7 @@ def test_resnet18_bn1_records_equal_the_batchnorm_output():
     for name in names:
         got = graph.records["bn"][name]
         assert len(got) == 3
-        for rec, ref in zip(got, want[name]):
+        for rec, ref in zip(got, want[name], strict=True):
             assert (ref < 0).float().mean() > 0.3  # the true BatchNorm output has negatives
             torch.testing.assert_close(rec, ref, rtol=0, atol=0)
     # A target no in-place op touches is kept without a copy from its second call on.
@@ -59,7 +59,7 @@ def test_sequential_conv_before_inplace_relu_keeps_negative_values():
     for h in handles:
         h.remove()
     got = graph.records["first"]["0"]
-    assert [torch.equal(a, b) for a, b in zip(got, want["0"])] == [True] * 3
+    assert [torch.equal(a, b) for a, b in zip(got, want["0"], strict=True)] == [True] * 3
     assert got[0].min() < 0
 
 

@@ -17,10 +17,10 @@ from hookgraph.report.svg import line_plot, sample
 from hookgraph.runner import build_from_config
 
 from .report_helpers import conv_names, make_run
+from .test_records import compose
 
 # The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
 pytest_plugins = ["tests.report_fixtures"]
-from .test_records import compose
 
 
 def tree_json(html: str) -> dict:

@@ -79,7 +79,7 @@ def test_gpt2_tiny_on_tokens_records_what_hand_written_hooks_see(tmp_path):
     assert sorted(run.records["mlp_out"]) == names
     for n in names:
         got = run.records["mlp_out"][n]
-        assert len(got) == 2 and all(torch.allclose(g, m, atol=1e-6) for g, m in zip(got, mine[n]))
+        assert len(got) == 2 and all(torch.allclose(g, m, atol=1e-6) for g, m in zip(got, mine[n], strict=True))
 
 
 def test_users_gpt2_config_on_text_with_the_lm_loss(tmp_path):

@@ -175,7 +175,7 @@ def test_a_run_with_a_dict_dataset_and_the_models_own_loss(tmp_path, gpt2):
         handle.remove()
     assert summary["losses"] == pytest.approx(losses, rel=1e-6)
     recs = hg.load_run(tmp_path).records["mlp"]["transformer.h.1.mlp"]
-    assert len(recs) == 2 and all(torch.allclose(r, m, atol=1e-6) for r, m in zip(recs, mine))
+    assert len(recs) == 2 and all(torch.allclose(r, m, atol=1e-6) for r, m in zip(recs, mine, strict=True))
 
 
 def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
@@ -191,7 +191,7 @@ def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
 def test_custom_with_worker_processes_gives_the_same_batches():
     one = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2).take(3)
     two = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2, num_workers=2).take(3)
-    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[1], b[1]) for a, b in zip(one, two))
+    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[1], b[1]) for a, b in zip(one, two, strict=True))
     with pytest.raises(ConfigError) as info:
         build_data("custom", target="tests.user_helpers.Pairs", num_workers=-1)
     assert info.value.key == "data.num_workers"

@@ -98,7 +98,7 @@ def trace(ctx: ActionContext):
 
 
 @register_action(replaces=True)
-def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None):
+def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None):  # noqa: A002 - the YAML args, as torch.clamp's
     """Clamp every element into [min, max]."""
     if min is None and max is None:
         raise ValueError("give min, max or both")

@@ -13,7 +13,6 @@ its CSS, JS, plots (SVG) and figures (base64 PNG) are inline.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from .modules import module_tree
 from .plan_svg import plan_svg, write_plan_svg

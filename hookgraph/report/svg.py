@@ -86,8 +86,13 @@ def line_plot(
     pw, ph = width - left - right, height - top - bottom
     x0, x1 = _range(x for pts in sampled.values() for x, _ in pts)
     y0, y1 = _range((y for pts in sampled.values() for _, y in pts), pad=0.05)
-    sx = lambda x: left + (x - x0) / (x1 - x0) * pw  # noqa: E731
-    sy = lambda y: top + ph - (y - y0) / (y1 - y0) * ph  # noqa: E731
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
     out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
     if title:
         out.append(f'<text class="title" x="{left}" y="13">{escape(title)}</text>')
