@@ -18,7 +18,15 @@ import torch.nn.functional as F
 
 from .errors import ConfigError, HookGraphError
 
-__all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure", "gradcam", "gradcam_figure"]
+__all__ = [
+    "write_figures",
+    "feature_map_grid",
+    "histograms",
+    "stats_over_steps",
+    "sweep_figure",
+    "gradcam",
+    "gradcam_figure",
+]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -72,7 +80,7 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     canvas = torch.full((rows * (h + pad) - pad, cols * (w + pad) - pad), float("nan"))
     for i in range(n):
         r, c = divmod(i, cols)
-        canvas[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = scaled[i]
+        canvas[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
     import matplotlib
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
@@ -96,7 +104,7 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
         x = x[torch.isfinite(x)]
         ax.hist(x.numpy(), bins=50)
         ax.set_title(_title(name), fontsize=8)
-    for ax in list(axes.flat)[len(items):]:
+    for ax in list(axes.flat)[len(items) :]:
         ax.axis("off")
     fig.suptitle(_title(title), fontsize=9)
     return _save(fig, path)
@@ -190,8 +198,14 @@ def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None
     return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
 
 
-def write_figures(run_dir: Path, graph: Any, sink: Any, image: torch.Tensor | None = None,
-                  warnings: list[str] | None = None, gradcam: Any = None) -> list[str]:
+def write_figures(
+    run_dir: Path,
+    graph: Any,
+    sink: Any,
+    image: torch.Tensor | None = None,
+    warnings: list[str] | None = None,
+    gradcam: Any = None,
+) -> list[str]:
     """Figures for a finished run; returns their paths relative to the run folder.
 
     ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.
@@ -226,13 +240,24 @@ def write_figures(run_dir: Path, graph: Any, sink: Any, image: torch.Tensor | No
         if not first:
             continue
         if getattr(sink, "histograms", True):
-            draw(f"hist of {spec!r}", histograms, first, out_dir / f"hist_{_safe(spec)}.png", f"{spec}: values at the first call")
+            draw(
+                f"hist of {spec!r}",
+                histograms,
+                first,
+                out_dir / f"hist_{_safe(spec)}.png",
+                f"{spec}: values at the first call",
+            )
         maps = [(t, v) for t, v in first.items() if v.dim() == 4]
         for i in picks:
             if -len(maps) <= i < len(maps):
                 target, v = maps[i]
-                draw(f"feature maps of {spec!r} {target!r}", feature_map_grid, v,
-                     out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png", f"{spec}: {target} (#{i})")
+                draw(
+                    f"feature maps of {spec!r} {target!r}",
+                    feature_map_grid,
+                    v,
+                    out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png",
+                    f"{spec}: {target} (#{i})",
+                )
     gradcam_cfg = gradcam if gradcam is not None else getattr(sink, "gradcam", None)
     if gradcam_cfg is not None:
         draw("gradcam", _gradcam_from_records, records, gradcam_cfg, image, out_dir)

@@ -236,7 +236,11 @@ def resolve_names(
         for t in types:
             if t not in index.all_kinds and t not in known_types:
                 close = nearest(t, index.short_kinds)
-                hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"types in this model: {', '.join(index.short_kinds[:15])}"
+                hint = (
+                    f"did you mean {', '.join(map(repr, close))}?"
+                    if close
+                    else f"types in this model: {', '.join(index.short_kinds[:15])}"
+                )
                 problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
         wanted = set(types)
         before_types = matched
@@ -257,10 +261,21 @@ def resolve_names(
         shown = ", ".join(repr(p) for p in targets)
         if count == 0:
             hint = no_match_hint(targets, index)
-            problems.append(Problem(f"{key}.target", f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)"))
+            problems.append(
+                Problem(
+                    f"{key}.target",
+                    f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)",
+                )
+            )
         else:
             bound = f"at least {expect_min}" + (f" and at most {expect_max}" if expect_max is not None else "")
-            problems.append(Problem(f"{key}.expect", f"{shown} matched {count} names, expected {bound}: {', '.join(matched[:8])}{', ...' if count > 8 else ''}"))
+            problems.append(
+                Problem(
+                    f"{key}.expect",
+                    f"{shown} matched {count} names, expected {bound}: "
+                    f"{', '.join(matched[:8])}{', ...' if count > 8 else ''}",
+                )
+            )
     return matched, problems
 
 
@@ -364,7 +379,6 @@ def explain_no_match(
     if not kept:
         return f"{shown} matched {len(matched)} names, all dropped by exclude {', '.join(map(repr, excludes))}"
     present = sorted({index.kinds[n][0] for n in kept if index.kinds.get(n)})
-    return (
-        f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}"
-        + (f"; types among them: {', '.join(present[:12])}" if present else "")
+    return f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}" + (
+        f"; types among them: {', '.join(present[:12])}" if present else ""
     )

@@ -121,7 +121,9 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
         unnamed = [i for i, s in enumerate(specs) if not s.name]
         if unnamed:
-            raise SpecError([Problem(f"{prefix}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed])
+            raise SpecError(
+                [Problem(f"{prefix}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed]
+            )
         return {s.name: s for s in specs}
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
@@ -232,15 +234,20 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     at = clean.get("at")
     if at is not None and str(at) not in HookPoint.__members__:
         problems.append(
-            Problem(f"{key}.at", f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}")
+            Problem(
+                f"{key}.at",
+                f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}",
+            )
         )
         return None, problems  # names cannot be checked without knowing modules vs parameters
     if clean.get("target") in (None, [], ()) and f"{key}.target" not in reported:
         problems.append(Problem(f"{key}.target", "missing: give a glob such as '**.conv*' or a list of globs"))
     for k in ("target", "exclude", "types"):
         value = clean.get(k)
-        if value is not None and not isinstance(value, str) and not (
-            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        if (
+            value is not None
+            and not isinstance(value, str)
+            and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
         ):
             problems.append(Problem(f"{key}.{k}", f"expected a string or a list of strings, got {value!r}"))
             clean.pop(k)
@@ -253,7 +260,9 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
         return None, problems
     spec = cast(HookSpec, OmegaConf.to_object(merged))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
-        problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
+        problems.append(
+            Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}")
+        )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
     return replace(spec, name=name), problems
 
@@ -263,7 +272,10 @@ def _to_dict(spec: HookSpec) -> dict:
     for f in fields(spec):
         v = getattr(spec, f.name)
         if isinstance(v, (Schedule, Expect)):
-            v = {g.name: (getattr(v, g.name).value if isinstance(getattr(v, g.name), Enum) else getattr(v, g.name)) for g in fields(v)}
+            v = {
+                g.name: (getattr(v, g.name).value if isinstance(getattr(v, g.name), Enum) else getattr(v, g.name))
+                for g in fields(v)
+            }
         elif isinstance(v, Enum):
             v = v.value
         out[f.name] = v

@@ -64,7 +64,18 @@ class Entries(list):
     device order, so entries never interleave by thread timing.
     """
 
-    __slots__ = ("alias", "copy_always", "last_only", "plain", "replicas", "fresh", "_fresh_from", "_probes", "_watched", "_parts")
+    __slots__ = (
+        "alias",
+        "copy_always",
+        "last_only",
+        "plain",
+        "replicas",
+        "fresh",
+        "_fresh_from",
+        "_probes",
+        "_watched",
+        "_parts",
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -112,7 +123,9 @@ class Entries(list):
         self._decide()
         rewritten = any(t._version != v for t, v in self._watched)
         if self.fresh and not rewritten:
-            rewritten = any(type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None))
+            rewritten = any(
+                type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None)
+            )
         if rewritten:
             self.alias, self.fresh, self.copy_always = False, False, True
         return rewritten
@@ -188,8 +201,16 @@ class StatsBuffer:
         for (spec, target, point, step), vals in zip(self._keys, values, strict=True):
             k = (spec, target, point, step)
             calls[k] = calls.get(k, -1) + 1
-            out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k],
-                        **dict(zip(STAT_NAMES, vals))})
+            out.append(
+                {
+                    "spec": spec,
+                    "target": target,
+                    "point": point,
+                    "step": step,
+                    "call": calls[k],
+                    **dict(zip(STAT_NAMES, vals, strict=True)),
+                }
+            )
         return out
 
     def clear(self) -> None:

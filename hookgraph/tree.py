@@ -28,14 +28,28 @@ from typing import Any
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-__all__ = ["tree_map", "tree_replace", "tensors", "tensors_with_paths", "positions", "set_item", "to_plain", "describe", "rebuild"]
+__all__ = [
+    "tree_map",
+    "tree_replace",
+    "tensors",
+    "tensors_with_paths",
+    "positions",
+    "set_item",
+    "to_plain",
+    "describe",
+    "rebuild",
+]
 
 _SCALARS = (bool, int, float, str, type(None))
 
 
 def _unregistered_container(x: Any) -> bool:
     # pytree treats these as leaves; they still hold tensors we must reach.
-    return isinstance(x, (dict, list, tuple)) and type(x) not in pytree.SUPPORTED_NODES and not pytree.is_namedtuple_instance(x)
+    return (
+        isinstance(x, (dict, list, tuple))
+        and type(x) not in pytree.SUPPORTED_NODES
+        and not pytree.is_namedtuple_instance(x)
+    )
 
 
 def _rebuild_container(x: Any, items: list) -> Any:
@@ -173,8 +187,9 @@ def positions(value: Any) -> list[tuple[tuple, Tensor]]:
     namedtuple fields count as indices and dict keys as strings, so a value and its copy
     read back from a run folder (a namedtuple as a tuple, int keys as written) line up.
     ``None`` and other non-tensor leaves take no position but keep the others' indices."""
-    return [(tuple(str(k[1]) if isinstance(k, tuple) else k for k in keys), t)
-            for keys, t in _walk_keys(value, named=False)]
+    return [
+        (tuple(str(k[1]) if isinstance(k, tuple) else k for k in keys), t) for keys, t in _walk_keys(value, named=False)
+    ]
 
 
 # -- the stored form -------------------------------------------------------------------

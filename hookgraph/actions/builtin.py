@@ -92,7 +92,14 @@ def trace(ctx: ActionContext):
     base = {"module": ctx.target, "type": ctx.module_type, "point": str(ctx.at)}
 
     def fn(value: Any, inputs: Any, output: Any) -> None:
-        rows.append({"step": ctx.step, **base, "input_shapes": shapes(inputs), "output_shapes": shapes(output if output is not None else value)})
+        rows.append(
+            {
+                "step": ctx.step,
+                **base,
+                "input_shapes": shapes(inputs),
+                "output_shapes": shapes(output if output is not None else value),
+            }
+        )
 
     return fn
 
@@ -193,8 +200,17 @@ def check_finite(ctx: ActionContext, stop: bool = True):
         err = NonFiniteError(spec, target, point, step, nan, inf, total)
         if rows is None:
             raise err
-        rows.append({"step": step, "module": target, "type": ctx.module_type, "point": point,
-                     "nan": nan, "inf": inf, "total": total})
+        rows.append(
+            {
+                "step": step,
+                "module": target,
+                "type": ctx.module_type,
+                "point": point,
+                "nan": nan,
+                "inf": inf,
+                "total": total,
+            }
+        )
 
     def fn(t: Tensor) -> None:
         if not t.is_floating_point() and not t.is_complex():

@@ -114,7 +114,9 @@ def _stages(select: Any, dim: int, reduce: str | None, dims: list[int] | None, d
     if select is not None:
         stages.append((f"select={select!r} on dim {dim}", _selector(select, dim)))
     if reduce is not None:
-        stages.append((f"reduce={reduce} over dims {dims}", _reducer(reduce, tuple(dims) if dims is not None else None)))
+        stages.append(
+            (f"reduce={reduce} over dims {dims}", _reducer(reduce, tuple(dims) if dims is not None else None))
+        )
     cast = DTYPES.get(dtype) if dtype else None
     if cast is not None:
         # A cast to the dtype a value has already returns the value itself (kept as an alias).
@@ -131,8 +133,9 @@ def _keeper(slot: Entries) -> Callable[[Tensor], Tensor]:
     return lambda t: t.clone() if needs_copy(t) else t
 
 
-def _mover(ctx: ActionContext, device: torch.device | None, copy: bool, keep: Callable[[Tensor], Tensor]
-           ) -> Callable[[Tensor, bool], Tensor]:
+def _mover(
+    ctx: ActionContext, device: torch.device | None, copy: bool, keep: Callable[[Tensor], Tensor]
+) -> Callable[[Tensor, bool], Tensor]:
     """move(t, aliased): a kept tensor on its way into the slot. The target device's type is
     resolved here, once, so the hook tests one flag per call."""
     to_host = ctx.host.to_host
@@ -214,8 +217,13 @@ def record(
     return _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
 
 
-def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], plain: bool,
-              to_host: Callable[[Tensor], Tensor] | None) -> Callable[[Any], None]:
+def _appender(
+    ctx: ActionContext,
+    slot: Entries,
+    one: Callable[[Tensor], Any],
+    plain: bool,
+    to_host: Callable[[Tensor], Tensor] | None,
+) -> Callable[[Any], None]:
     """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
     if ctx.per_device:
         # Replicas call this from one thread per device: each device keeps its own list.
@@ -237,6 +245,7 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
         return fn
     append = slot.append
     if not plain:
+
         def fn(value: Any) -> None:
             append(tree_map(one, value))
 

@@ -201,7 +201,8 @@ def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Proble
     if isinstance(action, Mapping) and "_target_" in action:
         extra = set(action) - {"_target_", "replaces"}
         if extra:
-            return None, [Problem(key, f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})")]
+            msg = f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})"
+            return None, [Problem(key, msg)]
         replaces = action.get("replaces", True)
         if not isinstance(replaces, bool):
             return None, [Problem(f"{key}.replaces", f"expected true or false, got {replaces!r}")]

@@ -47,7 +47,9 @@ def _config_dir() -> str:
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return str(candidate)
-    raise RuntimeError(f"hookgraph's packaged configs are missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+    raise RuntimeError(
+        f"hookgraph's packaged configs are missing (looked in {here / 'conf'} and {here.parent / 'conf'})"
+    )
 
 
 CONFIG_DIR = _config_dir()
@@ -142,7 +144,13 @@ def _app(cfg: DictConfig) -> float | None:
         return None
     if summary.get("status") == "completed":
         for spec, counts in (summary.get("specs") or {}).items():
-            log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])
+            log.info(
+                "%s: %d binding(s), %d call(s), %d record(s)",
+                spec,
+                counts["bindings"],
+                counts.get("calls", 0),
+                counts["records"],
+            )
         log.info("completed %d step(s); run folder: %s", summary["steps"], out_dir)
     loss = summary.get("loss")
     return float(loss) if loss is not None else None  # an objective for Hydra sweepers
@@ -182,6 +190,10 @@ def main() -> None:
     failed = callbacks.failed_jobs()
     if failed:
         # One line at the very end: the sweep ran every job, some did not complete.
-        print(f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
-              + ", ".join(f"{job} ({status})" for job, status in failed) + " (see sweep.csv)", file=sys.stderr)
+        print(
+            f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
+            + ", ".join(f"{job} ({status})" for job, status in failed)
+            + " (see sweep.csv)",
+            file=sys.stderr,
+        )
         sys.exit(1)

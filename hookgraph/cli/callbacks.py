@@ -88,7 +88,9 @@ def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[
     ``expected``: each job's overrides in job order, when known; otherwise the jobs are the
     numbered folders, and a gap in the numbers is a missing job.
     """
-    found = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
+    found = (
+        {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
+    )
     count = max(len(expected or []), max(found, default=-1) + 1)
     rows = []
     for num in range(count):
@@ -167,8 +169,9 @@ class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = sweep_rows(sweep_dir, _expected_jobs(config))
-        _state["failed"] = [(r["job"], str(r.get("status"))) for r in rows
-                            if r.get("status") not in ("completed", "planned", "listed")]
+        _state["failed"] = [
+            (r["job"], str(r.get("status"))) for r in rows if r.get("status") not in ("completed", "planned", "listed")
+        ]
         if not rows:
             return
         from ..runs.writer import RunWriter

@@ -189,7 +189,9 @@ def _loader(dataset: Dataset, batch_size: int, collate: Callable[[list[Any]], Ba
     # drop_last keeps every step's batch the same size (a short last batch would change
     # recorded shapes and statistics), unless the data is smaller than one batch.
     drop_last = len(dataset) >= batch_size  # type: ignore[arg-type]
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=collate, drop_last=drop_last)
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=collate, drop_last=drop_last
+    )
 
 
 def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size: int, key: str) -> Batches:
@@ -270,13 +272,17 @@ def build_data(
     """
     shape, image_size, normalize = to_plain(shape), to_plain(image_size), to_plain(normalize)
     if kind not in DATA_KINDS:
-        raise ConfigError(f"{key}.kind", f"unknown data kind {kind!r}; {did_you_mean(str(kind), DATA_KINDS, 'valid kinds')}")
+        raise ConfigError(
+            f"{key}.kind", f"unknown data kind {kind!r}; {did_you_mean(str(kind), DATA_KINDS, 'valid kinds')}"
+        )
     batch_size = _positive_int(batch_size, f"{key}.batch_size")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"{key}.seed", f"must be an integer, got {seed!r}")
 
     if kind == "none":
-        return Batches("none", lambda: iter((((), None),)), batch_size=batch_size, epoch_length=1, description="none (no inputs)")
+        return Batches(
+            "none", lambda: iter((((), None),)), batch_size=batch_size, epoch_length=1, description="none (no inputs)"
+        )
 
     if kind == "random":
         dims = _shape(shape, f"{key}.shape")
@@ -294,17 +300,28 @@ def build_data(
     if kind in ("custom", "torchvision"):
         kwargs = to_plain(kwargs) or {}
         if not isinstance(kwargs, Mapping):
-            raise ConfigError(f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}")
+            raise ConfigError(
+                f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}"
+            )
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"{key}.num_workers", f"must be an integer >= 0, got {num_workers!r}")
-        loader_args = {"batch_size": batch_size, "num_workers": num_workers, "shuffle": bool(shuffle), "seed": seed, "key": key}
+        loader_args = {
+            "batch_size": batch_size,
+            "num_workers": num_workers,
+            "shuffle": bool(shuffle),
+            "seed": seed,
+            "key": key,
+        }
         if kind == "custom":
             return custom_batches(target, {str(k): v for k, v in kwargs.items()}, **loader_args)
         transform = _transform(_image_size(image_size, f"{key}.image_size"), _normalize(normalize, f"{key}.normalize"))
         return torchvision_batches(name, root, dict(kwargs), transform, **loader_args)
     if kind == "tokens":
         if vocab_size is None:
-            raise ConfigError(f"{key}.vocab_size", "data=tokens needs vocab_size (it defaults to the model's config.vocab_size, and this model has none)")
+            raise ConfigError(
+                f"{key}.vocab_size",
+                "data=tokens needs vocab_size (it defaults to the model's config.vocab_size, and this model has none)",
+            )
         vocab = _positive_int(vocab_size, f"{key}.vocab_size")
         return token_batches(vocab, _positive_int(seq_len, f"{key}.seq_len"), batch_size=batch_size, seed=seed)
     if kind == "text":
@@ -317,7 +334,9 @@ def build_data(
 
         dims = _shape(shape, f"{key}.shape")
         if len(dims) != 3 or dims[0] not in (1, 3, 4):
-            raise ConfigError(f"{key}.shape", f"fake images need [channels, height, width] with 1, 3 or 4 channels, got {list(dims)}")
+            raise ConfigError(
+                f"{key}.shape", f"fake images need [channels, height, width] with 1, 3 or 4 channels, got {list(dims)}"
+            )
         if norm is not None and len(norm[0]) not in (1, dims[0]):
             raise ConfigError(f"{key}.normalize", f"mean/std have {len(norm[0])} values for {dims[0]} channels")
         dataset = FakeData(
@@ -329,7 +348,11 @@ def build_data(
         )
         loader = _loader(dataset, batch_size, _collate(key, labelled=True))
         return Batches(
-            "fake", lambda: loader, batch_size=batch_size, epoch_length=len(loader), description=f"fake {list(dims)} x {size}, seed {seed}"
+            "fake",
+            lambda: loader,
+            batch_size=batch_size,
+            epoch_length=len(loader),
+            description=f"fake {list(dims)} x {size}, seed {seed}",
         )
 
     return _images(root, size_hw, norm, batch_size, key)

@@ -72,7 +72,13 @@ def hooks_by_module(plan: Iterable[dict]) -> dict[str, list[dict]]:
     for row in plan:
         mod, param = owner(row)
         out.setdefault(mod, []).append(
-            {"spec": row.get("spec"), "at": row.get("at"), "action": row.get("action"), "param": param, "order": row.get("order", 0)}
+            {
+                "spec": row.get("spec"),
+                "at": row.get("at"),
+                "action": row.get("action"),
+                "param": param,
+                "order": row.get("order", 0),
+            }
         )
     return out
 

@@ -27,9 +27,14 @@ def _compose(overrides: list[str], config_dir: str | None):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hookgraph plan",
-        description="Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs.")
+        description=(
+            "Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs."
+        ),
+    )
     parser.add_argument("--svg", default="plan.svg", help="where to write the picture (default: ./plan.svg)")
-    parser.add_argument("--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph")
+    parser.add_argument(
+        "--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=clamp_conv model=resnet18")
     args = parser.parse_args(argv)
 

@@ -73,8 +73,11 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
             text = f"{h['spec']} · {h['at']}{'[' + h['param'] + ']' if h['param'] else ''} → {h['action']}"
             w = len(text) * 6.8 + 10
             c = spec_color.get(str(h["spec"]), "#888")
-            parts.append(f'<rect class="binding" x="{bx:.0f}" y="{y - 12}" width="{w:.0f}" height="16" rx="4" fill="{c}" fill-opacity="0.18" stroke="{c}"/>'
-                         f'<text class="binding" x="{bx + 5:.0f}" y="{y}">{escape(text)}</text>')
+            parts.append(
+                f'<rect class="binding" x="{bx:.0f}" y="{y - 12}" width="{w:.0f}" height="16" rx="4" '
+                f'fill="{c}" fill-opacity="0.18" stroke="{c}"/>'
+                f'<text class="binding" x="{bx + 5:.0f}" y="{y}">{escape(text)}</text>'
+            )
             bx += w + 6
         parts.append("</g>")
         rows.append("".join(parts))
@@ -88,18 +91,25 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
     if folded:
         summary += f"; {folded} unhooked module(s) not drawn"
     width = max(width, int(len(summary) * CHAR) + 20, int(len(title) * CHAR) + 20)
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'font-family="ui-monospace, Menlo, Consolas, monospace" font-size="12">'
-            f'<style>svg.plan text{{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}} svg.plan .mod text{{fill:#555}} '
-            f'svg.plan .hooked>text:first-child{{fill:#111;font-weight:bold}} svg.plan text.binding{{fill:#111;font-size:11px}} svg.plan .note{{fill:#777}}</style>'
-            f'<rect width="100%" height="100%" fill="#fff"/><text x="10" y="16" font-weight="bold">{escape(title)}</text>'
-            f'<text class="note" x="10" y="30">{escape(summary)}</text>')
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" '
+        f'font-family="ui-monospace, Menlo, Consolas, monospace" font-size="12">'
+        f"<style>svg.plan text{{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}} "
+        f"svg.plan .mod text{{fill:#555}} "
+        f"svg.plan .hooked>text:first-child{{fill:#111;font-weight:bold}} "
+        f"svg.plan text.binding{{fill:#111;font-size:11px}} svg.plan .note{{fill:#777}}</style>"
+        f'<rect width="100%" height="100%" fill="#fff"/><text x="10" y="16" font-weight="bold">{escape(title)}</text>'
+        f'<text class="note" x="10" y="30">{escape(summary)}</text>'
+    )
     if not plan:
         return head + '<text x="10" y="52">(empty plan: no bindings)</text></svg>'
     return head + "".join(rows) + "</svg>"
 
 
-def write_plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan") -> Path:
+def write_plan_svg(
+    plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan"
+) -> Path:
     """Write :func:`plan_svg` to ``path`` (atomically) and return it."""
     from ..runs.writer import atomic_write
 

@@ -16,7 +16,15 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["ModelConfig", "DataConfig", "RunnerConfig", "GradcamConfig", "SinkConfig", "HookgraphConfig", "register_configs"]
+__all__ = [
+    "ModelConfig",
+    "DataConfig",
+    "RunnerConfig",
+    "GradcamConfig",
+    "SinkConfig",
+    "HookgraphConfig",
+    "register_configs",
+]
 
 
 @dataclass
@@ -30,7 +38,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    kind: str = "auto"  # auto (the model's own default input), none, random, fake, images, custom, torchvision, tokens, text
+    kind: str = "auto"
     shape: list = field(default_factory=lambda: [3, 32, 32])  # one sample's shape (random, fake)
     num_classes: int = 10  # label range for random/fake data
     size: int = 64  # number of samples in FakeData
@@ -59,7 +67,8 @@ class RunnerConfig:
     batch_size: int = 1
     mode: str = "eval"  # eval (default: BatchNorm statistics stay as they are, any batch size works) or train
     backward: bool = True  # false: forward only, under torch.no_grad()
-    loss: str = "sum"  # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
+    # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
+    loss: str = "sum"
     target_class: int = 0  # the class whose score is the loss when loss=target_class
     optimizer: str | None = None  # null, sgd or adam: step after each backward
     lr: float = 0.01
@@ -87,7 +96,7 @@ class SinkConfig:
     # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
     # a None structured node (an AttributeError); run() checks the keys and fills the defaults.
     gradcam: Any = None
-    tensorboard: bool = False  # also write stats scalars and record histograms to tensorboard/ (pip install hookgraph[tensorboard])
+    tensorboard: bool = False
 
 
 @dataclass
