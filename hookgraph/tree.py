@@ -60,9 +60,9 @@ def _rebuild_container(x: Any, items: list) -> Any:
             new[k] = v
         return new
     if isinstance(x, list):
-        new = copy.copy(x)
-        new[:] = items
-        return new
+        new_list = copy.copy(x)
+        new_list[:] = items
+        return new_list
     try:
         return type(x)(items)
     except TypeError:  # a tuple subclass whose constructor takes other arguments
@@ -139,7 +139,12 @@ def set_item(container: Any, index: Any, item: Any) -> Any:
 def tensors(value: Any) -> list[Tensor]:
     """The tensors in ``value``, in walk order."""
     found: list[Tensor] = []
-    tree_map(lambda t: found.append(t) or t, value)
+
+    def collect(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    tree_map(collect, value)
     return found
 
 

@@ -80,8 +80,8 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
                 f"the live value a {type(value).__name__} with {len(live)} at {paths}" + _index_hint(saved, value)
             )
         sources = iter([t for _, t in saved])
-        paths = iter(p for p, _ in tensors_with_paths(value))
-        return tree_map(lambda v: one(next(sources), v, next(paths)), value)
+        live_paths = iter(p for p, _ in tensors_with_paths(value))
+        return tree_map(lambda v: one(next(sources), v, next(live_paths)), value)
 
     return fn
 

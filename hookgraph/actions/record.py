@@ -11,7 +11,7 @@ cannot change a record unnoticed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
@@ -30,7 +30,7 @@ REDUCTIONS = ("mean", "max", "norm")
 Stage = tuple[str, Callable[[Tensor], Any]]
 
 
-def _int(value: Any) -> bool:
+def _int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -229,12 +229,12 @@ def _appender(
         # Replicas call this from one thread per device: each device keeps its own list.
         slot.replicas = True
 
-        def fn(value: Any) -> None:
+        def per_device(value: Any) -> None:
             found = tensors(value)
             if found:
                 slot.append_on_device(tree_map(one, value), found[0].device)
 
-        return fn
+        return per_device
     if slot.last_only:
         keep_last, forget = slot.keep_last, slot._watched.clear
 
@@ -265,7 +265,7 @@ def _appender(
 
     slot.plain = True  # host copies are fresh tensors too: version 0
 
-    def fn(value: Any) -> None:
+    def copy_to_host(value: Any) -> None:
         if type(value) is Tensor:
             t = value.detach()
             if not t.is_cpu:
@@ -276,4 +276,4 @@ def _appender(
                 return
         append(tree_map(one, value))
 
-    return fn
+    return copy_to_host

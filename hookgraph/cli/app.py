@@ -57,7 +57,7 @@ CONFIG_DIR = _config_dir()
 
 def _to_log_file(level: int, msg: str, exc_info: Any = None) -> None:
     """A line for the log file only: the terminal already shows it on stderr."""
-    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    record = log.makeRecord(log.name, level, __file__, 0, msg, (), exc_info)
     for logger in (log, logging.getLogger()):
         for handler in logger.handlers:
             if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:

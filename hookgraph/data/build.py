@@ -209,9 +209,10 @@ def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size
     if class_dirs:
         from torchvision.datasets import ImageFolder
 
-        dataset: Dataset = ImageFolder(str(path), transform=transform, allow_empty=True)
+        folder = ImageFolder(str(path), transform=transform, allow_empty=True)
+        dataset: Dataset = folder
         labelled = True
-        desc = f"images: {len(dataset)} in {len(class_dirs)} classes under {str(path)!r}"
+        desc = f"images: {len(folder)} in {len(class_dirs)} classes under {str(path)!r}"
     else:
         files = sorted(f for f in path.iterdir() if is_image(f))
         if not files:
@@ -305,7 +306,7 @@ def build_data(
             )
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"{key}.num_workers", f"must be an integer >= 0, got {num_workers!r}")
-        loader_args = {
+        loader_args: dict[str, Any] = {
             "batch_size": batch_size,
             "num_workers": num_workers,
             "shuffle": bool(shuffle),

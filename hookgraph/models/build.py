@@ -180,11 +180,11 @@ def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
 
     with _HUB_LOCK:
         original = WeightsEnum.__dict__["get_state_dict"]
-        WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
+        WeightsEnum.get_state_dict = get_state_dict
         try:
             yield
         finally:
-            WeightsEnum.get_state_dict = original  # type: ignore[method-assign]
+            WeightsEnum.get_state_dict = original
 
 
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:

@@ -83,7 +83,7 @@ def _specs(summary: dict, plan: list[dict]) -> list[dict]:
     counts = summary.get("specs") or {}
     unmatched = summary.get("unmatched") or {}
     never = set(summary.get("never_fired") or [])
-    out: dict[str, dict] = {}
+    out: dict[str | None, dict] = {}  # keyed by the row's spec: None where plan.json has none
     for row in plan:
         s = out.setdefault(
             row.get("spec"),

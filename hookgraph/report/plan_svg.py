@@ -34,10 +34,11 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
     specs = list(dict.fromkeys(str(r.get("spec")) for r in plan))
     spec_color = {s: color(i) for i, s in enumerate(specs)}
     shown: set[str] = set()
-    for name in hooks:
-        while name is not None and name not in shown:
-            shown.add(name)
-            name = _parent(name)
+    for hooked in hooks:
+        node: str | None = hooked
+        while node is not None and node not in shown:
+            shown.add(node)
+            node = _parent(node)
     children: dict[str, int] = {}
     for n in tree:
         p = _parent(n["name"])

@@ -10,8 +10,9 @@ target. Long series are sampled down to ``max_points``, which bounds the page's 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
+from typing import TypeGuard
 
 __all__ = ["PALETTE", "color", "sample", "line_plot", "histogram", "heatmap", "fmt"]
 
@@ -40,7 +41,7 @@ def sample(points: Sequence[tuple[float, float]], max_points: int) -> list[tuple
     return [points[round(i * step)] for i in range(max_points)]
 
 
-def _finite(v: object) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -70,7 +71,7 @@ def _range(values: Iterable[float], pad: float = 0.0) -> tuple[float, float]:
 
 
 def line_plot(
-    series: dict[str, Sequence[tuple[float, float]]],
+    series: Mapping[str, Sequence[tuple[float, float]]],
     title: str = "",
     xlabel: str = "step",
     width: int = 420,

@@ -77,7 +77,7 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         rows = sweep_rows(root)
         notes.append("no sweep.csv: the table was rebuilt from the job folders")
     by_job = {str(r.get("job")): r for r in rows}
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for job in _jobs(root):
         row = by_job.get(job.name) or {"job": int(job.name), "status": "missing from sweep.csv"}
         report = job / "report.html"
@@ -108,7 +108,8 @@ def _values(jobs: list[dict], axis: str) -> tuple[list[str], bool]:
 
 def _metric_plots(p: dict) -> str:
     metric, jobs, axes = p["metric"], p["jobs"], p["axes"]
-    got = [j for j in jobs if _num(j["row"].get(metric)) is not None]
+    value = {j["job"]: v for j in jobs if (v := _num(j["row"].get(metric))) is not None}
+    got = [j for j in jobs if j["job"] in value]
     if not got:
         return f'<p class="muted">No job has a {esc(metric)}.</p>'
     out = []
@@ -120,7 +121,7 @@ def _metric_plots(p: dict) -> str:
         groups: dict[str, list] = {}
         for j in got:
             label = f"{axes[1]}={j['overrides'].get(axes[1], '')}" if len(axes) == 2 else metric
-            groups.setdefault(label, []).append((xpos[j["overrides"].get(a, "")], _num(j["row"][metric])))
+            groups.setdefault(label, []).append((xpos[j["overrides"].get(a, "")], value[j["job"]]))
         series = {k: sorted(v) for k, v in groups.items()}
         out.append(
             line_plot(
@@ -148,7 +149,7 @@ def _metric_plots(p: dict) -> str:
         cells: dict[tuple[str, str], list[float]] = {}
         for j in got:
             cells.setdefault((j["overrides"].get(axes[1], ""), j["overrides"].get(axes[0], "")), []).append(
-                _num(j["row"][metric])
+                value[j["job"]]
             )
         grid = [[(sum(c) / len(c)) if (c := cells.get((y, x))) else None for x in xs] for y in ys]
         out.append(
@@ -157,7 +158,7 @@ def _metric_plots(p: dict) -> str:
             )
         )
     if len(axes) not in (1, 2):
-        pts = [(int(j["job"]), _num(j["row"][metric])) for j in got]
+        pts = [(int(j["job"]), value[j["job"]]) for j in got]
         out.append(
             line_plot(
                 {metric: pts},

@@ -282,6 +282,7 @@ def _compile(st: _Run) -> None:
     """Compile the specs against the model, check what needs the whole graph, write plan.json."""
     t = time.perf_counter()
     require_matches_where_retargeted(st.cfg.hooks)  # a packaged hook set pointed elsewhere must match
+    assert st.model is not None, "the model is built before the specs compile against it"
     st.graph = compile_graph(st.model, st.cfg.hooks, prefix="hooks")
     st.lap("compile_s", t)
     if st.gradcam is not None:
@@ -421,7 +422,7 @@ def _close(st: _Run, failing: bool) -> None:
         s["losses"] = [_finite(v) for v in st.losses]
     if st.graph is not None:
         s["specs"] = _headline(st.graph, st.writer)
-        _silent_specs(st)
+        _silent_specs(st, st.graph)
         s.setdefault("first_nonfinite", _first_nonfinite(st.graph))
         if s["first_nonfinite"] is None:
             del s["first_nonfinite"]
@@ -445,14 +446,14 @@ def _close(st: _Run, failing: bool) -> None:
             log.warning("no report.html: %s: %s", type(exc).__name__, exc)
 
 
-def _silent_specs(st: _Run) -> None:
+def _silent_specs(st: _Run, graph: HookGraph) -> None:
     """Specs that matched nothing, and specs bound but never run: named in the summary."""
-    unmatched = dict(getattr(st.graph, "unmatched", None) or {})
+    unmatched = dict(getattr(graph, "unmatched", None) or {})
     if unmatched:
         st.summary["unmatched"] = unmatched
     if st.summary["steps"] > 0:
         # Bound but never run: e.g. input_grad where no input needs a gradient.
-        silent = sorted(name for name, n in st.graph.calls.items() if n == 0)
+        silent = sorted(name for name, n in graph.calls.items() if n == 0)
         if silent:
             st.summary["never_fired"] = silent
 
