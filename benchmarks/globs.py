@@ -24,7 +24,7 @@ import multiprocessing as mp
 import re
 import statistics
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from hookgraph.resolve import NameIndex, suggest_names
 
@@ -78,13 +78,13 @@ def old_match(glob: str, names: list[str]) -> list[str]:
     return [n for n in names if n and rx.fullmatch(n + ".")]
 
 
-def _timed_child(fn: Callable, args: tuple, queue: "mp.Queue") -> None:
+def _timed_child(fn: Callable, args: tuple, queue: mp.Queue) -> None:
     t = time.perf_counter()
     fn(*args)
     queue.put(time.perf_counter() - t)
 
 
-def time_in_child(fn: Callable, args: tuple, timeout: float) -> Optional[float]:
+def time_in_child(fn: Callable, args: tuple, timeout: float) -> float | None:
     """Seconds ``fn(*args)`` took in a forked child, or None if it ran past ``timeout``."""
     queue: mp.Queue = mp.get_context("fork").Queue()
     proc = mp.get_context("fork").Process(target=_timed_child, args=(fn, args, queue))
@@ -106,7 +106,7 @@ def median_time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def fmt_ms(seconds: Optional[float], timeout: float) -> str:
+def fmt_ms(seconds: float | None, timeout: float) -> str:
     return f"> {timeout * 1e3:,.0f} (stopped)" if seconds is None else f"{seconds * 1e3:,.2f}"
 
 

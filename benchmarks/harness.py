@@ -229,15 +229,15 @@ def _run(
         v = r.variant
         if v.slow:
             continue
-        times = []
+        warm_times: list[float] = []
         v.attach()
         try:
             for _ in range(max(1, warmup)):
-                times.append(_one(v, sync))
+                warm_times.append(_one(v, sync))
                 v.clear()
         finally:
             v.detach()
-        per_pass += statistics.median(times)
+        per_pass += statistics.median(warm_times)
     target = wl.round_ms if wl.round_ms is not None else round_ms
     passes = max(min_passes, min(max_passes, round(target / 1e3 / max(per_pass, 1e-9))))
 
@@ -326,7 +326,7 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
         head.append("overhead us/hooked call")
     head.append("notes")
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in results:
         v = r.variant
         probe = {True: "ok", False: "DIFFERS", None: "-"}[r.probe_ok] if r is not ref else "ref"
@@ -379,8 +379,8 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
     for label, text in wl.extra_rows:
         lines.append(f"- {label}: {text}")
     for t in wl.targets:
-        r = by.get(t.variant)
-        if r is None or not r.samples:
+        res = by.get(t.variant)
+        if res is None or not res.samples:
             lines.append(f"- target {t.label()}: not measured")
             continue
         if t.against:
@@ -395,15 +395,15 @@ def workload_table(wl: Workload, results: list[Result], passes: list[dict[str, f
             text = f"{value:.3f}"
             ci = (
                 f"paired over {len(pr)} passes, 95% bootstrap CI {lo:.3f}-{hi:.3f}; "
-                f"ratio of medians {r.median / other.median:.3f}"
+                f"ratio of medians {res.median / other.median:.3f}"
             )
             decided = hi <= t.limit or lo > t.limit
         else:
-            value = r.median * 1e3
-            lo, hi = (x * 1e3 for x in bootstrap_ci(r.samples))
+            value = res.median * 1e3
+            lo, hi = (x * 1e3 for x in bootstrap_ci(res.samples))
             ok = value < t.limit
             text = f"{value:.1f} ms"
-            ci = f"median of {len(r.samples)}, 95% bootstrap CI {lo:.1f}-{hi:.1f} ms"
+            ci = f"median of {len(res.samples)}, 95% bootstrap CI {lo:.1f}-{hi:.1f} ms"
             decided = hi < t.limit or lo >= t.limit
         extra = []
         for peer in t.faster_than:
@@ -522,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown workloads {unknown}; choose from {sorted(factories)}")
 
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     machine = machine_info(args.threads, torch_default_threads)
     t0 = time.perf_counter()
     tables, raw = [], {}

@@ -113,7 +113,9 @@ def pyvene_variant(model: nn.Module, x: Tensor, names: list[str], *, grads: bool
     except Exception as exc:
         return f"pyvene: not importable ({type(exc).__name__}: {exc})"
     if not hasattr(model, "config"):
-        model.config = types.SimpleNamespace()  # pyvene reads model.config; a plain torch model has none
+        # pyvene reads model.config; a plain torch model has none. Module.__setattr__ takes any value,
+        # but the stubs type module attributes as Tensor | Module.
+        model.config = types.SimpleNamespace()  # type: ignore[assignment]
     cfg = pv.IntervenableConfig(
         representations=[{"component": f"{n}.output", "intervention": pv.CollectIntervention()} for n in names]
     )

@@ -111,7 +111,7 @@ class GraphHooks:
 
     def __init__(self, model: nn.Module, specs: dict):
         self.graph = hookgraph.compile(model, specs)
-        self.attachment = None
+        self.attachment: Any = None  # what graph.attach() returned, while attached
 
     def attach(self) -> None:
         self.attachment = self.graph.attach()

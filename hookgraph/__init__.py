@@ -13,7 +13,7 @@ RecordBudgetError.
 """
 
 from .actions import ACTIONS, ActionContext, register_action
-from .compiler import compile  # noqa: A004
+from .compiler import compile  # noqa: A004 - hg.compile, as torch.compile: the public name
 from .discovery import format_targets, list_targets
 from .errors import (
     ActionError,

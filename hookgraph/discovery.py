@@ -83,5 +83,8 @@ def format_targets(rows: list[dict]) -> str:
     cells = [[r["name"] or "(root)", *(str(r[c]) for c in cols)] for r in rows]
     header = ["name", *cols]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    fmt = lambda row: "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+
     return "\n".join([fmt(header), *map(fmt, cells)])

@@ -10,8 +10,8 @@ type. Validation collects :class:`Problem` s and raises them together, once.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 __all__ = [
     "HookGraphError",

@@ -9,15 +9,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError, HookGraphError
 
-__all__ = ["write_figures", "feature_map_grid", "histograms", "stats_over_steps", "sweep_figure", "gradcam", "gradcam_figure"]
+__all__ = [
+    "write_figures",
+    "feature_map_grid",
+    "histograms",
+    "stats_over_steps",
+    "sweep_figure",
+    "gradcam",
+    "gradcam_figure",
+]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -71,7 +80,7 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     canvas = torch.full((rows * (h + pad) - pad, cols * (w + pad) - pad), float("nan"))
     for i in range(n):
         r, c = divmod(i, cols)
-        canvas[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = scaled[i]
+        canvas[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
     import matplotlib
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
@@ -90,12 +99,12 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     rows = (len(items) + cols - 1) // cols
     fig = _figure(figsize=(cols * 3, rows * 2.2))
     axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, (name, t) in zip(axes.flat, items):
+    for ax, (name, t) in zip(axes.flat, items, strict=False):  # the grid's last row may have spare panels
         x = t.detach().float().cpu().flatten()
         x = x[torch.isfinite(x)]
         ax.hist(x.numpy(), bins=50)
         ax.set_title(_title(name), fontsize=8)
-    for ax in list(axes.flat)[len(items):]:
+    for ax in list(axes.flat)[len(items) :]:
         ax.axis("off")
     fig.suptitle(_title(title), fontsize=9)
     return _save(fig, path)
@@ -118,7 +127,7 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     return _save(fig, path)
 
 
-def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: Union[int, Sequence[int]]) -> torch.Tensor:
+def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: int | Sequence[int]) -> torch.Tensor:
     """The Grad-CAM heatmap of one layer, as a [H, W] tensor in [0, 1].
 
     ``activation``: the layer's output, [C, h, w] or [N, C, h, w] (sample 0 is used);
@@ -153,7 +162,7 @@ def _picture(image: torch.Tensor) -> torch.Tensor:
     return (img - lo) / (hi - lo) if bool(hi > lo) else torch.zeros_like(img)
 
 
-def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path, title: str) -> Path:
+def gradcam_figure(heat: torch.Tensor, image: torch.Tensor | None, path: Path, title: str) -> Path:
     """The heatmap over the input image (or alone when there is no image)."""
     fig = _figure(figsize=(4, 4))
     ax = fig.subplots()
@@ -168,7 +177,7 @@ def gradcam_figure(heat: torch.Tensor, image: Optional[torch.Tensor], path: Path
     return _save(fig, path)
 
 
-def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tensor], out_dir: Path) -> Path:
+def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None, out_dir: Path) -> Path:
     """figures/gradcam_<target>.png from the first recorded call of both specs."""
     # A DictConfig from the runner, or a plain dict / GradcamConfig from Python callers.
     g = {k: cfg[k] if isinstance(cfg, Mapping) else getattr(cfg, k) for k in ("activations", "gradients", "target")}
@@ -189,8 +198,14 @@ def _gradcam_from_records(records: Mapping, cfg: Any, image: Optional[torch.Tens
     return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
 
 
-def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Tensor] = None,
-                  warnings: Optional[list[str]] = None, gradcam: Any = None) -> list[str]:
+def write_figures(
+    run_dir: Path,
+    graph: Any,
+    sink: Any,
+    image: torch.Tensor | None = None,
+    warnings: list[str] | None = None,
+    gradcam: Any = None,
+) -> list[str]:
     """Figures for a finished run; returns their paths relative to the run folder.
 
     ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.
@@ -225,13 +240,24 @@ def write_figures(run_dir: Path, graph: Any, sink: Any, image: Optional[torch.Te
         if not first:
             continue
         if getattr(sink, "histograms", True):
-            draw(f"hist of {spec!r}", histograms, first, out_dir / f"hist_{_safe(spec)}.png", f"{spec}: values at the first call")
+            draw(
+                f"hist of {spec!r}",
+                histograms,
+                first,
+                out_dir / f"hist_{_safe(spec)}.png",
+                f"{spec}: values at the first call",
+            )
         maps = [(t, v) for t, v in first.items() if v.dim() == 4]
         for i in picks:
             if -len(maps) <= i < len(maps):
                 target, v = maps[i]
-                draw(f"feature maps of {spec!r} {target!r}", feature_map_grid, v,
-                     out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png", f"{spec}: {target} (#{i})")
+                draw(
+                    f"feature maps of {spec!r} {target!r}",
+                    feature_map_grid,
+                    v,
+                    out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png",
+                    f"{spec}: {target} (#{i})",
+                )
     gradcam_cfg = gradcam if gradcam is not None else getattr(sink, "gradcam", None)
     if gradcam_cfg is not None:
         draw("gradcam", _gradcam_from_records, records, gradcam_cfg, image, out_dir)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
@@ -26,7 +27,7 @@ log = logging.getLogger("hookgraph")
 _WHERE = ("target", "exclude", "types")  # the fields that choose what a spec binds
 
 
-def packaged_conf_dir() -> Optional[Path]:
+def packaged_conf_dir() -> Path | None:
     """hookgraph's own conf/: inside the package in a wheel, at the top level in a checkout."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "conf", here.parent / "conf"):
@@ -36,7 +37,7 @@ def packaged_conf_dir() -> Optional[Path]:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_packaged(conf_dir: Optional[Path]) -> dict[str, dict]:
+def _load_packaged(conf_dir: Path | None) -> dict[str, dict]:
     out: dict[str, dict] = {}
     if conf_dir is None:
         return out
@@ -47,7 +48,7 @@ def _load_packaged(conf_dir: Optional[Path]) -> dict[str, dict]:
     return out
 
 
-def packaged_specs(conf_dir: Optional[Path] = None) -> dict[str, dict]:
+def packaged_specs(conf_dir: Path | None = None) -> dict[str, dict]:
     """Spec name -> body, for every spec of the packaged hook sets (``conf/hooks/*.yaml``)."""
     return _load_packaged(conf_dir or packaged_conf_dir())
 
@@ -67,7 +68,7 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-def _task_overrides() -> Optional[list[str]]:
+def _task_overrides() -> list[str] | None:
     """The command line's overrides, or None when no Hydra app runs (then no packaged hook set
     was composed: specs passed to ``runner.run`` as a dict are the user's own)."""
     from hydra.core.hydra_config import HydraConfig
@@ -84,7 +85,7 @@ def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
 
 
 def require_matches_where_retargeted(
-    hooks: Any, *, overrides: Optional[Sequence[str]] = None, conf_dir: Optional[Path] = None
+    hooks: Any, *, overrides: Sequence[str] | None = None, conf_dir: Path | None = None
 ) -> Any:
     """Set ``expect.min: 1`` on each packaged spec whose ``target``, ``exclude`` or ``types``
     differ from its packaged hook set, unless the user set ``expect.min`` themselves: to

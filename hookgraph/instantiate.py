@@ -63,10 +63,17 @@ def import_target(target: str, key: str) -> Callable[..., Any]:
     except ImportError as err:
         extra = missing_extra(err)
         # A missing optional package needs one line; user code needs the hint about sys.path.
-        hint = "" if extra else (
-            "\nThe code must be importable: installed in this environment or on PYTHONPATH (a module path, not a file path)."
+        hint = (
+            ""
+            if extra
+            else (
+                "\nThe code must be importable: installed in this environment or on PYTHONPATH "
+                "(a module path, not a file path)."
+            )
         )
-        raise ConfigError(f"{key}._target_", f"cannot import {target!r}: {str(err).strip().splitlines()[0]}{extra}{hint}") from err
+        raise ConfigError(
+            f"{key}._target_", f"cannot import {target!r}: {str(err).strip().splitlines()[0]}{extra}{hint}"
+        ) from err
     if not callable(obj):
         raise ConfigError(f"{key}._target_", f"{target!r} is a {type(obj).__name__}, not a class or function")
     return obj
@@ -112,5 +119,7 @@ def instantiate_nested(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
             out[k] = instantiate(v, _convert_="all")
         except Exception as err:  # a failing nested constructor: report its key and cause
             cause = err.__cause__ or err
-            raise ConfigError(f"{key}.{k}", f"building it failed: {type(cause).__name__}: {cause}{missing_extra(err)}") from err
+            raise ConfigError(
+                f"{key}.{k}", f"building it failed: {type(cause).__name__}: {cause}{missing_extra(err)}"
+            ) from err
     return out

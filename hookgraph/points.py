@@ -46,12 +46,16 @@ _MODULE: dict = {"on_params": False, "replaceable": True}
 _GRAD: dict = {"on_params": False, "replaceable": True, "needs_backward": True}
 
 POINTS: dict[HookPoint, PointInfo] = {
-    HookPoint.forward_pre: PointInfo(**_MODULE, mechanism="register_forward_pre_hook", value="the module's positional inputs"),
+    HookPoint.forward_pre: PointInfo(
+        **_MODULE, mechanism="register_forward_pre_hook", value="the module's positional inputs"
+    ),
     HookPoint.forward: PointInfo(**_MODULE, mechanism="register_forward_hook", value="the module's output"),
     HookPoint.backward_pre: PointInfo(
         **_GRAD, mechanism="register_full_backward_pre_hook", value="grad_output", full_backward=True
     ),
-    HookPoint.backward: PointInfo(**_GRAD, mechanism="register_full_backward_hook", value="grad_input", full_backward=True),
+    HookPoint.backward: PointInfo(
+        **_GRAD, mechanism="register_full_backward_hook", value="grad_input", full_backward=True
+    ),
     HookPoint.output_grad: PointInfo(
         **_GRAD, mechanism="forward hook + Tensor.register_hook on the output", value="gradient w.r.t. the output"
     ),
@@ -59,16 +63,24 @@ POINTS: dict[HookPoint, PointInfo] = {
         **_GRAD, mechanism="forward pre-hook + Tensor.register_hook on the inputs", value="gradient w.r.t. the inputs"
     ),
     HookPoint.param_value: PointInfo(
-        on_params=True, replaceable=True, mechanism="forward pre-hook on the owning module, in-place copy",
+        on_params=True,
+        replaceable=True,
+        mechanism="forward pre-hook on the owning module, in-place copy",
         value="the parameter, before its module runs",
     ),
     HookPoint.param_grad: PointInfo(
-        on_params=True, replaceable=True, needs_backward=True, mechanism="Tensor.register_hook on the parameter",
+        on_params=True,
+        replaceable=True,
+        needs_backward=True,
+        mechanism="Tensor.register_hook on the parameter",
         value="the parameter's gradient",
     ),
     # PyTorch ignores what a post-accumulate-grad hook returns: read-only here.
     HookPoint.param_accumulated: PointInfo(
-        on_params=True, replaceable=False, needs_backward=True, mechanism="register_post_accumulate_grad_hook",
+        on_params=True,
+        replaceable=False,
+        needs_backward=True,
+        mechanism="register_post_accumulate_grad_hook",
         value="param.grad after accumulation",
     ),
 }

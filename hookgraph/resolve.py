@@ -22,8 +22,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from .errors import Problem, nearest
 
@@ -42,10 +42,10 @@ _SEGMENT = "(?:[^.]++\\.)"
 _ANY_SEGMENTS = _SEGMENT + "*"  # what '**' stands for: zero or more whole segments
 
 
-def _segment_pieces(seg: str) -> list[Optional[str]]:
+def _segment_pieces(seg: str) -> list[str | None]:
     """One glob segment -> regex pieces that match exactly one character (or a literal), and
     None for each star; adjacent stars collapse into one."""
-    out: list[Optional[str]] = []
+    out: list[str | None] = []
     i = 0
     while i < len(seg):
         c = seg[i]
@@ -137,7 +137,7 @@ class NameIndex:
     modules, matching is then one combined regex pass (or a set lookup for literal names)
     per spec instead of one Python call per name and pattern."""
 
-    def __init__(self, names: Sequence[str], kinds: Optional[Mapping[str, Sequence[str]]] = None):
+    def __init__(self, names: Sequence[str], kinds: Mapping[str, Sequence[str]] | None = None):
         self.names = list(names)
         self.position = {n: i for i, n in enumerate(self.names)}
         self.nonroot = [n for n in self.names if n]
@@ -145,8 +145,8 @@ class NameIndex:
         self.kinds = kinds or {}
         self.all_kinds = {k for ks in set(map(tuple, self.kinds.values())) for k in ks}
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
-        self._vocabulary: Optional[dict[str, None]] = None
-        self._depths: Optional[dict[int, list[str]]] = None
+        self._vocabulary: dict[str, None] | None = None
+        self._depths: dict[int, list[str]] | None = None
 
     @property
     def vocabulary(self) -> dict[str, None]:
@@ -177,7 +177,7 @@ class NameIndex:
         globs = [p for p in patterns if not _is_literal(p) and not p.startswith("re:")]
         if globs:
             fullmatch = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in globs)).fullmatch
-            in_order = [n for n, d in zip(self.nonroot, self.dotted) if fullmatch(d)]
+            in_order = [n for n, d in zip(self.nonroot, self.dotted, strict=True) if fullmatch(d)]
             if not hits and len(globs) == len(patterns):
                 return in_order  # already in index order: no sort over what may be every name
             hits.update(in_order)
@@ -200,9 +200,9 @@ def resolve_names(
     names: Sequence[str] | NameIndex,
     excludes: Sequence[str] = (),
     types: Sequence[str] = (),
-    kinds: Optional[Mapping[str, Sequence[str]]] = None,
+    kinds: Mapping[str, Sequence[str]] | None = None,
     expect_min: int = 1,
-    expect_max: Optional[int] = None,
+    expect_max: int | None = None,
     known_types: Collection[str] = (),
     list_hint: str = "list them with hookgraph.list_targets(model)",
 ) -> tuple[list[str], list[Problem]]:
@@ -236,7 +236,11 @@ def resolve_names(
         for t in types:
             if t not in index.all_kinds and t not in known_types:
                 close = nearest(t, index.short_kinds)
-                hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"types in this model: {', '.join(index.short_kinds[:15])}"
+                hint = (
+                    f"did you mean {', '.join(map(repr, close))}?"
+                    if close
+                    else f"types in this model: {', '.join(index.short_kinds[:15])}"
+                )
                 problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
         wanted = set(types)
         before_types = matched
@@ -257,10 +261,21 @@ def resolve_names(
         shown = ", ".join(repr(p) for p in targets)
         if count == 0:
             hint = no_match_hint(targets, index)
-            problems.append(Problem(f"{key}.target", f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)"))
+            problems.append(
+                Problem(
+                    f"{key}.target",
+                    f"{shown} matched nothing; {hint} ({list_hint}; set expect.min=0 to allow no match)",
+                )
+            )
         else:
             bound = f"at least {expect_min}" + (f" and at most {expect_max}" if expect_max is not None else "")
-            problems.append(Problem(f"{key}.expect", f"{shown} matched {count} names, expected {bound}: {', '.join(matched[:8])}{', ...' if count > 8 else ''}"))
+            problems.append(
+                Problem(
+                    f"{key}.expect",
+                    f"{shown} matched {count} names, expected {bound}: "
+                    f"{', '.join(matched[:8])}{', ...' if count > 8 else ''}",
+                )
+            )
     return matched, problems
 
 
@@ -364,7 +379,6 @@ def explain_no_match(
     if not kept:
         return f"{shown} matched {len(matched)} names, all dropped by exclude {', '.join(map(repr, excludes))}"
     present = sorted({index.kinds[n][0] for n in kept if index.kinds.get(n)})
-    return (
-        f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}"
-        + (f"; types among them: {', '.join(present[:12])}" if present else "")
+    return f"{shown} matched {len(kept)} names, none of type {', '.join(map(repr, types))}" + (
+        f"; types among them: {', '.join(present[:12])}" if present else ""
     )

@@ -11,10 +11,11 @@ key (``hooks.<name>.<field>``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, Optional, cast
+from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -35,7 +36,7 @@ class Mode(str, Enum):
 class Schedule:
     """When a spec is active. Steps count from 0; ``steps`` is ``"start:stop"`` (stop excluded)."""
 
-    steps: Optional[str] = None  # "0:100", "5:" or "7"; None means every step
+    steps: str | None = None  # "0:100", "5:" or "7"; None means every step
     every: int = 1  # run on every N-th step of the range
     mode: Mode = Mode.any  # train / eval: checked against the module's own .training flag
 
@@ -45,7 +46,7 @@ class Expect:
     """Bounds on the number of names a spec matches; matching nothing is an error by default."""
 
     min: int = 1
-    max: Optional[int] = None
+    max: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +62,7 @@ class HookSpec:
     args: dict = field(default_factory=dict)
     index: Any = None  # pick one element of a tuple/list/dict value (int or key)
     when: Schedule = field(default_factory=Schedule)
-    order: Optional[int] = None  # lower runs first at the same site
+    order: int | None = None  # lower runs first at the same site
     expect: Expect = field(default_factory=Expect)
     enabled: bool = True
     name: str = ""
@@ -120,7 +121,9 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
         unnamed = [i for i, s in enumerate(specs) if not s.name]
         if unnamed:
-            raise SpecError([Problem(f"{prefix}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed])
+            raise SpecError(
+                [Problem(f"{prefix}[{i}]", "a HookSpec in a list needs a name (HookSpec(name=...))") for i in unnamed]
+            )
         return {s.name: s for s in specs}
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
@@ -202,7 +205,7 @@ def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
         return None, [*problems, _merge_problem(exc, key)]
 
 
-def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], list[Problem]]:
+def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[Problem]]:
     """Best effort: the spec with its bad fields dropped (or None), and the problems found.
 
     Returning a partial spec lets the compiler go on to check names and arguments, so one
@@ -231,15 +234,20 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     at = clean.get("at")
     if at is not None and str(at) not in HookPoint.__members__:
         problems.append(
-            Problem(f"{key}.at", f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}")
+            Problem(
+                f"{key}.at",
+                f"unknown hook point {at!r}; {did_you_mean(str(at), HookPoint.__members__, 'valid points')}",
+            )
         )
         return None, problems  # names cannot be checked without knowing modules vs parameters
     if clean.get("target") in (None, [], ()) and f"{key}.target" not in reported:
         problems.append(Problem(f"{key}.target", "missing: give a glob such as '**.conv*' or a list of globs"))
     for k in ("target", "exclude", "types"):
         value = clean.get(k)
-        if value is not None and not isinstance(value, str) and not (
-            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        if (
+            value is not None
+            and not isinstance(value, str)
+            and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
         ):
             problems.append(Problem(f"{key}.{k}", f"expected a string or a list of strings, got {value!r}"))
             clean.pop(k)
@@ -257,7 +265,9 @@ def _check_body(name: str, body: Any, key: str) -> tuple[Optional[HookSpec], lis
     if objects is not None:
         spec = replace(spec, args=dict(objects))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
-        problems.append(Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}"))
+        problems.append(
+            Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}")
+        )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
     return replace(spec, name=name), problems
 
@@ -276,7 +286,10 @@ def _to_dict(spec: HookSpec) -> dict:
     for f in fields(spec):
         v = getattr(spec, f.name)
         if isinstance(v, (Schedule, Expect)):
-            v = {g.name: (getattr(v, g.name).value if isinstance(getattr(v, g.name), Enum) else getattr(v, g.name)) for g in fields(v)}
+            v = {
+                g.name: (getattr(v, g.name).value if isinstance(getattr(v, g.name), Enum) else getattr(v, g.name))
+                for g in fields(v)
+            }
         elif isinstance(v, Enum):
             v = v.value
         out[f.name] = v
@@ -300,7 +313,7 @@ def _check_schedule(when: dict, key: str) -> list[Problem]:
     return problems
 
 
-def parse_steps(text: str) -> tuple[int, Optional[int]]:
+def parse_steps(text: str) -> tuple[int, int | None]:
     """``"a:b"`` -> (a, b); ``"a:"`` -> (a, None); ``"a"`` -> (a, a + 1)."""
     try:
         if ":" in text:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -63,7 +64,18 @@ class Entries(list):
     device order, so entries never interleave by thread timing.
     """
 
-    __slots__ = ("alias", "copy_always", "last_only", "plain", "replicas", "fresh", "_fresh_from", "_probes", "_watched", "_parts")
+    __slots__ = (
+        "alias",
+        "copy_always",
+        "last_only",
+        "plain",
+        "replicas",
+        "fresh",
+        "_fresh_from",
+        "_probes",
+        "_watched",
+        "_parts",
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +123,9 @@ class Entries(list):
         self._decide()
         rewritten = any(t._version != v for t, v in self._watched)
         if self.fresh and not rewritten:
-            rewritten = any(type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None))
+            rewritten = any(
+                type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None)
+            )
         if rewritten:
             self.alias, self.fresh, self.copy_always = False, False, True
         return rewritten
@@ -155,7 +169,7 @@ class StatsBuffer:
         self._keys: list[tuple[str, str, str, int]] = []
         self._values: list[Tensor] = []
 
-    def sink(self, spec: str, target: str, point: str, clock: "ResultStore") -> Callable[[Tensor], None]:
+    def sink(self, spec: str, target: str, point: str, clock: ResultStore) -> Callable[[Tensor], None]:
         """``add(vec)`` for one site: ``vec`` holds the statistics in ``STAT_NAMES`` order."""
         keys, values = self._keys, self._values
 
@@ -184,11 +198,19 @@ class StatsBuffer:
             values = torch.stack([v.cpu() for v in vecs]).tolist()
         calls: dict[tuple, int] = {}
         out = []
-        for (spec, target, point, step), vals in zip(self._keys, values):
+        for (spec, target, point, step), vals in zip(self._keys, values, strict=True):
             k = (spec, target, point, step)
             calls[k] = calls.get(k, -1) + 1
-            out.append({"spec": spec, "target": target, "point": point, "step": step, "call": calls[k],
-                        **dict(zip(STAT_NAMES, vals))})
+            out.append(
+                {
+                    "spec": spec,
+                    "target": target,
+                    "point": point,
+                    "step": step,
+                    "call": calls[k],
+                    **dict(zip(STAT_NAMES, vals, strict=True)),
+                }
+            )
         return out
 
     def clear(self) -> None:
@@ -212,7 +234,7 @@ class ResultStore:
         self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
         self.per_device = per_device
         # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
-        self.lock: Optional[threading.RLock] = threading.RLock() if per_device else None
+        self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 
@@ -241,7 +263,7 @@ class ResultStore:
         vecs = [v for v, _ in items]
         device = vecs[0].device
         values = torch.stack([v.to(device) for v in vecs]).cpu().tolist()  # one synchronisation
-        for (_, check), vals in zip(items, values):
+        for (_, check), vals in zip(items, values, strict=True):
             check(vals)
 
     # -- what readers get ----------------------------------------------------------

@@ -22,32 +22,47 @@ from __future__ import annotations
 import collections
 import copy
 import functools
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-__all__ = ["tree_map", "tree_replace", "tensors", "tensors_with_paths", "positions", "set_item", "to_plain", "describe", "rebuild"]
+__all__ = [
+    "tree_map",
+    "tree_replace",
+    "tensors",
+    "tensors_with_paths",
+    "positions",
+    "set_item",
+    "to_plain",
+    "describe",
+    "rebuild",
+]
 
 _SCALARS = (bool, int, float, str, type(None))
 
 
 def _unregistered_container(x: Any) -> bool:
     # pytree treats these as leaves; they still hold tensors we must reach.
-    return isinstance(x, (dict, list, tuple)) and type(x) not in pytree.SUPPORTED_NODES and not pytree.is_namedtuple_instance(x)
+    return (
+        isinstance(x, (dict, list, tuple))
+        and type(x) not in pytree.SUPPORTED_NODES
+        and not pytree.is_namedtuple_instance(x)
+    )
 
 
 def _rebuild_container(x: Any, items: list) -> Any:
     """``x``'s own type holding ``items`` (its values, in order)."""
     if isinstance(x, dict):
         new = copy.copy(x)
-        for k, v in zip(list(x), items):
+        for k, v in zip(list(x), items, strict=True):
             new[k] = v
         return new
     if isinstance(x, list):
-        new = copy.copy(x)
-        new[:] = items
-        return new
+        new_list = copy.copy(x)
+        new_list[:] = items
+        return new_list
     try:
         return type(x)(items)
     except TypeError:  # a tuple subclass whose constructor takes other arguments
@@ -72,7 +87,7 @@ def tree_map(fn: Callable[[Tensor], Any], value: Any) -> Any:
     return pytree.tree_unflatten(out, spec)
 
 
-def tree_replace(fn: Callable[[Tensor], Optional[Tensor]], value: Any) -> Any:
+def tree_replace(fn: Callable[[Tensor], Tensor | None], value: Any) -> Any:
     """Like :func:`tree_map`, for actions that may replace tensors: ``fn`` returns a new tensor
     or None (keep it). Returns None when no tensor was replaced, so the hook leaves the
     value alone."""
@@ -124,7 +139,12 @@ def set_item(container: Any, index: Any, item: Any) -> Any:
 def tensors(value: Any) -> list[Tensor]:
     """The tensors in ``value``, in walk order."""
     found: list[Tensor] = []
-    tree_map(lambda t: found.append(t) or t, value)
+
+    def collect(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    tree_map(collect, value)
     return found
 
 
@@ -135,7 +155,7 @@ def _walk_keys(value: Any, named: bool) -> list[tuple[tuple, Tensor]]:
         if isinstance(x, Tensor):
             out.append((keys, x))
         elif pytree.is_namedtuple_instance(x):
-            for i, (f, v) in enumerate(zip(x._fields, x)):
+            for i, (f, v) in enumerate(zip(x._fields, x, strict=True)):
                 walk(v, keys + ((".", f) if named else (i,),))
         elif isinstance(x, dict):
             for k, v in x.items():
@@ -172,8 +192,9 @@ def positions(value: Any) -> list[tuple[tuple, Tensor]]:
     namedtuple fields count as indices and dict keys as strings, so a value and its copy
     read back from a run folder (a namedtuple as a tuple, int keys as written) line up.
     ``None`` and other non-tensor leaves take no position but keep the others' indices."""
-    return [(tuple(str(k[1]) if isinstance(k, tuple) else k for k in keys), t)
-            for keys, t in _walk_keys(value, named=False)]
+    return [
+        (tuple(str(k[1]) if isinstance(k, tuple) else k for k in keys), t) for keys, t in _walk_keys(value, named=False)
+    ]
 
 
 # -- the stored form -------------------------------------------------------------------

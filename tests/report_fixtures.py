@@ -38,7 +38,9 @@ def big_plan_folder(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Sequential(*(nn.Linear(2, 2) for _ in range(500))) for _ in range(40)))
     out = tmp_path_factory.mktemp("big")
-    graph = hg.compile(model, {"last": {"target": "39.499", "action": "stats"}, "first": {"target": "0.0", "action": "record"}})
+    graph = hg.compile(
+        model, {"last": {"target": "39.499", "action": "stats"}, "first": {"target": "0.0", "action": "record"}}
+    )
     (out / "plan.json").write_text(json.dumps(list(graph.plan())))
     (out / "modules.json").write_text(json.dumps(module_tree(model)))
     write_report(out)

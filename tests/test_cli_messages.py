@@ -30,15 +30,27 @@ def test_closing_lines_name_unmatched_never_fired_and_the_first_non_finite_modul
     texts = [text for _, text in lines]
     assert texts[0] == "spec 'record_convs' matched nothing: target 'cnv' matched nothing; nearest: conv"
     assert texts[1].startswith("specs bound but never fired: x (")
-    assert texts[2] == "first non-finite values at module 'log' (forward, step 0, spec 'nan_watch'): 5 NaN and 0 Inf of 8 elements"
+    assert (
+        texts[2]
+        == "first non-finite values at module 'log' (forward, step 0, spec 'nan_watch'): 5 NaN and 0 Inf of 8 elements"
+    )
     assert texts[3] == "figure gradcam not drawn: boom"
 
 
 def test_the_summary_names_the_graphs_unmatched_specs(tmp_path, monkeypatch):
     # graph.unmatched (spec -> reason) is filled by the compiler; the runner copies it.
-    run({"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
-         "hooks": {"acts": {"target": "conv", "action": "record"},
-                   "gone": {"target": "cnv", "action": "record", "expect": {"min": 0}}}}, tmp_path)
+    run(
+        {
+            "model": {"name": "conv_net"},
+            "runner": {"progress": False},
+            "sink": {"figures": False},
+            "hooks": {
+                "acts": {"target": "conv", "action": "record"},
+                "gone": {"target": "cnv", "action": "record", "expect": {"min": 0}},
+            },
+        },
+        tmp_path,
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["unmatched"]) == ["gone"]
     assert "'cnv'" in summary["unmatched"]["gone"] and "conv" in summary["unmatched"]["gone"].split("'cnv'", 1)[1]
@@ -61,15 +73,23 @@ def test_importing_hookgraph_changes_no_global_state():
 def test_nan_hunt_names_the_first_module_at_the_end(tmp_path):
     proc = run_cli(["+experiment=nan_hunt", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("hookgraph: warning: first non-finite values at module 'log' (forward, step 0, spec 'nan_watch'): "
-            "5 NaN and 0 Inf of 8 elements") in proc.stderr.splitlines()
+    assert (
+        "hookgraph: warning: first non-finite values at module 'log' (forward, step 0, spec 'nan_watch'): "
+        "5 NaN and 0 Inf of 8 elements"
+    ) in proc.stderr.splitlines()
     assert "completed 1 step(s)" in proc.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_never_fired_specs_are_on_the_terminal(tmp_path):
-    proc = run_cli(["+hooks.x={target: conv, at: input_grad, action: record}", "sink.figures=false",
-                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli(
+        [
+            "+hooks.x={target: conv, at: input_grad, action: record}",
+            "sink.figures=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = [x for x in proc.stderr.splitlines() if "never fired" in x]
     assert line.startswith("hookgraph: warning: specs bound but never fired: x (")
@@ -81,8 +101,9 @@ def test_a_yaml_syntax_error_in_the_users_config_is_one_line(tmp_path):
     conf = tmp_path / "conf" / "hooks"
     conf.mkdir(parents=True)
     (conf / "mine.yaml").write_text("mine:\n  target: conv\n  action: [record\n")
-    proc = run_cli(["--config-dir", str(tmp_path / "conf"), "hooks=[mine]", f"hydra.run.dir={tmp_path / 'run'}"],
-                   cwd=tmp_path)
+    proc = run_cli(
+        ["--config-dir", str(tmp_path / "conf"), "hooks=[mine]", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"hookgraph: error: {conf / 'mine.yaml'}:4:1: YAML syntax error:")
@@ -91,22 +112,34 @@ def test_a_yaml_syntax_error_in_the_users_config_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_sink_gradcam_is_settable_from_the_command_line(tmp_path):
-    proc = run_cli(["+experiment=gradcam", "data.shape=[3,64,64]", "runner.device=cpu",
-                    "sink.gradcam={activations: activations, gradients: gradients, target: layer4}",
-                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli(
+        [
+            "+experiment=gradcam",
+            "data.shape=[3,64,64]",
+            "runner.device=cpu",
+            "sink.gradcam={activations: activations, gradients: gradients, target: layer4}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "figures/gradcam_layer4.png" in hg.load_run(tmp_path / "run").summary["figures"]
-    proc = run_cli(["sink.gradcam={activations: acts, gradients: grads, target: layer4}",
-                    f"hydra.run.dir={tmp_path / 'run2'}"], cwd=tmp_path)
+    proc = run_cli(
+        ["sink.gradcam={activations: acts, gradients: grads, target: layer4}", f"hydra.run.dir={tmp_path / 'run2'}"],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "hookgraph: error: sink.gradcam.activations: no spec 'acts' is bound under hooks" in proc.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override, text", [
-    ("runner.loss=cross_entropie", "unknown loss 'cross_entropie'"),
-    ("+hooks.x={target: conv, action: {_target_: nope.mod.fn}}", "cannot import 'nope.mod.fn'"),
-])
+@pytest.mark.parametrize(
+    "override, text",
+    [
+        ("runner.loss=cross_entropie", "unknown loss 'cross_entropie'"),
+        ("+hooks.x={target: conv, action: {_target_: nope.mod.fn}}", "cannot import 'nope.mod.fn'"),
+    ],
+)
 def test_an_error_is_printed_once(tmp_path, override, text):
     proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 2

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -66,7 +66,7 @@ def _tokens(seg: str) -> list[str]:
 def _segment_ok(seg: str, text: str) -> bool:
     toks = _tokens(seg)
 
-    @lru_cache(maxsize=None)
+    @cache
     def ok(i: int, j: int) -> bool:
         if i == len(toks):
             return j == len(text)
@@ -82,7 +82,7 @@ def reference_match(glob: str, name: str) -> bool:
         return glob == name
     pat, segs = glob.split("."), name.split(".")
 
-    @lru_cache(maxsize=None)
+    @cache
     def ok(i: int, j: int) -> bool:
         if i == len(pat):
             return j == len(segs)

@@ -36,7 +36,13 @@ class Model(nn.Module):
 
 def test_hooks_are_named_after_spec_target_and_point():
     model = nn.Sequential(nn.Linear(2, 2))
-    graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}, "g": {"target": "0.weight", "at": "param_grad", "action": "record"}})
+    graph = hg.compile(
+        model,
+        {
+            "acts": {"target": "0", "action": "record"},
+            "g": {"target": "0.weight", "at": "param_grad", "action": "record"},
+        },
+    )
     with graph.attach():
         (fwd,) = model[0]._forward_hooks.values()
         (grad,) = model[0].weight._backward_hooks.values()
@@ -50,7 +56,10 @@ def test_flags_are_keyword_only():
     with pytest.raises(TypeError):
         ActionDef("x", lambda ctx: None, True, True, False)  # type: ignore[misc]
     assert POINTS[hg.HookPoint.param_accumulated] == PointInfo(
-        on_params=True, replaceable=False, needs_backward=True, mechanism="register_post_accumulate_grad_hook",
+        on_params=True,
+        replaceable=False,
+        needs_backward=True,
+        mechanism="register_post_accumulate_grad_hook",
         value="param.grad after accumulation",
     )
     assert "at" in {f.name for f in dataclasses.fields(hg.compile(nn.Linear(1, 1), {"r": {"target": ""}}).bindings[0])}
@@ -108,7 +117,9 @@ def test_input_grad_aliases_without_copying_except_for_in_place_modules():
 
 def test_runtime_error_keys_follow_the_compile_prefix():
     model = nn.Sequential(nn.Linear(2, 2))
-    graph = hg.compile(model, {"s": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "index": 1}}, prefix="experiment.hooks")
+    graph = hg.compile(
+        model, {"s": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "index": 1}}, prefix="experiment.hooks"
+    )
     with pytest.raises(hg.ActionError, match=r"^experiment\.hooks\.s\.index: 1 does not select"):
         with graph.attach():
             model(torch.ones(1, 2))

@@ -14,7 +14,9 @@ def _reference(model: nn.Module, names: list[str]) -> tuple[dict, list]:
     """Plain forward hooks that clone: the independent reference."""
     seen: dict[str, list] = {n: [] for n in names}
     modules = dict(model.named_modules())
-    handles = [modules[n].register_forward_hook(lambda m, a, out, n=n: seen[n].append(out.detach().clone())) for n in names]
+    handles = [
+        modules[n].register_forward_hook(lambda m, a, out, n=n: seen[n].append(out.detach().clone())) for n in names
+    ]
     return seen, handles
 
 
@@ -23,7 +25,9 @@ def test_resnet18_bn1_records_equal_the_batchnorm_output():
     model = torchvision.models.resnet18(weights=None).eval()
     names = [n for n, m in model.named_modules() if n.endswith("bn1")]
     assert len(names) == 9  # the stem and eight blocks: each bn1 is followed by ReLU(inplace=True)
-    graph = hg.compile(model, {"bn": {"target": names, "action": "record"}, "conv": {"target": "layer1.0.conv2", "action": "record"}})
+    graph = hg.compile(
+        model, {"bn": {"target": names, "action": "record"}, "conv": {"target": "layer1.0.conv2", "action": "record"}}
+    )
     want, handles = _reference(model, names + ["layer1.0.conv2"])
     x = torch.randn(2, 3, 32, 32)
     try:
@@ -40,7 +44,7 @@ def test_resnet18_bn1_records_equal_the_batchnorm_output():
     for name in names:
         got = graph.records["bn"][name]
         assert len(got) == 3
-        for rec, ref in zip(got, want[name]):
+        for rec, ref in zip(got, want[name], strict=True):
             assert (ref < 0).float().mean() > 0.3  # the true BatchNorm output has negatives
             torch.testing.assert_close(rec, ref, rtol=0, atol=0)
     # A target no in-place op touches is kept without a copy from its second call on.
@@ -59,7 +63,7 @@ def test_sequential_conv_before_inplace_relu_keeps_negative_values():
     for h in handles:
         h.remove()
     got = graph.records["first"]["0"]
-    assert [torch.equal(a, b) for a, b in zip(got, want["0"])] == [True] * 3
+    assert [torch.equal(a, b) for a, b in zip(got, want["0"], strict=True)] == [True] * 3
     assert got[0].min() < 0
 
 

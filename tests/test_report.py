@@ -17,10 +17,10 @@ from hookgraph.report.svg import line_plot, sample
 from hookgraph.runner import build_from_config
 
 from .report_helpers import conv_names, make_run
+from .test_records import compose
 
 # The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
 pytest_plugins = ["tests.report_fixtures"]
-from .test_records import compose
 
 
 def tree_json(html: str) -> dict:
@@ -55,8 +55,13 @@ class Links(HTMLParser):
 def test_clamp_conv_page_marks_relu_with_its_three_specs(clamp_run):
     html = (clamp_run / "report.html").read_text()
     data = tree_json(html)
-    assert data["hooks"] == {"relu": [["clamp_grad", "output_grad", "clamp", None], ["relu_grad", "output_grad", "record", None],
-                                      ["relu_grad_stats", "output_grad", "stats", None]]}
+    assert data["hooks"] == {
+        "relu": [
+            ["clamp_grad", "output_grad", "clamp", None],
+            ["relu_grad", "output_grad", "record", None],
+            ["relu_grad_stats", "output_grad", "stats", None],
+        ]
+    }
     # modules.json gives the whole tree: every module of conv_net, with its type.
     model = build_from_config(compose("+experiment=clamp_conv"))
     assert [n[0] for n in data["nodes"]] == [n for n, _ in model.named_modules()]
@@ -72,7 +77,9 @@ def test_resnet18_record_convs_marks_its_20_convolutions(resnet_run):
     assert all(h == [["record_convs", "forward", "record", None]] for h in data["hooks"].values())
     assert len(data["nodes"]) == 68  # named_modules() of resnet18
     root = data["nodes"][0]
-    assert root[:2] == ["", "ResNet"] and root[2] == sum(p.numel() for p in build_from_config(compose("model=resnet18")).parameters())
+    assert root[:2] == ["", "ResNet"] and root[2] == sum(
+        p.numel() for p in build_from_config(compose("model=resnet18")).parameters()
+    )
 
 
 def test_old_folder_without_modules_json_builds_the_tree_from_plan_targets(tmp_path):
@@ -88,8 +95,14 @@ def test_old_folder_without_modules_json_builds_the_tree_from_plan_targets(tmp_p
 
 
 def test_stats_plot_has_one_line_per_target(tmp_path):
-    out = make_run(tmp_path / "s", "model=resnet18", "hooks=[]", "+hooks.convs={target: 'layer1.**', types: [Conv2d], action: stats}",
-                   "runner.steps=3", "sink.figures=false")
+    out = make_run(
+        tmp_path / "s",
+        "model=resnet18",
+        "hooks=[]",
+        "+hooks.convs={target: 'layer1.**', types: [Conv2d], action: stats}",
+        "runner.steps=3",
+        "sink.figures=false",
+    )
     html = write_report(out).read_text()
     targets = ["layer1.0.conv1", "layer1.0.conv2", "layer1.1.conv1", "layer1.1.conv2"]
     for stat in ("mean", "std", "absmax", "nonfinite"):
@@ -111,8 +124,13 @@ def test_long_series_are_sampled_to_a_bounded_size():
 
 def test_stats_plots_stay_bounded_with_many_targets(tmp_path, monkeypatch):
     monkeypatch.setitem(page_mod.LIMITS, "lines_per_plot", 5)
-    out = make_run(tmp_path / "s", "model=resnet18", "hooks=[]", "+hooks.convs={target: '**', types: [Conv2d], action: stats}",
-                   "sink.figures=false")
+    out = make_run(
+        tmp_path / "s",
+        "model=resnet18",
+        "hooks=[]",
+        "+hooks.convs={target: '**', types: [Conv2d], action: stats}",
+        "sink.figures=false",
+    )
     html = write_report(out).read_text()
     (plot,) = svgs(html, spec="convs", stat="mean")
     assert plot.count('<path class="series"') == 5
@@ -127,21 +145,34 @@ def test_trace_table_shows_the_first_rows_and_the_counts(tmp_path, monkeypatch):
     table = re.search(r'<table id="trace-table".*?</table>', html, re.S).group(0)
     assert table.count("<tr>") == 11  # header + 10 rows
     # counts per module type: resnet18 runs 17 ReLU calls (one stem, two per block)
-    assert "<td>ReLU</td><td class=\"num\" data-v=\"17\">17</td>" in html
+    assert '<td>ReLU</td><td class="num" data-v="17">17</td>' in html
 
 
 def test_a_failed_run_shows_its_error_and_what_it_recorded(tmp_path):
-    out = make_run(tmp_path / "f", "model=nan_net", "hooks=[]", "+hooks.fin={target: '**', action: check_finite}",
-                   "+hooks.acts={target: '**', action: record, expect: {min: 0}}", "sink.figures=false", fails=True)
+    out = make_run(
+        tmp_path / "f",
+        "model=nan_net",
+        "hooks=[]",
+        "+hooks.fin={target: '**', action: check_finite}",
+        "+hooks.acts={target: '**', action: record, expect: {min: 0}}",
+        "sink.figures=false",
+        fails=True,
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed"
     html = write_report(out).read_text()
     assert 'id="status">failed<' in html
-    assert re.search(r'<div class="error" id="error">NonFiniteError: .*' + re.escape(summary["error"]["message"][:40].replace("'", "&#x27;")), html)
+    assert re.search(
+        r'<div class="error" id="error">NonFiniteError: .*'
+        + re.escape(summary["error"]["message"][:40].replace("'", "&#x27;")),
+        html,
+    )
 
 
 def test_a_spec_error_shows_every_problem_with_the_nearest_names(tmp_path):
-    out = make_run(tmp_path / "e", "+experiment=clamp_conv", "hooks.clamp_grad.target=rleu", "sink.figures=false", fails=True)
+    out = make_run(
+        tmp_path / "e", "+experiment=clamp_conv", "hooks.clamp_grad.target=rleu", "sink.figures=false", fails=True
+    )
     html = write_report(out).read_text()
     error = re.search(r'<div class="error" id="error">(.*?)</div>', html, re.S).group(1)
     assert error.startswith("SpecError: 1 problem in the hook specs:")
@@ -170,12 +201,21 @@ def test_unmatched_specs_and_warnings_are_listed(clamp_run, tmp_path):
 
 
 def test_specs_table_has_bindings_calls_records_and_schedule(tmp_path):
-    out = make_run(tmp_path / "w", "+experiment=clamp_conv", "runner.steps=4", "sink.figures=false",
-                   "+hooks.late={target: relu, action: record, when: {steps: '2:', every: 1}}",
-                   "+hooks.never={target: conv, at: input_grad, action: record}")
+    out = make_run(
+        tmp_path / "w",
+        "+experiment=clamp_conv",
+        "runner.steps=4",
+        "sink.figures=false",
+        "+hooks.late={target: relu, action: record, when: {steps: '2:', every: 1}}",
+        "+hooks.never={target: conv, at: input_grad, action: record}",
+    )
     html = write_report(out).read_text()
     table = re.search(r'<table id="specs-table".*?</table>', html, re.S).group(0)
-    rows = {cells[0]: cells for cells in (re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)) if cells}
+    rows = {
+        cells[0]: cells
+        for cells in (re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table))
+        if cells
+    }
     # spec, at, action, order, schedule, bindings, calls, records, never fired, unmatched, targets
     assert rows["late"][1:9] == ["forward", "record", "0", "steps 2:", "1", "2", "2", ""]
     assert rows["clamp_grad"][5:8] == ["1", "4", "0"]
@@ -189,7 +229,9 @@ def test_page_is_self_contained(clamp_run):
     assert "link" not in parser.tags and "iframe" not in parser.tags
     for tag, attr, url in parser.urls:
         assert url.startswith(("data:", "#")) or (tag == "a" and not re.match(r"[a-z]+:", url)), (tag, attr, url)
-    assert [u for t, a, u in parser.urls if t == "img"] and all(u.startswith("data:image/png;base64,") for t, a, u in parser.urls if t == "img")
+    assert [u for t, a, u in parser.urls if t == "img"] and all(
+        u.startswith("data:image/png;base64,") for t, a, u in parser.urls if t == "img"
+    )
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", html)
 
 
@@ -201,8 +243,21 @@ def test_a_dry_run_folder_gets_a_page_and_a_plan(tmp_path):
 
 
 def test_a_folder_with_only_a_plan_still_gets_a_page(tmp_path):
-    (tmp_path / "plan.json").write_text(json.dumps([{"spec": "a", "target": "fc1.bias", "type": "Parameter", "at": "param_grad",
-                                                     "action": "record", "order": 0, "when": None}]))
+    (tmp_path / "plan.json").write_text(
+        json.dumps(
+            [
+                {
+                    "spec": "a",
+                    "target": "fc1.bias",
+                    "type": "Parameter",
+                    "at": "param_grad",
+                    "action": "record",
+                    "order": 0,
+                    "when": None,
+                }
+            ]
+        )
+    )
     data = tree_json(write_report(tmp_path).read_text())
     assert data["hooks"] == {"fc1": [["a", "param_grad", "record", "bias"]]}
     assert [n[0] for n in data["nodes"]] == ["", "fc1"]
@@ -216,7 +271,10 @@ def test_twenty_thousand_modules_embed_compactly(big_plan_folder):
     assert len(data["nodes"]) == 20041 and sorted(data["hooks"]) == ["0.0", "39.499"]
     assert len(html) < 2_000_000
     # plan.svg draws the hooked modules and their ancestors only, and counts the rest
-    svg = plan_svg(json.loads((big_plan_folder / "plan.json").read_text()), json.loads((big_plan_folder / "modules.json").read_text()))
+    svg = plan_svg(
+        json.loads((big_plan_folder / "plan.json").read_text()),
+        json.loads((big_plan_folder / "modules.json").read_text()),
+    )
     assert svg.count("<g class=") == 5 and "20036 unhooked module(s) not drawn" in svg
 
 
@@ -224,8 +282,12 @@ def test_module_tree_counts_parameters_below_each_module():
     from torch import nn
 
     model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 1)))
-    assert module_tree(model) == [{"name": "", "type": "Sequential", "params": 13}, {"name": "0", "type": "Linear", "params": 9},
-                                  {"name": "1", "type": "Sequential", "params": 4}, {"name": "1.0", "type": "Linear", "params": 4}]
+    assert module_tree(model) == [
+        {"name": "", "type": "Sequential", "params": 13},
+        {"name": "0", "type": "Linear", "params": 9},
+        {"name": "1", "type": "Sequential", "params": 4},
+        {"name": "1.0", "type": "Linear", "params": 4},
+    ]
     assert module_tree(nn.DataParallel(model)) == module_tree(model)
 
 
@@ -248,8 +310,16 @@ def _two_axis_sweep(root: Path) -> list[Path]:
     """Four jobs over clamp min x steps, as Hydra's multirun lays them out (no sweep.csv)."""
     jobs = []
     for i, (lo, steps) in enumerate([(0, 1), (0, 2), (-0.1, 1), (-0.1, 2)]):
-        jobs.append(make_run(root / str(i), "+experiment=clamp_conv", f"hooks.clamp_grad.args.min={lo}", f"runner.steps={steps}",
-                             "sink.figures=false", modules=False))
+        jobs.append(
+            make_run(
+                root / str(i),
+                "+experiment=clamp_conv",
+                f"hooks.clamp_grad.args.min={lo}",
+                f"runner.steps={steps}",
+                "sink.figures=false",
+                modules=False,
+            )
+        )
     return jobs
 
 
@@ -266,7 +336,9 @@ def test_sweep_page_lists_every_job_links_its_report_and_draws_a_heatmap(tmp_pat
     cells = re.findall(r"<title>([^<]+)</title>", heat)
     # rows: runner.steps 1, 2; columns: min -0.1, 0 (numbers sort numerically)
     assert [c.split(":")[0] for c in cells] == ["1 / -0.1", "1 / 0", "2 / -0.1", "2 / 0"]
-    assert [float(c.split(": ")[1]) for c in cells] == pytest.approx([losses[2], losses[0], losses[3], losses[1]], rel=1e-3)
+    assert [float(c.split(": ")[1]) for c in cells] == pytest.approx(
+        [losses[2], losses[0], losses[3], losses[1]], rel=1e-3
+    )
     plot = re.search(r'<svg class="plot metric-plot".*?</svg>', html, re.S).group(0)
     assert re.findall(r'data-label="([^"]+)"', plot) == ["runner.steps=1", "runner.steps=2"]
 
@@ -276,14 +348,27 @@ def test_cli_sweep_and_report_command(tmp_path):
     from .cli_helpers import run_cli
 
     sweep = tmp_path / "sweep"
-    r = run_cli(["-m", "+experiment=clamp_conv", "hooks.clamp_grad.args.min=0,-0.1,-1", "runner.progress=false", "sink.figures=false",
-                 f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    r = run_cli(
+        [
+            "-m",
+            "+experiment=clamp_conv",
+            "hooks.clamp_grad.args.min=0,-0.1,-1",
+            "runner.progress=false",
+            "sink.figures=false",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli(["report", str(sweep)], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(sweep / "report.html")
     html = (sweep / "report.html").read_text()
-    assert re.findall(r'<a class="job-report" href="([^"]+)">', html) == ["0/report.html", "1/report.html", "2/report.html"]
+    assert re.findall(r'<a class="job-report" href="([^"]+)">', html) == [
+        "0/report.html",
+        "1/report.html",
+        "2/report.html",
+    ]
     assert "axes: hooks.clamp_grad.args.min" in html
     plot = re.search(r'<svg class="plot metric-plot".*?</svg>', html, re.S).group(0)
     assert plot.count('<path class="series"') == 1 and plot.count("<circle") == 3

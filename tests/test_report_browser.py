@@ -38,7 +38,9 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright package is not installed (pip install playwright)"
+    )
     exe = _chromium()
     if exe is None:
         pytest.skip("no Chromium binary found (apt-get install -y chromium, or set HOOKGRAPH_CHROMIUM=/path/to/chrome)")
@@ -81,7 +83,8 @@ class Visit:
 
     def visible_hooked(self) -> list[str]:
         return self.page.eval_on_selector_all(
-            "#tree .row.hooked", "els => els.filter(e => e.offsetParent !== null).map(e => e.dataset.name)")
+            "#tree .row.hooked", "els => els.filter(e => e.offsetParent !== null).map(e => e.dataset.name)"
+        )
 
     def close(self) -> None:
         self.context.close()
@@ -99,7 +102,11 @@ def test_clamp_conv_page(browser, clamp_run, tmp_path):
         v.page.click("#expand-hooked")
         assert v.visible_hooked() == ["relu"]
         badges = v.page.locator('#tree .row.hooked[data-name="relu"] .badge').all_inner_texts()
-        assert badges == ["clamp_grad · output_grad → clamp", "relu_grad · output_grad → record", "relu_grad_stats · output_grad → stats"]
+        assert badges == [
+            "clamp_grad · output_grad → clamp",
+            "relu_grad · output_grad → record",
+            "relu_grad_stats · output_grad → stats",
+        ]
         # one line per target (relu) in each statistics plot
         assert v.page.locator('svg[data-spec="relu_grad_stats"] path.series').count() == 4
         assert v.page.locator("#figures img").count() == len(list((clamp_run / "figures").glob("*.png"))) == 3
@@ -129,8 +136,13 @@ def test_resnet18_record_convs_page(browser, resnet_run, tmp_path):
 
 def test_sweep_page_and_a_job_page(browser, tmp_path):
     for i, lo in enumerate([0, -1]):
-        make_run(tmp_path / "sweep" / str(i), "+experiment=clamp_conv", f"hooks.clamp_grad.args.min={lo}", "sink.figures=false",
-                 modules=False)
+        make_run(
+            tmp_path / "sweep" / str(i),
+            "+experiment=clamp_conv",
+            f"hooks.clamp_grad.args.min={lo}",
+            "sink.figures=false",
+            modules=False,
+        )
     sweep = write_sweep_report(tmp_path / "sweep")
     v = Visit(browser, sweep, tmp_path / "report-sweep.png")
     try:

@@ -22,7 +22,9 @@ def _mlp() -> nn.Sequential:
 
 def test_compile_builds_the_store_and_the_graph_around_it():
     model = _mlp()
-    graph = hg.compile(model, {"r": {"target": "0"}, "t": {"target": "1", "action": "trace"}, "s": {"target": "2", "action": "stats"}})
+    graph = hg.compile(
+        model, {"r": {"target": "0"}, "t": {"target": "1", "action": "trace"}, "s": {"target": "2", "action": "stats"}}
+    )
     assert isinstance(graph.store, ResultStore)
     assert graph.records is graph.store.records and graph.rows is graph.store.rows
     assert graph.records == {"r": {"0": []}} and graph.rows == {"t": []}  # each kind in its own place

@@ -52,7 +52,7 @@ def test_tree_replace_returns_none_when_nothing_changed():
 def test_tensors_in_order_with_paths():
     a, b = torch.ones(1), torch.zeros(1)
     value = {"x": (a, None), "y": Pair(b, 3)}
-    assert [t is s for t, s in zip(tensors(value), [a, b])] == [True, True]
+    assert [t is s for t, s in zip(tensors(value), [a, b], strict=True)] == [True, True]
     assert [p for p, _ in tensors_with_paths(value)] == ["['x'][0]", "['y'].out"]
 
 

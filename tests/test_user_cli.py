@@ -70,8 +70,18 @@ def hand_records(model: torch.nn.Module, names: list[str], batches: list[dict]) 
 
 def test_gpt2_tiny_on_tokens_records_what_hand_written_hooks_see(tmp_path):
     pytest.importorskip("transformers")
-    root = user_folder(tmp_path, {"conf/hooks/mlp_out.yaml": "mlp_out: {target: 'transformer.h.*.mlp', at: forward, action: record}\n"})
-    run = cli(root, "model=gpt2_tiny", "data=tokens", "hooks=[mlp_out]", "runner.batch_size=2", "runner.steps=2", "data.seq_len=8")
+    root = user_folder(
+        tmp_path, {"conf/hooks/mlp_out.yaml": "mlp_out: {target: 'transformer.h.*.mlp', at: forward, action: record}\n"}
+    )
+    run = cli(
+        root,
+        "model=gpt2_tiny",
+        "data=tokens",
+        "hooks=[mlp_out]",
+        "runner.batch_size=2",
+        "runner.steps=2",
+        "data.seq_len=8",
+    )
     gen = torch.Generator().manual_seed(0)
     batches = [{"input_ids": torch.randint(0, 100, (2, 8), generator=gen)} for _ in range(2)]
     names = ["transformer.h.0.mlp", "transformer.h.1.mlp"]
@@ -79,7 +89,7 @@ def test_gpt2_tiny_on_tokens_records_what_hand_written_hooks_see(tmp_path):
     assert sorted(run.records["mlp_out"]) == names
     for n in names:
         got = run.records["mlp_out"][n]
-        assert len(got) == 2 and all(torch.allclose(g, m, atol=1e-6) for g, m in zip(got, mine[n]))
+        assert len(got) == 2 and all(torch.allclose(g, m, atol=1e-6) for g, m in zip(got, mine[n], strict=True))
 
 
 def test_users_gpt2_config_on_text_with_the_lm_loss(tmp_path):
@@ -87,9 +97,19 @@ def test_users_gpt2_config_on_text_with_the_lm_loss(tmp_path):
     pytest.importorskip("tokenizers")
     root = user_folder(tmp_path, {"conf/model/tinygpt.yaml": TINYGPT, "lines.txt": "\n".join(LINES) + "\n"})
     train_tokenizer(root / "tok")
-    run = cli(root, "model=tinygpt", "data=text", "data.path=lines.txt", "data.tokenizer=tok", "runner.loss=lm",
-              "runner.batch_size=2", "runner.steps=2", "runner.seed=7", "hooks=[]",
-              "+hooks.attn={target: transformer.h.0.attn, at: forward, action: record, index: 0}")
+    run = cli(
+        root,
+        "model=tinygpt",
+        "data=text",
+        "data.path=lines.txt",
+        "data.tokenizer=tok",
+        "runner.loss=lm",
+        "runner.batch_size=2",
+        "runner.steps=2",
+        "runner.seed=7",
+        "hooks=[]",
+        "+hooks.attn={target: transformer.h.0.attn, at: forward, action: record, index: 0}",
+    )
     model = gpt2(7)
     tok = transformers.AutoTokenizer.from_pretrained(str(root / "tok"))
     expected, shapes = [], []
@@ -106,9 +126,11 @@ def test_users_gpt2_config_on_text_with_the_lm_loss(tmp_path):
 
 def test_custom_dict_dataset_with_the_models_own_loss(tmp_path):
     pytest.importorskip("transformers")
-    root = user_folder(tmp_path, {
-        "conf/model/tinygpt.yaml": TINYGPT,
-        "mydata.py": """\
+    root = user_folder(
+        tmp_path,
+        {
+            "conf/model/tinygpt.yaml": TINYGPT,
+            "mydata.py": """\
             import torch
             from torch.utils.data import Dataset
 
@@ -120,20 +142,35 @@ def test_custom_dict_dataset_with_the_models_own_loss(tmp_path):
                 def __getitem__(self, i):
                     return {"input_ids": self.ids[i], "labels": self.ids[i]}
             """,
-    })
-    cli(root, "model=tinygpt", "data=custom", "data._target_=mydata.Tokens", "+data.kwargs.n=6", "+data.kwargs.seq_len=5",
-        "runner.loss=model", "runner.batch_size=3", "runner.steps=3", "hooks=[]")
+        },
+    )
+    cli(
+        root,
+        "model=tinygpt",
+        "data=custom",
+        "data._target_=mydata.Tokens",
+        "+data.kwargs.n=6",
+        "+data.kwargs.seq_len=5",
+        "runner.loss=model",
+        "runner.batch_size=3",
+        "runner.steps=3",
+        "hooks=[]",
+    )
     ids = torch.randint(0, 100, (6, 5), generator=torch.Generator().manual_seed(3))
     model = gpt2(0)
     with torch.no_grad():
-        expected = [float(model(input_ids=ids[i:i + 3], labels=ids[i:i + 3]).loss) for i in (0, 3, 0)]  # then it cycles
+        expected = [
+            float(model(input_ids=ids[i : i + 3], labels=ids[i : i + 3]).loss) for i in (0, 3, 0)
+        ]  # then it cycles
     assert losses(root) == pytest.approx(expected, rel=1e-5)
 
 
 def test_torchvision_mnist_from_idx_files_with_a_users_model(tmp_path):
-    root = user_folder(tmp_path, {
-        "conf/model/mnist_net.yaml": "name: null\n_target_: mynet.Net\nkwargs: {hidden: 16}\n",
-        "mynet.py": """\
+    root = user_folder(
+        tmp_path,
+        {
+            "conf/model/mnist_net.yaml": "name: null\n_target_: mynet.Net\nkwargs: {hidden: 16}\n",
+            "mynet.py": """\
             from torch import nn
 
             class Net(nn.Module):
@@ -144,10 +181,21 @@ def test_torchvision_mnist_from_idx_files_with_a_users_model(tmp_path):
                 def forward(self, x):
                     return self.fc2(self.fc1(x.flatten(1)).relu())
             """,
-    })
+        },
+    )
     images, labels = write_mnist(root / "mnist")
-    run = cli(root, "model=mnist_net", "data=torchvision", "data.name=MNIST", "data.root=mnist", "runner.loss=cross_entropy",
-              "runner.batch_size=3", "runner.steps=2", "hooks=[]", "+hooks.h={target: fc1, action: record}")
+    run = cli(
+        root,
+        "model=mnist_net",
+        "data=torchvision",
+        "data.name=MNIST",
+        "data.root=mnist",
+        "runner.loss=cross_entropy",
+        "runner.batch_size=3",
+        "runner.steps=2",
+        "hooks=[]",
+        "+hooks.h={target: fc1, action: record}",
+    )
     sys.path.insert(0, str(root))
     try:
         from mynet import Net
@@ -157,7 +205,7 @@ def test_torchvision_mnist_from_idx_files_with_a_users_model(tmp_path):
     model = Net(16).eval()
     x = images.float().unsqueeze(1) / 255
     with torch.no_grad():
-        expected = [float(F.cross_entropy(model(x[i:i + 3]), labels[i:i + 3])) for i in (0, 3)]
+        expected = [float(F.cross_entropy(model(x[i : i + 3]), labels[i : i + 3])) for i in (0, 3)]
     assert losses(root) == pytest.approx(expected, rel=1e-5)
     got = run.records["h"]["fc1"]
     assert torch.allclose(got[1], model.fc1(x[3:6].flatten(1)).detach(), atol=1e-6)
@@ -165,9 +213,22 @@ def test_torchvision_mnist_from_idx_files_with_a_users_model(tmp_path):
 
 def test_timm_model_by_name(tmp_path):
     timm = pytest.importorskip("timm")
-    root = user_folder(tmp_path, {"conf/hooks/attn_proj.yaml": "attn_proj: {target: 'blocks.*.attn.proj', at: forward, action: record}\n"})
-    run = cli(root, "model=timm", "model.name=vit_tiny_patch16_224", "+model.kwargs.img_size=32", "+model.kwargs.patch_size=8",
-              "+model.kwargs.depth=2", "data=random", "data.shape=[3,32,32]", "runner.batch_size=2", "hooks=[attn_proj]")
+    root = user_folder(
+        tmp_path,
+        {"conf/hooks/attn_proj.yaml": "attn_proj: {target: 'blocks.*.attn.proj', at: forward, action: record}\n"},
+    )
+    run = cli(
+        root,
+        "model=timm",
+        "model.name=vit_tiny_patch16_224",
+        "+model.kwargs.img_size=32",
+        "+model.kwargs.patch_size=8",
+        "+model.kwargs.depth=2",
+        "data=random",
+        "data.shape=[3,32,32]",
+        "runner.batch_size=2",
+        "hooks=[attn_proj]",
+    )
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2).eval()
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -186,21 +247,38 @@ def test_timm_model_by_name(tmp_path):
 def test_from_pretrained_with_a_local_folder(tmp_path):
     pytest.importorskip("transformers")
     gpt2(21).save_pretrained(str(tmp_path / "ckpt"))
-    root = user_folder(tmp_path, {"conf/model/mine.yaml": """\
+    root = user_folder(
+        tmp_path,
+        {
+            "conf/model/mine.yaml": """\
         name: null
         _target_: transformers.AutoModelForCausalLM.from_pretrained
         kwargs: {pretrained_model_name_or_path: ckpt}
-        """})
-    run = cli(root, "model=mine", "data=tokens", "data.seq_len=4", "hooks=[]", "+hooks.m={target: transformer.h.1.mlp, action: record}")
+        """
+        },
+    )
+    run = cli(
+        root,
+        "model=mine",
+        "data=tokens",
+        "data.seq_len=4",
+        "hooks=[]",
+        "+hooks.m={target: transformer.h.1.mlp, action: record}",
+    )
     ids = torch.randint(0, 100, (1, 4), generator=torch.Generator().manual_seed(0))
     mine = hand_records(gpt2(21), ["transformer.h.1.mlp"], [{"input_ids": ids}])
     assert torch.allclose(run.records["m"]["transformer.h.1.mlp"][0], mine["transformer.h.1.mlp"][0], atol=1e-6)
 
 
 def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
-    root = user_folder(tmp_path, {"fake/timm/__init__.py": "raise ModuleNotFoundError(\"No module named 'timm'\", name='timm')\n"})
-    proc = run_cli(["model=timm", f"hydra.run.dir={root / 'run'}"], cwd=root,
-                   env={"PYTHONPATH": os.pathsep.join([str(root / "fake"), os.environ.get("PYTHONPATH", "")])})
+    root = user_folder(
+        tmp_path, {"fake/timm/__init__.py": "raise ModuleNotFoundError(\"No module named 'timm'\", name='timm')\n"}
+    )
+    proc = run_cli(
+        ["model=timm", f"hydra.run.dir={root / 'run'}"],
+        cwd=root,
+        env={"PYTHONPATH": os.pathsep.join([str(root / "fake"), os.environ.get("PYTHONPATH", "")])},
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()

@@ -37,8 +37,12 @@ def test_custom_map_style_pairs_batched_in_order():
 
 
 def test_custom_factory_with_shuffle_is_seeded():
-    a = build_data("custom", target="tests.user_helpers.make_pairs", kwargs={"n": 6}, batch_size=6, shuffle=True, seed=3)
-    b = build_data("custom", target="tests.user_helpers.make_pairs", kwargs={"n": 6}, batch_size=6, shuffle=True, seed=3)
+    a = build_data(
+        "custom", target="tests.user_helpers.make_pairs", kwargs={"n": 6}, batch_size=6, shuffle=True, seed=3
+    )
+    b = build_data(
+        "custom", target="tests.user_helpers.make_pairs", kwargs={"n": 6}, batch_size=6, shuffle=True, seed=3
+    )
     (xa,), ya = next(iter(a))
     (xb,), _ = next(iter(b))
     mine = torch.utils.data.DataLoader(Pairs(6), batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(3))
@@ -54,8 +58,12 @@ def test_custom_iterable_dataset_and_dict_items():
     with pytest.raises(ConfigError) as info:
         build_data("custom", target="tests.user_helpers.Stream", batch_size=2, shuffle=True)
     assert info.value.key == "data.shuffle"
-    inputs, labels = next(iter(build_data("custom", target="tests.user_helpers.DictTokens", kwargs={"labels": True}, batch_size=3)))
-    assert sorted(inputs) == ["input_ids", "labels"] and torch.equal(inputs["input_ids"], DictTokens(labels=True).ids[:3])
+    inputs, labels = next(
+        iter(build_data("custom", target="tests.user_helpers.DictTokens", kwargs={"labels": True}, batch_size=3))
+    )
+    assert sorted(inputs) == ["input_ids", "labels"] and torch.equal(
+        inputs["input_ids"], DictTokens(labels=True).ids[:3]
+    )
 
 
 def test_custom_errors_name_the_key():
@@ -76,7 +84,9 @@ def test_torchvision_mnist_from_local_idx_files(tmp_path):
     (x,), y = next(iter(data))
     assert x.shape == (4, 1, 28, 28) and x.dtype == torch.float32
     assert torch.allclose(x[:, 0], images[:4].float() / 255) and torch.equal(y, labels[:4])
-    (x,), y = next(iter(build_data("torchvision", name="MNIST", root=str(tmp_path), kwargs={"train": False}, batch_size=4)))
+    (x,), y = next(
+        iter(build_data("torchvision", name="MNIST", root=str(tmp_path), kwargs={"train": False}, batch_size=4))
+    )
     assert y.tolist() == [0, 1, 2, 3] and not torch.allclose(x[:, 0], images[:4].float() / 255)
 
 
@@ -125,7 +135,10 @@ def test_text_lines_through_a_local_tokenizer(tmp_path):
 
 
 def test_nested_batches_move_and_cast_whatever_their_structure():
-    batch = ({"input_ids": torch.ones(2, 3, dtype=torch.long), "extra": [torch.zeros(2), (torch.ones(1),)]}, torch.tensor([1, 0]))
+    batch = (
+        {"input_ids": torch.ones(2, 3, dtype=torch.long), "extra": [torch.zeros(2), (torch.ones(1),)]},
+        torch.tensor([1, 0]),
+    )
     moved = to_device(batch, torch.device("meta"), torch.float64)
     assert moved[0]["input_ids"].device.type == "meta" and moved[0]["input_ids"].dtype == torch.long
     assert moved[0]["extra"][0].dtype == torch.float64 and moved[0]["extra"][1][0].device.type == "meta"
@@ -153,36 +166,50 @@ def test_losses_on_a_model_output(gpt2):
     masked = compute_loss(out, None, {"input_ids": ids, "attention_mask": mask}, "lm")
     targets = ids[:, 1:].clone()
     targets[1, 3:] = -100
-    assert torch.allclose(masked, F.cross_entropy(out.logits[:, :-1].reshape(-1, 100), targets.reshape(-1), ignore_index=-100))
+    assert torch.allclose(
+        masked, F.cross_entropy(out.logits[:, :-1].reshape(-1, 100), targets.reshape(-1), ignore_index=-100)
+    )
     with pytest.raises(ConfigError) as info:
         compute_loss(out, None, {}, "model")
     assert info.value.key == "runner.loss" and "labels" in str(info.value)
 
 
 def test_a_run_with_a_dict_dataset_and_the_models_own_loss(tmp_path, gpt2):
-    cfg = {"model": {"name": None, "_target_": "transformers.GPT2LMHeadModel",
-                     "kwargs": {"config": {"_target_": "transformers.GPT2Config", **GPT2_SMALL}}},
-           "data": {"kind": "custom", "_target_": "tests.user_helpers.DictTokens", "kwargs": {"labels": True}},
-           "runner": {"progress": False, "batch_size": 4, "loss": "model", "steps": 2}, "sink": {"figures": False},
-           "hooks": {"mlp": {"target": "transformer.h.1.mlp", "action": "record"}}}
+    cfg = {
+        "model": {
+            "name": None,
+            "_target_": "transformers.GPT2LMHeadModel",
+            "kwargs": {"config": {"_target_": "transformers.GPT2Config", **GPT2_SMALL}},
+        },
+        "data": {"kind": "custom", "_target_": "tests.user_helpers.DictTokens", "kwargs": {"labels": True}},
+        "runner": {"progress": False, "batch_size": 4, "loss": "model", "steps": 2},
+        "sink": {"figures": False},
+        "hooks": {"mlp": {"target": "transformer.h.1.mlp", "action": "record"}},
+    }
     summary = run(cfg, tmp_path)
     ds = DictTokens(labels=True)
     mine = []
     handle = gpt2.transformer.h[1].mlp.register_forward_hook(lambda m, a, out: mine.append(out.detach()))
     try:
-        losses = [float(gpt2(input_ids=ds.ids[i:i + 4], labels=ds.ids[i:i + 4]).loss.detach()) for i in (0, 4)]
+        losses = [float(gpt2(input_ids=ds.ids[i : i + 4], labels=ds.ids[i : i + 4]).loss.detach()) for i in (0, 4)]
     finally:
         handle.remove()
     assert summary["losses"] == pytest.approx(losses, rel=1e-6)
     recs = hg.load_run(tmp_path).records["mlp"]["transformer.h.1.mlp"]
-    assert len(recs) == 2 and all(torch.allclose(r, m, atol=1e-6) for r, m in zip(recs, mine))
+    assert len(recs) == 2 and all(torch.allclose(r, m, atol=1e-6) for r, m in zip(recs, mine, strict=True))
 
 
 def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
-    cfg = {"model": {"name": None, "_target_": "transformers.GPT2LMHeadModel",
-                     "kwargs": {"config": {"_target_": "transformers.GPT2Config", **GPT2_SMALL}}},
-           "runner": {"progress": False, "backward": False}, "sink": {"figures": False},
-           "hooks": {"emb": {"target": "transformer.wte", "at": "forward_pre", "action": "record", "index": 0}}}
+    cfg = {
+        "model": {
+            "name": None,
+            "_target_": "transformers.GPT2LMHeadModel",
+            "kwargs": {"config": {"_target_": "transformers.GPT2Config", **GPT2_SMALL}},
+        },
+        "runner": {"progress": False, "backward": False},
+        "sink": {"figures": False},
+        "hooks": {"emb": {"target": "transformer.wte", "at": "forward_pre", "action": "record", "index": 0}},
+    }
     run(cfg, tmp_path)
     (ids,) = hg.load_run(tmp_path).records["emb"]["transformer.wte"]
     assert torch.equal(ids, torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0)))
@@ -191,7 +218,7 @@ def test_data_auto_feeds_a_language_model_token_ids(tmp_path, gpt2):
 def test_custom_with_worker_processes_gives_the_same_batches():
     one = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2).take(3)
     two = build_data("custom", target="tests.user_helpers.Pairs", batch_size=2, num_workers=2).take(3)
-    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[1], b[1]) for a, b in zip(one, two))
+    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[1], b[1]) for a, b in zip(one, two, strict=True))
     with pytest.raises(ConfigError) as info:
         build_data("custom", target="tests.user_helpers.Pairs", num_workers=-1)
     assert info.value.key == "data.num_workers"

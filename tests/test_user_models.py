@@ -80,8 +80,15 @@ def test_a_failing_nested_constructor_names_its_key():
         build_from_config(gpt2_cfg(n_embd=65))  # not divisible by n_head: GPT2Attention refuses
     assert info.value.key == "model._target_" and "GPT2LMHeadModel(...) failed" in str(info.value)
     with pytest.raises(ConfigError) as info:
-        build_from_config({"model": {"name": None, "_target_": "transformers.GPT2LMHeadModel",
-                                     "kwargs": {"config": {"_target_": "transformers.AutoConfig.for_model", "model_type": "gpt3"}}}})
+        build_from_config(
+            {
+                "model": {
+                    "name": None,
+                    "_target_": "transformers.GPT2LMHeadModel",
+                    "kwargs": {"config": {"_target_": "transformers.AutoConfig.for_model", "model_type": "gpt3"}},
+                }
+            }
+        )
     assert info.value.key == "model.kwargs.config"
     assert "building it failed: ValueError" in str(info.value) and "gpt3" in str(info.value)
 
@@ -110,15 +117,22 @@ def test_a_missing_optional_package_names_the_extra(monkeypatch, package, extra)
 
 def test_timm_model_by_name_matches_timm_create_model():
     timm = pytest.importorskip("timm")
-    cfg = composed("model=timm", "model.name=vit_tiny_patch16_224",
-                                           "+model.kwargs.img_size=32", "+model.kwargs.patch_size=8")
+    cfg = composed(
+        "model=timm", "model.name=vit_tiny_patch16_224", "+model.kwargs.img_size=32", "+model.kwargs.patch_size=8"
+    )
     model = build_from_config(cfg)
     torch.manual_seed(0)
     mine = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8)
     assert same_weights(model, mine)
     assert [r["name"] for r in hg.list_targets(model, "blocks.0.attn.*")] == [
-        "blocks.0.attn.qkv", "blocks.0.attn.q_norm", "blocks.0.attn.k_norm", "blocks.0.attn.attn_drop",
-        "blocks.0.attn.norm", "blocks.0.attn.proj", "blocks.0.attn.proj_drop"]
+        "blocks.0.attn.qkv",
+        "blocks.0.attn.q_norm",
+        "blocks.0.attn.k_norm",
+        "blocks.0.attn.attn_drop",
+        "blocks.0.attn.norm",
+        "blocks.0.attn.proj",
+        "blocks.0.attn.proj_drop",
+    ]
 
 
 def test_unknown_timm_name_is_a_config_error():
@@ -173,11 +187,25 @@ def test_parameter_points_on_gpt2(gpt2, point):
 def test_leaf_selects_modules_without_children(gpt2):
     graph = hg.compile(gpt2, {"s": {"target": "transformer.h.0.**", "leaf": True, "action": "record"}})
     names = sorted(b.target for b in graph.bindings)
-    assert names == sorted(f"transformer.h.0.{n}" for n in
-                           ["ln_1", "attn.c_attn", "attn.c_proj", "attn.attn_dropout", "attn.resid_dropout",
-                            "ln_2", "mlp.c_fc", "mlp.c_proj", "mlp.act", "mlp.dropout"])
+    assert names == sorted(
+        f"transformer.h.0.{n}"
+        for n in [
+            "ln_1",
+            "attn.c_attn",
+            "attn.c_proj",
+            "attn.attn_dropout",
+            "attn.resid_dropout",
+            "ln_2",
+            "mlp.c_fc",
+            "mlp.c_proj",
+            "mlp.act",
+            "mlp.dropout",
+        ]
+    )
     every = hg.compile(gpt2, {"s": {"target": "**", "leaf": True, "action": "record"}})
-    assert len(every.bindings) == sum(1 for _, m in gpt2.named_modules() if not list(m.children())) == 25  # wte, wpe, drop, 2 x 10, ln_f, lm_head
+    assert (
+        len(every.bindings) == sum(1 for _, m in gpt2.named_modules() if not list(m.children())) == 25
+    )  # wte, wpe, drop, 2 x 10, ln_f, lm_head
 
 
 def test_leaf_that_leaves_nothing_is_a_spec_error(gpt2):

@@ -25,7 +25,9 @@ def write_mnist(root: Path, n_train: int = 6, n_test: int = 4) -> tuple[torch.Te
     for split, n in (("train", n_train), ("t10k", n_test)):
         images = torch.randint(0, 256, (n, 28, 28), generator=gen, dtype=torch.uint8)
         labels = torch.arange(n, dtype=torch.uint8) % 10
-        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.numpy().tobytes())
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 2051, n, 28, 28) + images.numpy().tobytes()
+        )
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.numpy().tobytes())
         if out is None:
             out = (images, labels.long())

@@ -3,12 +3,12 @@
 Public names: ACTIONS, ActionContext, ActionDef, register_action.
 """
 
-# Imported in the order the actions are listed: record, the built-ins, patch.
-from . import record as _record  # noqa: F401  (fills the registry)
-from . import builtin as _builtin  # noqa: F401, I001
-from . import patch as _patch  # noqa: F401
-from . import patching as _patching  # noqa: F401  (patch_positions, head_patch, head_mask)
-from . import steer as _steer  # noqa: F401  (steer)
+# Imported for their side effect: each module's @register_action fills ACTIONS.
+from . import builtin as _builtin  # noqa: F401 - registers the built-in actions
+from . import patch as _patch  # noqa: F401 - registers patch
+from . import patching as _patching  # noqa: F401 - registers patch_positions, head_patch, head_mask
+from . import record as _record  # noqa: F401 - registers record
+from . import steer as _steer  # noqa: F401 - registers steer
 from .registry import ACTIONS, ActionContext, ActionDef, register_action
 
 __all__ = ["ACTIONS", "ActionContext", "ActionDef", "register_action"]

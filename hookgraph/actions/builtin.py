@@ -11,7 +11,7 @@ job is to look at values on the host.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -92,13 +92,20 @@ def trace(ctx: ActionContext):
     base = {"module": ctx.target, "type": ctx.module_type, "point": str(ctx.at)}
 
     def fn(value: Any, inputs: Any, output: Any) -> None:
-        rows.append({"step": ctx.step, **base, "input_shapes": shapes(inputs), "output_shapes": shapes(output if output is not None else value)})
+        rows.append(
+            {
+                "step": ctx.step,
+                **base,
+                "input_shapes": shapes(inputs),
+                "output_shapes": shapes(output if output is not None else value),
+            }
+        )
 
     return fn
 
 
 @register_action(replaces=True)
-def clamp(ctx: ActionContext, min: Optional[float] = None, max: Optional[float] = None):
+def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None):  # noqa: A002 - the YAML args, as torch.clamp's
     """Clamp every element into [min, max]."""
     if min is None and max is None:
         raise ValueError("give min, max or both")
@@ -126,7 +133,7 @@ def zero(ctx: ActionContext):
 
 
 @register_action(replaces=True)
-def noise(ctx: ActionContext, std: float, seed: Optional[int] = None):
+def noise(ctx: ActionContext, std: float, seed: int | None = None):
     """Add Gaussian noise of standard deviation ``std`` (seeded per site when ``seed`` is set)."""
     if std < 0:
         raise ValueError(f"std must be >= 0, got {std}")
@@ -144,7 +151,7 @@ def noise(ctx: ActionContext, std: float, seed: Optional[int] = None):
 
 
 @register_action(replaces=True)
-def mask(ctx: ActionContext, index: Union[int, list], dim: int = 1, value: float = 0.0):
+def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0):
     """Set the given indices along ``dim`` (channels by default) to ``value``."""
     idx = [index] if isinstance(index, int) else list(index)
     if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
@@ -193,8 +200,17 @@ def check_finite(ctx: ActionContext, stop: bool = True):
         err = NonFiniteError(spec, target, point, step, nan, inf, total)
         if rows is None:
             raise err
-        rows.append({"step": step, "module": target, "type": ctx.module_type, "point": point,
-                     "nan": nan, "inf": inf, "total": total})
+        rows.append(
+            {
+                "step": step,
+                "module": target,
+                "type": ctx.module_type,
+                "point": point,
+                "nan": nan,
+                "inf": inf,
+                "total": total,
+            }
+        )
 
     def fn(t: Tensor) -> None:
         if not t.is_floating_point() and not t.is_complex():

@@ -9,8 +9,9 @@ the live value's device and dtype (once) and copies it per call.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -56,7 +57,8 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
         if src.shape != value.shape:
             raise HookGraphError(
                 f"patch at {ctx.target!r}{path} (spec {ctx.spec!r}): the recorded value from {where} has shape "
-                f"{list(src.shape)}, the live value {list(value.shape)}; patch runs with the same batch size and input shape"
+                f"{list(src.shape)}, the live value {list(value.shape)}; "
+                f"patch runs with the same batch size and input shape"
             )
         key = (id(src), value.device, value.dtype)
         t = moved.get(key)
@@ -73,13 +75,13 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
             paths = [p for p, _ in tensors_with_paths(value)]
             raise HookGraphError(
                 f"patch at {ctx.target!r} (spec {ctx.spec!r}): the recorded value from {where} is a "
-                f"{type(recorded).__name__} with {len(saved)} tensor(s) at {[p for p, _ in tensors_with_paths(recorded)]}, "
-                f"the live value a {type(value).__name__} with {len(live)} at {paths}"
-                + _index_hint(saved, value)
+                f"{type(recorded).__name__} with {len(saved)} tensor(s) at "
+                f"{[p for p, _ in tensors_with_paths(recorded)]}, "
+                f"the live value a {type(value).__name__} with {len(live)} at {paths}" + _index_hint(saved, value)
             )
         sources = iter([t for _, t in saved])
-        paths = iter(p for p, _ in tensors_with_paths(value))
-        return tree_map(lambda v: one(next(sources), v, next(paths)), value)
+        live_paths = iter(p for p, _ in tensors_with_paths(value))
+        return tree_map(lambda v: one(next(sources), v, next(live_paths)), value)
 
     return fn
 
@@ -99,11 +101,15 @@ def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0)
     except HookGraphError as exc:
         raise ValueError(f"run: {exc}") from None
     if spec not in records:
-        raise ValueError(f"spec: {spec!r} recorded nothing in {str(root)!r}; {did_you_mean(spec, records, 'specs with records there')}")
+        raise ValueError(
+            f"spec: {spec!r} recorded nothing in {str(root)!r}; "
+            f"{did_you_mean(spec, records, 'specs with records there')}"
+        )
     targets = records[spec]
     if ctx.target not in targets:
         raise ValueError(
-            f"spec {spec!r} in {str(root)!r} has no record of {ctx.target!r}; {did_you_mean(ctx.target, targets, 'recorded targets')}"
+            f"spec {spec!r} in {str(root)!r} has no record of {ctx.target!r}; "
+            f"{did_you_mean(ctx.target, targets, 'recorded targets')}"
         )
     try:
         recorded = targets.entry(ctx.target, step, call)

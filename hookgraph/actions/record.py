@@ -10,7 +10,8 @@ cannot change a record unnoticed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
@@ -29,11 +30,11 @@ REDUCTIONS = ("mean", "max", "norm")
 Stage = tuple[str, Callable[[Tensor], Any]]
 
 
-def _int(value: Any) -> bool:
+def _int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _selector(select: Union[str, int], dim: int) -> Callable[[Tensor], Tensor]:
+def _selector(select: str | int, dim: int) -> Callable[[Tensor], Tensor]:
     """``select`` ("a:b[:c]" or an int) on ``dim`` -> fn(t). Validated here, applied in the hook.
 
     Both forms copy what they pick, so a record does not keep the whole activation alive.
@@ -59,7 +60,7 @@ def _selector(select: Union[str, int], dim: int) -> Callable[[Tensor], Tensor]:
     return cut
 
 
-def _reducer(reduce: str, dims: Optional[tuple[int, ...]]) -> Callable[[Tensor], Tensor]:
+def _reducer(reduce: str, dims: tuple[int, ...] | None) -> Callable[[Tensor], Tensor]:
     if reduce == "mean":
         # mean() refuses integer tensors; their mean is still a useful record.
         return lambda t: (t if t.is_floating_point() or t.is_complex() else t.float()).mean(dim=dims)
@@ -80,7 +81,7 @@ def _topk(k: int, dim: int) -> Callable[[Tensor], dict]:
     return top
 
 
-def _check(keep: str, dtype: Optional[str], reduce: Optional[str], dims: Any, topk: Optional[int]) -> Optional[list[int]]:
+def _check(keep: str, dtype: str | None, reduce: str | None, dims: Any, topk: int | None) -> list[int] | None:
     """Argument checks that need no tensor; returns ``dims`` as a list (or None)."""
     if keep not in ("all", "last"):
         raise ValueError(f"keep must be 'all' or 'last', got {keep!r}")
@@ -99,21 +100,23 @@ def _check(keep: str, dtype: Optional[str], reduce: Optional[str], dims: Any, to
     return dims
 
 
-def _device(to: Optional[str]) -> Optional[torch.device]:
+def _device(to: str | None) -> torch.device | None:
     try:
         return torch.device(to) if to is not None else None
     except RuntimeError:
         raise ValueError(f"to: {to!r} is not a device; use cpu, cuda, cuda:N or mps") from None
 
 
-def _stages(select: Any, dim: int, reduce: Optional[str], dims: Optional[list[int]], dtype: Optional[str],
-            topk: Optional[int]) -> list[Stage]:
+def _stages(select: Any, dim: int, reduce: str | None, dims: list[int] | None, dtype: str | None,
+            topk: int | None) -> list[Stage]:
     """The reductions, in the order they run on the device before anything is kept."""
     stages: list[Stage] = []
     if select is not None:
         stages.append((f"select={select!r} on dim {dim}", _selector(select, dim)))
     if reduce is not None:
-        stages.append((f"reduce={reduce} over dims {dims}", _reducer(reduce, tuple(dims) if dims is not None else None)))
+        stages.append(
+            (f"reduce={reduce} over dims {dims}", _reducer(reduce, tuple(dims) if dims is not None else None))
+        )
     cast = DTYPES.get(dtype) if dtype else None
     if cast is not None:
         # A cast to the dtype a value has already returns the value itself (kept as an alias).
@@ -130,8 +133,9 @@ def _keeper(slot: Entries) -> Callable[[Tensor], Tensor]:
     return lambda t: t.clone() if needs_copy(t) else t
 
 
-def _mover(ctx: ActionContext, device: Optional[torch.device], copy: bool, keep: Callable[[Tensor], Tensor]
-           ) -> Callable[[Tensor, bool], Tensor]:
+def _mover(
+    ctx: ActionContext, device: torch.device | None, copy: bool, keep: Callable[[Tensor], Tensor]
+) -> Callable[[Tensor, bool], Tensor]:
     """move(t, aliased): a kept tensor on its way into the slot. The target device's type is
     resolved here, once, so the hook tests one flag per call."""
     to_host = ctx.host.to_host
@@ -156,14 +160,14 @@ def _mover(ctx: ActionContext, device: Optional[torch.device], copy: bool, keep:
 def record(
     ctx: ActionContext,
     keep: str = "all",
-    to: Optional[str] = None,
+    to: str | None = None,
     clone: bool = False,
-    dtype: Optional[str] = None,
-    select: Union[str, int, None] = None,
+    dtype: str | None = None,
+    select: str | int | None = None,
     dim: int = 1,
-    reduce: Optional[str] = None,
-    dims: Union[int, list, None] = None,
-    topk: Optional[int] = None,
+    reduce: str | None = None,
+    dims: int | list | None = None,
+    topk: int | None = None,
 ):
     """Keep the value (detached) in ``graph.records[spec][target]``, one entry per call.
 
@@ -213,19 +217,24 @@ def record(
     return _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
 
 
-def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], plain: bool,
-              to_host: Optional[Callable[[Tensor], Tensor]]) -> Callable[[Any], None]:
+def _appender(
+    ctx: ActionContext,
+    slot: Entries,
+    one: Callable[[Tensor], Any],
+    plain: bool,
+    to_host: Callable[[Tensor], Tensor] | None,
+) -> Callable[[Any], None]:
     """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
     if ctx.per_device:
         # Replicas call this from one thread per device: each device keeps its own list.
         slot.replicas = True
 
-        def fn(value: Any) -> None:
+        def per_device(value: Any) -> None:
             found = tensors(value)
             if found:
                 slot.append_on_device(tree_map(one, value), found[0].device)
 
-        return fn
+        return per_device
     if slot.last_only:
         keep_last, forget = slot.keep_last, slot._watched.clear
 
@@ -236,6 +245,7 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
         return fn
     append = slot.append
     if not plain:
+
         def fn(value: Any) -> None:
             append(tree_map(one, value))
 
@@ -255,7 +265,7 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
 
     slot.plain = True  # host copies are fresh tensors too: version 0
 
-    def fn(value: Any) -> None:
+    def copy_to_host(value: Any) -> None:
         if type(value) is Tensor:
             t = value.detach()
             if not t.is_cpu:
@@ -266,4 +276,4 @@ def _appender(ctx: ActionContext, slot: Entries, one: Callable[[Tensor], Any], p
                 return
         append(tree_map(one, value))
 
-    return fn
+    return copy_to_host

@@ -25,8 +25,9 @@ import inspect
 import types
 import typing
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -119,7 +120,7 @@ _KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 
 def register_action(
-    name: Optional[str] = None,
+    name: str | None = None,
     *,
     replaces: bool = False,
     per_tensor: bool = True,
@@ -192,7 +193,7 @@ def _plain_function_action(fn: Callable[..., Any], label: str, replaces: bool = 
     return ActionDef(label, factory, replaces=replaces, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "")
 
 
-def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Problem]]:
+def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Problem]]:
     """A registered name or ``{_target_: dotted.path}`` -> its ActionDef."""
     if isinstance(action, str):
         if action in ACTIONS:
@@ -201,7 +202,8 @@ def resolve_action(action: Any, key: str) -> tuple[Optional[ActionDef], list[Pro
     if isinstance(action, Mapping) and "_target_" in action:
         extra = set(action) - {"_target_", "replaces"}
         if extra:
-            return None, [Problem(key, f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})")]
+            msg = f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})"
+            return None, [Problem(key, msg)]
         replaces = action.get("replaces", True)
         if not isinstance(replaces, bool):
             return None, [Problem(f"{key}.replaces", f"expected true or false, got {replaces!r}")]

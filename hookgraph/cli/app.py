@@ -20,8 +20,9 @@ import contextlib
 import logging
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -46,7 +47,9 @@ def _config_dir() -> str:
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return str(candidate)
-    raise RuntimeError(f"hookgraph's packaged configs are missing (looked in {here / 'conf'} and {here.parent / 'conf'})")
+    raise RuntimeError(
+        f"hookgraph's packaged configs are missing (looked in {here / 'conf'} and {here.parent / 'conf'})"
+    )
 
 
 CONFIG_DIR = _config_dir()
@@ -54,7 +57,7 @@ CONFIG_DIR = _config_dir()
 
 def _to_log_file(level: int, msg: str, exc_info: Any = None) -> None:
     """A line for the log file only: the terminal already shows it on stderr."""
-    record = log.makeRecord(log.name, level, __file__, 0, msg, None, exc_info)
+    record = log.makeRecord(log.name, level, __file__, 0, msg, (), exc_info)
     for logger in (log, logging.getLogger()):
         for handler in logger.handlers:
             if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
@@ -90,7 +93,7 @@ def _user_set_run_dir() -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
 
 
-def _tidy(out_dir: str, summary: dict[str, Any], exc: Optional[BaseException]) -> bool:
+def _tidy(out_dir: str, summary: dict[str, Any], exc: BaseException | None) -> bool:
     """A default run folder (runs/<date>/<time>) that this run created and that holds nothing
     worth keeping is removed: a config error before the first step, a listing, a dry run.
     A folder named with hydra.run.dir, or one that existed before, is never removed."""
@@ -141,14 +144,20 @@ def _app(cfg: DictConfig) -> float | None:
         return None
     if summary.get("status") == "completed":
         for spec, counts in (summary.get("specs") or {}).items():
-            log.info("%s: %d binding(s), %d call(s), %d record(s)", spec, counts["bindings"], counts.get("calls", 0), counts["records"])
+            log.info(
+                "%s: %d binding(s), %d call(s), %d record(s)",
+                spec,
+                counts["bindings"],
+                counts.get("calls", 0),
+                counts["records"],
+            )
         log.info("completed %d step(s); run folder: %s", summary["steps"], out_dir)
     # An objective for Hydra sweepers: runner.metric when set, otherwise the last step's loss.
     objective = summary.get("metric", summary.get("loss"))
     return float(objective) if objective is not None else None
 
 
-def _yaml_syntax(argv: list[str]) -> Optional[str]:
+def _yaml_syntax(argv: list[str]) -> str | None:
     """The first YAML syntax error in the files of ``--config-dir`` folders, as file:line:column."""
     import yaml
 
@@ -182,6 +191,10 @@ def main() -> None:
     failed = callbacks.failed_jobs()
     if failed:
         # One line at the very end: the sweep ran every job, some did not complete.
-        print(f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
-              + ", ".join(f"{job} ({status})" for job, status in failed) + " (see sweep.csv)", file=sys.stderr)
+        print(
+            f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
+            + ", ".join(f"{job} ({status})" for job, status in failed)
+            + " (see sweep.csv)",
+            file=sys.stderr,
+        )
         sys.exit(1)

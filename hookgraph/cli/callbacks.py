@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -82,13 +82,15 @@ class RunDirGuard(Callback):
                     "runs/multirun/<date_time> is new for every sweep)")
 
 
-def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[dict[str, Any]]:
+def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per job of a sweep: its numbered folder, or ``status: missing``.
 
     ``expected``: each job's overrides in job order, when known; otherwise the jobs are the
     numbered folders, and a gap in the numbers is a missing job.
     """
-    found = {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
+    found = (
+        {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
+    )
     count = max(len(expected or []), max(found, default=-1) + 1)
     rows = []
     for num in range(count):
@@ -132,7 +134,7 @@ def sweep_rows(sweep_dir: Path, expected: Optional[list[str]] = None) -> list[di
     return rows
 
 
-def _expected_jobs(config: DictConfig) -> Optional[list[str]]:
+def _expected_jobs(config: DictConfig) -> list[str] | None:
     """Each job's overrides, as Hydra's basic sweeper will launch them (None for other sweepers)."""
     try:
         if not str(config.hydra.sweeper._target_).endswith("BasicSweeper"):
@@ -169,8 +171,9 @@ class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = sweep_rows(sweep_dir, _expected_jobs(config))
-        _state["failed"] = [(r["job"], str(r.get("status"))) for r in rows
-                            if r.get("status") not in ("completed", "planned", "listed")]
+        _state["failed"] = [
+            (r["job"], str(r.get("status"))) for r in rows if r.get("status") not in ("completed", "planned", "listed")
+        ]
         if not rows:
             return
         from ..runs.writer import RunWriter

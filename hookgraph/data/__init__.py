@@ -9,4 +9,15 @@ from __future__ import annotations
 from .build import DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, Batch, Batches, build_data
 from .sources import as_batch, data_params, default_data
 
-__all__ = ["Batches", "Batch", "build_data", "DATA_KINDS", "IMAGE_EXTENSIONS", "IMAGENET_MEAN", "IMAGENET_STD", "as_batch", "data_params", "default_data"]
+__all__ = [
+    "Batches",
+    "Batch",
+    "build_data",
+    "DATA_KINDS",
+    "IMAGE_EXTENSIONS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "as_batch",
+    "data_params",
+    "default_data",
+]

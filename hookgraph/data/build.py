@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # (positional inputs, labels); the kinds for Hugging Face models give a dict of keyword inputs.
-Batch = tuple[Union[tuple[torch.Tensor, ...], dict[str, Any]], Optional[Any]]
+Batch = tuple[tuple[torch.Tensor, ...] | dict[str, Any], Any | None]
 
 DATA_KINDS = ("none", "random", "fake", "images", "custom", "torchvision", "tokens", "text")
 # torchvision's ImageFolder list, so a flat folder and class folders accept the same files.
@@ -189,7 +189,9 @@ def _loader(dataset: Dataset, batch_size: int, collate: Callable[[list[Any]], Ba
     # drop_last keeps every step's batch the same size (a short last batch would change
     # recorded shapes and statistics), unless the data is smaller than one batch.
     drop_last = len(dataset) >= batch_size  # type: ignore[arg-type]
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=collate, drop_last=drop_last)
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=collate, drop_last=drop_last
+    )
 
 
 def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size: int, key: str) -> Batches:
@@ -207,9 +209,10 @@ def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size
     if class_dirs:
         from torchvision.datasets import ImageFolder
 
-        dataset: Dataset = ImageFolder(str(path), transform=transform, allow_empty=True)
+        folder = ImageFolder(str(path), transform=transform, allow_empty=True)
+        dataset: Dataset = folder
         labelled = True
-        desc = f"images: {len(dataset)} in {len(class_dirs)} classes under {str(path)!r}"
+        desc = f"images: {len(folder)} in {len(class_dirs)} classes under {str(path)!r}"
     else:
         files = sorted(f for f in path.iterdir() if is_image(f))
         if not files:
@@ -227,23 +230,23 @@ def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size
 def build_data(
     kind: str = "random",
     *,
-    shape: Union[int, Sequence[int]] = (3, 32, 32),
+    shape: int | Sequence[int] = (3, 32, 32),
     num_classes: int = 10,
     size: int = 64,
-    root: Optional[str] = None,
-    image_size: Union[int, Sequence[int], None] = None,
-    normalize: Union[bool, Mapping[str, Sequence[float]]] = False,
+    root: str | None = None,
+    image_size: int | Sequence[int] | None = None,
+    normalize: bool | Mapping[str, Sequence[float]] = False,
     batch_size: int = 1,
     seed: int = 0,
-    target: Optional[str] = None,
-    kwargs: Optional[Mapping[str, Any]] = None,
-    name: Optional[str] = None,
+    target: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
     num_workers: int = 0,
     shuffle: bool = False,
-    vocab_size: Optional[int] = None,
+    vocab_size: int | None = None,
     seq_len: int = 16,
-    path: Optional[str] = None,
-    tokenizer: Optional[str] = None,
+    path: str | None = None,
+    tokenizer: str | None = None,
     key: str = "data",
 ) -> Batches:
     """The batches a data config describes.
@@ -270,13 +273,17 @@ def build_data(
     """
     shape, image_size, normalize = to_plain(shape), to_plain(image_size), to_plain(normalize)
     if kind not in DATA_KINDS:
-        raise ConfigError(f"{key}.kind", f"unknown data kind {kind!r}; {did_you_mean(str(kind), DATA_KINDS, 'valid kinds')}")
+        raise ConfigError(
+            f"{key}.kind", f"unknown data kind {kind!r}; {did_you_mean(str(kind), DATA_KINDS, 'valid kinds')}"
+        )
     batch_size = _positive_int(batch_size, f"{key}.batch_size")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"{key}.seed", f"must be an integer, got {seed!r}")
 
     if kind == "none":
-        return Batches("none", lambda: iter((((), None),)), batch_size=batch_size, epoch_length=1, description="none (no inputs)")
+        return Batches(
+            "none", lambda: iter((((), None),)), batch_size=batch_size, epoch_length=1, description="none (no inputs)"
+        )
 
     if kind == "random":
         dims = _shape(shape, f"{key}.shape")
@@ -294,17 +301,28 @@ def build_data(
     if kind in ("custom", "torchvision"):
         kwargs = to_plain(kwargs) or {}
         if not isinstance(kwargs, Mapping):
-            raise ConfigError(f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}")
+            raise ConfigError(
+                f"{key}.kwargs", f"must be a mapping of constructor arguments, not {type(kwargs).__name__}"
+            )
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"{key}.num_workers", f"must be an integer >= 0, got {num_workers!r}")
-        loader_args = {"batch_size": batch_size, "num_workers": num_workers, "shuffle": bool(shuffle), "seed": seed, "key": key}
+        loader_args: dict[str, Any] = {
+            "batch_size": batch_size,
+            "num_workers": num_workers,
+            "shuffle": bool(shuffle),
+            "seed": seed,
+            "key": key,
+        }
         if kind == "custom":
             return custom_batches(target, {str(k): v for k, v in kwargs.items()}, **loader_args)
         transform = _transform(_image_size(image_size, f"{key}.image_size"), _normalize(normalize, f"{key}.normalize"))
         return torchvision_batches(name, root, dict(kwargs), transform, **loader_args)
     if kind == "tokens":
         if vocab_size is None:
-            raise ConfigError(f"{key}.vocab_size", "data=tokens needs vocab_size (it defaults to the model's config.vocab_size, and this model has none)")
+            raise ConfigError(
+                f"{key}.vocab_size",
+                "data=tokens needs vocab_size (it defaults to the model's config.vocab_size, and this model has none)",
+            )
         vocab = _positive_int(vocab_size, f"{key}.vocab_size")
         return token_batches(vocab, _positive_int(seq_len, f"{key}.seq_len"), batch_size=batch_size, seed=seed)
     if kind == "text":
@@ -317,7 +335,9 @@ def build_data(
 
         dims = _shape(shape, f"{key}.shape")
         if len(dims) != 3 or dims[0] not in (1, 3, 4):
-            raise ConfigError(f"{key}.shape", f"fake images need [channels, height, width] with 1, 3 or 4 channels, got {list(dims)}")
+            raise ConfigError(
+                f"{key}.shape", f"fake images need [channels, height, width] with 1, 3 or 4 channels, got {list(dims)}"
+            )
         if norm is not None and len(norm[0]) not in (1, dims[0]):
             raise ConfigError(f"{key}.normalize", f"mean/std have {len(norm[0])} values for {dims[0]} channels")
         dataset = FakeData(
@@ -329,7 +349,11 @@ def build_data(
         )
         loader = _loader(dataset, batch_size, _collate(key, labelled=True))
         return Batches(
-            "fake", lambda: loader, batch_size=batch_size, epoch_length=len(loader), description=f"fake {list(dims)} x {size}, seed {seed}"
+            "fake",
+            lambda: loader,
+            batch_size=batch_size,
+            epoch_length=len(loader),
+            description=f"fake {list(dims)} x {size}, seed {seed}",
         )
 
     return _images(root, size_hw, norm, batch_size, key)

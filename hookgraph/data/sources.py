@@ -23,7 +23,15 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from ..errors import ConfigError, did_you_mean
 from ..instantiate import import_target, instantiate_nested, missing_extra
 
-__all__ = ["custom_batches", "torchvision_batches", "token_batches", "text_batches", "as_batch", "data_params", "default_data"]
+__all__ = [
+    "custom_batches",
+    "torchvision_batches",
+    "token_batches",
+    "text_batches",
+    "as_batch",
+    "data_params",
+    "default_data",
+]
 
 
 def as_batch(batch: Any, key: str) -> tuple[Any, Any]:
@@ -49,12 +57,18 @@ def _collate(key: str, items: list[Any]) -> tuple[Any, Any]:
     return as_batch(default_collate(items), key)
 
 
-def _loader(dataset: Any, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str) -> tuple[DataLoader, int | None]:
+def _loader(
+    dataset: Any, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str
+) -> tuple[DataLoader, int | None]:
     iterable = isinstance(dataset, IterableDataset)
     if shuffle and iterable:
-        raise ConfigError(f"{key}.shuffle", "an IterableDataset cannot be shuffled by the DataLoader; set shuffle: false")
+        raise ConfigError(
+            f"{key}.shuffle", "an IterableDataset cannot be shuffled by the DataLoader; set shuffle: false"
+        )
     if not iterable and not hasattr(dataset, "__getitem__"):
-        raise ConfigError(f"{key}._target_", f"built a {type(dataset).__name__}, which is neither a map-style nor an iterable Dataset")
+        raise ConfigError(
+            f"{key}._target_", f"built a {type(dataset).__name__}, which is neither a map-style nor an iterable Dataset"
+        )
     length = None
     if not iterable:
         try:
@@ -84,16 +98,22 @@ def _batches(kind: str, loader: DataLoader, batch_size: int, epoch_length: int |
     return Batches(kind, lambda: loader, batch_size=batch_size, epoch_length=epoch_length, description=desc)
 
 
-def custom_batches(target: Any, kwargs: dict[str, Any], *, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str) -> Any:
+def custom_batches(
+    target: Any, kwargs: dict[str, Any], *, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str
+) -> Any:
     """``data._target_(**data.kwargs)``: a Dataset class or factory, batched by a DataLoader."""
     if not target:
-        raise ConfigError(f"{key}._target_", "data=custom needs _target_: the dotted path of a Dataset class or factory")
+        raise ConfigError(
+            f"{key}._target_", "data=custom needs _target_: the dotted path of a Dataset class or factory"
+        )
     factory = import_target(str(target), key)
     kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
     try:
         dataset = factory(**kwargs)
     except Exception as err:
-        raise ConfigError(f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {err}{missing_extra(err)}") from err
+        raise ConfigError(
+            f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {err}{missing_extra(err)}"
+        ) from err
     loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key)
     return _batches("custom", loader, batch_size, n, f"{target} ({n if n is not None else 'iterable'} batches)")
 
@@ -106,20 +126,35 @@ def _root_doc(cls: type) -> str:
 
 
 def torchvision_batches(
-    name: Any, root: Any, kwargs: dict[str, Any], transform: Any, *, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str
+    name: Any,
+    root: Any,
+    kwargs: dict[str, Any],
+    transform: Any,
+    *,
+    batch_size: int,
+    num_workers: int,
+    shuffle: bool,
+    seed: int,
+    key: str,
 ) -> Any:
     """``torchvision.datasets.<name>(root, download=False, transform=..., **kwargs)``."""
     import torchvision.datasets as tvd
 
-    names = sorted(n for n in tvd.__all__ if isinstance(getattr(tvd, n, None), type) and issubclass(getattr(tvd, n), Dataset))
+    names = sorted(
+        n for n in tvd.__all__ if isinstance(getattr(tvd, n, None), type) and issubclass(getattr(tvd, n), Dataset)
+    )
     if name not in names:
-        raise ConfigError(f"{key}.name", f"unknown torchvision dataset {name!r}; {did_you_mean(str(name), names, 'known datasets')}")
+        raise ConfigError(
+            f"{key}.name", f"unknown torchvision dataset {name!r}; {did_you_mean(str(name), names, 'known datasets')}"
+        )
     cls = getattr(tvd, name)
     if root is None:
         raise ConfigError(f"{key}.root", f"{name} needs root, a local folder; {name} expects: {_root_doc(cls)}")
     path = Path(str(root)).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"{key}.root", f"no such folder: {str(path)!r}; {name} expects: {_root_doc(cls)} (downloads are off)")
+        raise ConfigError(
+            f"{key}.root", f"no such folder: {str(path)!r}; {name} expects: {_root_doc(cls)} (downloads are off)"
+        )
     kwargs = dict(kwargs)
     if kwargs.pop("download", False):
         raise ConfigError(f"{key}.kwargs.download", "hookgraph never downloads data; put the files under root")
@@ -134,7 +169,9 @@ def torchvision_batches(
         raise ConfigError(f"{key}.kwargs", f"{name}: {err}") from err
     except (RuntimeError, OSError, FileNotFoundError) as err:
         raise ConfigError(
-            f"{key}.root", f"{name} found no usable files under {str(path)!r} ({err}); it expects: {_root_doc(cls)} (downloads are off)"
+            f"{key}.root",
+            f"{name} found no usable files under {str(path)!r} ({err}); "
+            f"it expects: {_root_doc(cls)} (downloads are off)",
         ) from err
     loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key)
     return _batches("torchvision", loader, batch_size, n, f"torchvision {name}: {len(dataset)} under {str(path)!r}")
@@ -149,26 +186,43 @@ def token_batches(vocab_size: int, seq_len: int, *, batch_size: int, seed: int) 
         while True:
             yield {"input_ids": torch.randint(0, vocab_size, (batch_size, seq_len), generator=gen)}, None
 
-    return Batches("tokens", epoch, batch_size=batch_size, description=f"tokens [{batch_size}, {seq_len}] < {vocab_size}, seed {seed}")
+    return Batches(
+        "tokens",
+        epoch,
+        batch_size=batch_size,
+        description=f"tokens [{batch_size}, {seq_len}] < {vocab_size}, seed {seed}",
+    )
 
 
 def _tokenizer(folder: Any, key: str) -> Any:
     if folder is None:
-        raise ConfigError(f"{key}.tokenizer", "data=text needs tokenizer: a local folder saved by tokenizer.save_pretrained()")
+        raise ConfigError(
+            f"{key}.tokenizer", "data=text needs tokenizer: a local folder saved by tokenizer.save_pretrained()"
+        )
     path = Path(str(folder)).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"{key}.tokenizer", f"no such folder: {str(path)!r} (a local folder saved by save_pretrained(); nothing is downloaded)")
+        raise ConfigError(
+            f"{key}.tokenizer",
+            f"no such folder: {str(path)!r} (a local folder saved by save_pretrained(); nothing is downloaded)",
+        )
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
-        raise ConfigError(f"{key}.tokenizer", f"data=text needs transformers{missing_extra(err) or ': pip install transformers'}") from err
+        raise ConfigError(
+            f"{key}.tokenizer", f"data=text needs transformers{missing_extra(err) or ': pip install transformers'}"
+        ) from err
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
-        raise ConfigError(f"{key}.tokenizer", f"cannot load a tokenizer from {str(path)!r}: {type(err).__name__}: {err}") from err
+        raise ConfigError(
+            f"{key}.tokenizer", f"cannot load a tokenizer from {str(path)!r}: {type(err).__name__}: {err}"
+        ) from err
     if tok.pad_token is None:
         if tok.eos_token is None:
-            raise ConfigError(f"{key}.tokenizer", f"the tokenizer in {str(path)!r} has neither a pad nor an eos token to pad batches with")
+            raise ConfigError(
+                f"{key}.tokenizer",
+                f"the tokenizer in {str(path)!r} has neither a pad nor an eos token to pad batches with",
+            )
         tok.pad_token = tok.eos_token  # GPT-2's habit
     return tok
 
@@ -194,7 +248,13 @@ def text_batches(path: Any, tokenizer: Any, seq_len: int, *, batch_size: int, ke
             enc = tok(chunk, padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
             yield dict(enc), None
 
-    return Batches("text", epoch, batch_size=batch_size, epoch_length=len(chunks), description=f"text: {len(lines)} lines of {str(file)!r}")
+    return Batches(
+        "text",
+        epoch,
+        batch_size=batch_size,
+        epoch_length=len(chunks),
+        description=f"text: {len(lines)} lines of {str(file)!r}",
+    )
 
 
 def data_params(d: Any, model: Any) -> dict[str, Any]:
@@ -206,9 +266,15 @@ def data_params(d: Any, model: Any) -> dict[str, Any]:
     if vocab is None:
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     return {
-        "target": d.get("_target_"), "kwargs": d.get("kwargs"), "name": d.get("name"), "num_workers": d.get("num_workers", 0),
-        "shuffle": d.get("shuffle", False), "vocab_size": vocab, "seq_len": d.get("seq_len", 16),
-        "path": d.get("path"), "tokenizer": d.get("tokenizer"),
+        "target": d.get("_target_"),
+        "kwargs": d.get("kwargs"),
+        "name": d.get("name"),
+        "num_workers": d.get("num_workers", 0),
+        "shuffle": d.get("shuffle", False),
+        "vocab_size": vocab,
+        "seq_len": d.get("seq_len", 16),
+        "path": d.get("path"),
+        "tokenizer": d.get("tokenizer"),
     }
 
 

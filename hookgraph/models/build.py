@@ -116,7 +116,9 @@ def _build_target(target: str, kwargs: dict[str, Any], key: str) -> nn.Module:
         raise
     except Exception as err:  # the constructor's own failure, e.g. from_pretrained on a bad folder
         first = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {first}{missing_extra(err)}") from err
+        raise ConfigError(
+            f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {first}{missing_extra(err)}"
+        ) from err
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{key}._target_", f"{target!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -178,11 +180,11 @@ def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
 
     with _HUB_LOCK:
         original = WeightsEnum.__dict__["get_state_dict"]
-        WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
+        WeightsEnum.get_state_dict = get_state_dict
         try:
             yield
         finally:
-            WeightsEnum.get_state_dict = original  # type: ignore[method-assign]
+            WeightsEnum.get_state_dict = original
 
 
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
@@ -198,13 +200,18 @@ def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], k
             raise ConfigError(f"{key}.weights", f"torchvision publishes no weights for {name!r}; use {key}.checkpoint")
         valid = ["DEFAULT", *enum.__members__] + [f"{enum.__name__}.{m}" for m in enum.__members__]
         if str(weights) not in valid:
-            raise ConfigError(f"{key}.weights", f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}")
+            raise ConfigError(
+                f"{key}.weights",
+                f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}",
+            )
         weights = str(weights).split(".")[-1]
     builder = tvm.get_model_builder(name)
     hub = _weights_only_hub(name, str(weights), key) if weights is not None else contextlib.nullcontext()
     try:
         with hub:
-            return _call(functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder)
+            return _call(
+                functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder
+            )
     except RuntimeError as err:
         if weights is None:
             raise
@@ -242,11 +249,16 @@ def build_model(
 
     if target is not None:
         if weights is not None:
-            raise ConfigError(f"{key}.weights", f"weights only applies to torchvision names; pass it in {key}.kwargs or use {key}.checkpoint")
+            raise ConfigError(
+                f"{key}.weights",
+                f"weights only applies to torchvision names; pass it in {key}.kwargs or use {key}.checkpoint",
+            )
         model = _build_target(str(target), kwargs, key)
     elif name in MODEL_REGISTRY:
         if weights is not None:
-            raise ConfigError(f"{key}.weights", f"{name!r} is a built-in model without published weights; use {key}.checkpoint")
+            raise ConfigError(
+                f"{key}.weights", f"{name!r} is a built-in model without published weights; use {key}.checkpoint"
+            )
         model = _call(MODEL_REGISTRY[name], kwargs, key, name)
     else:
         tv_names = _torchvision_names()
@@ -327,7 +339,9 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike[str], *, key
             break
         state = inner
     if not isinstance(state, Mapping):
-        raise ConfigError(ck, f"expected a state_dict (a mapping of names to tensors) in {str(path)!r}, found {type(state).__name__}")
+        raise ConfigError(
+            ck, f"expected a state_dict (a mapping of names to tensors) in {str(path)!r}, found {type(state).__name__}"
+        )
 
     model_keys = set(model.state_dict())
     state = _strip_prefixes({str(k): v for k, v in state.items()}, model_keys)

@@ -240,7 +240,9 @@ class NanNet(nn.Module):
     def __init__(self, where: str = "forward"):
         super().__init__()
         if where not in NAN_WHERE:
-            raise ConfigError("model.kwargs.where", f"unknown value {where!r}; {did_you_mean(str(where), NAN_WHERE, 'valid values')}")
+            raise ConfigError(
+                "model.kwargs.where", f"unknown value {where!r}; {did_you_mean(str(where), NAN_WHERE, 'valid values')}"
+            )
         self.where = where
         self.fc1 = nn.Linear(4, 8)
         if where == "forward":

@@ -13,7 +13,6 @@ its CSS, JS, plots (SVG) and figures (base64 PNG) are inline.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from .modules import module_tree
 from .plan_svg import plan_svg, write_plan_svg
@@ -23,6 +22,6 @@ from .sweep import is_sweep, write_sweep_report
 __all__ = ["write_report", "write_sweep_report", "report", "module_tree", "plan_svg", "write_plan_svg", "is_sweep"]
 
 
-def report(path: str | Path, modules: Optional[list[dict]] = None) -> Path:
+def report(path: str | Path, modules: list[dict] | None = None) -> Path:
     """``report.html`` for a run folder or a sweep folder, whichever ``path`` is."""
     return write_sweep_report(path) if is_sweep(path) else write_report(path, modules)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="hookgraph report", description="Write report.html into run or sweep folders.")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hookgraph report", description="Write report.html into run or sweep folders."
+    )
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     args = parser.parse_args(argv)
     from ..errors import HookGraphError

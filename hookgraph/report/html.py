@@ -7,9 +7,10 @@ Public names: document, table, json_island, esc, cell, STATIC.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 __all__ = ["document", "table", "json_island", "esc", "cell", "STATIC"]
 
@@ -32,12 +33,17 @@ def cell(v: Any) -> str:
     return f"<td>{esc(v)}</td>"
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], sortable: bool = False, raw: Optional[set[int]] = None,
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], sortable: bool = False, raw: set[int] | None = None,
           css_id: str = "") -> str:
     """A table; cells in ``raw`` columns are inserted as HTML (already escaped by the caller)."""
     raw = raw or set()
-    out = [f'<table{" id=" + chr(34) + css_id + chr(34) if css_id else ""}{" class=" + chr(34) + "sortable" + chr(34) if sortable else ""}>',
-           "<thead><tr>", *(f"<th>{esc(c)}</th>" for c in columns), "</tr></thead><tbody>"]
+    out = [
+        f"<table{' id=' + chr(34) + css_id + chr(34) if css_id else ''}"
+        f"{' class=' + chr(34) + 'sortable' + chr(34) if sortable else ''}>",
+        "<thead><tr>",
+        *(f"<th>{esc(c)}</th>" for c in columns),
+        "</tr></thead><tbody>",
+    ]
     for r in rows:
         out.append("<tr>" + "".join(f"<td>{v}</td>" if i in raw else cell(v) for i, v in enumerate(r)) + "</tr>")
     out.append("</tbody></table>")
@@ -56,10 +62,10 @@ def document(title: str, header: str, nav: Sequence[tuple[str, str]], body: str)
     js = (STATIC / "report.js").read_text()
     links = "".join(f'<a href="#{esc(a)}">{esc(label)}</a>' for a, label in nav)
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         # Nothing may be fetched: the page must open offline, from a copied folder.
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
         f"<title>{esc(title)}</title><style>{css}</style></head><body>"
         f"<header>{header}</header><nav>{links}</nav><main>{body}</main>"

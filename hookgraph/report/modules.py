@@ -9,7 +9,8 @@ rebuilt from the plan's dotted target names.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["module_tree", "tree_from_plan", "hooks_by_module", "owner", "merge_missing"]
 
@@ -38,7 +39,7 @@ def module_tree(model: Any) -> list[dict]:
     return [{"name": name, "type": typ, "params": total[name]} for name, typ in mods]
 
 
-def owner(row: dict) -> tuple[str, Optional[str]]:
+def owner(row: dict) -> tuple[str, str | None]:
     """The module a plan row hooks and, for parameter points, the parameter's own name."""
     target = str(row.get("target", ""))
     if str(row.get("at", "")).startswith("param_"):
@@ -71,7 +72,13 @@ def hooks_by_module(plan: Iterable[dict]) -> dict[str, list[dict]]:
     for row in plan:
         mod, param = owner(row)
         out.setdefault(mod, []).append(
-            {"spec": row.get("spec"), "at": row.get("at"), "action": row.get("action"), "param": param, "order": row.get("order", 0)}
+            {
+                "spec": row.get("spec"),
+                "at": row.get("at"),
+                "action": row.get("action"),
+                "param": param,
+                "order": row.get("order", 0),
+            }
         )
     return out
 

@@ -14,7 +14,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .modules import hooks_by_module, merge_missing, tree_from_plan
 
@@ -83,10 +83,19 @@ def _specs(summary: dict, plan: list[dict]) -> list[dict]:
     counts = summary.get("specs") or {}
     unmatched = summary.get("unmatched") or {}
     never = set(summary.get("never_fired") or [])
-    out: dict[str, dict] = {}
+    out: dict[str | None, dict] = {}  # keyed by the row's spec: None where plan.json has none
     for row in plan:
-        s = out.setdefault(row.get("spec"), {"spec": row.get("spec"), "at": [], "action": row.get("action"), "order": row.get("order", 0),
-                                             "schedule": schedule(row.get("when")), "targets": []})
+        s = out.setdefault(
+            row.get("spec"),
+            {
+                "spec": row.get("spec"),
+                "at": [],
+                "action": row.get("action"),
+                "order": row.get("order", 0),
+                "schedule": schedule(row.get("when")),
+                "targets": [],
+            },
+        )
         if row.get("at") not in s["at"]:
             s["at"].append(row.get("at"))
         s["targets"].append(row.get("target"))
@@ -171,7 +180,13 @@ def _records(records: Any) -> list[dict]:
                 continue
             if t is None:
                 continue
-            h = {"target": target, "step": step, "call": call, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+            h = {
+                "target": target,
+                "step": step,
+                "call": call,
+                "shape": list(t.shape),
+                "dtype": str(t.dtype).replace("torch.", ""),
+            }
             if t.is_floating_point() or t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
                 x = t.detach().flatten()
                 stride = max(1, x.numel() // LIMITS["hist_elements"])
@@ -179,7 +194,9 @@ def _records(records: Any) -> list[dict]:
                 x = x[torch.isfinite(x)]
                 if x.numel():
                     lo, hi = float(x.min()), float(x.max())
-                    h.update(lo=lo, hi=hi, counts=torch.histc(x, bins=30, min=lo, max=hi if hi > lo else lo + 1).tolist())
+                    h.update(
+                        lo=lo, hi=hi, counts=torch.histc(x, bins=30, min=lo, max=hi if hi > lo else lo + 1).tolist()
+                    )
             hists.append(h)
         out.append({"spec": spec, "targets": len(targets), "entries": entry_count, "hists": hists})
     return out
@@ -229,11 +246,17 @@ def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
         records = load_records(root)
     except Exception as exc:
         notes.append(f"records unreadable: {exc}")
-    return (_json(root / "summary.json") or {}, _json(root / "plan.json") or [], _csv(root / "stats.csv"),
-            _csv(root / "trace.csv"), records, notes)
+    return (
+        _json(root / "summary.json") or {},
+        _json(root / "plan.json") or [],
+        _csv(root / "stats.csv"),
+        _csv(root / "trace.csv"),
+        records,
+        notes,
+    )
 
 
-def read_run_page(run_dir: str | Path, modules: Optional[list[dict]] = None) -> dict:
+def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dict:
     """The page model of one run folder (see the module docstring)."""
     root = Path(run_dir)
     summary, plan, stats, trace, records, notes = _load(root)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 
-def _compose(overrides: list[str], config_dir: Optional[str]):
+def _compose(overrides: list[str], config_dir: str | None):
     from hydra import compose, initialize_config_dir
 
     from ..cli.app import CONFIG_DIR  # also registers the structured configs
@@ -24,12 +24,17 @@ def _compose(overrides: list[str], config_dir: Optional[str]):
         return compose("config", overrides=overrides)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hookgraph plan",
-        description="Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs.")
+        description=(
+            "Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs."
+        ),
+    )
     parser.add_argument("--svg", default="plan.svg", help="where to write the picture (default: ./plan.svg)")
-    parser.add_argument("--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph")
+    parser.add_argument(
+        "--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=clamp_conv model=resnet18")
     args = parser.parse_args(argv)
 

@@ -8,9 +8,9 @@ counted in a grey line), so a 20k-module model with a few bindings stays a small
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from html import escape
 from pathlib import Path
-from typing import Iterable, Optional
 
 from .modules import hooks_by_module, merge_missing, tree_from_plan
 from .svg import color
@@ -21,11 +21,11 @@ ROW, INDENT, CHAR = 18, 16, 7.3  # px per row, per depth level, per character (1
 MAX_ROWS = 2000
 
 
-def _parent(name: str) -> Optional[str]:
+def _parent(name: str) -> str | None:
     return None if name == "" else name.rpartition(".")[0]
 
 
-def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None, title: str = "hookgraph plan") -> str:
+def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, title: str = "hookgraph plan") -> str:
     """An SVG picture of ``plan_rows`` (``graph.plan()`` or plan.json) on ``model_tree``
     (:func:`~hookgraph.report.module_tree`; rebuilt from the targets' names when None)."""
     plan = list(plan_rows)
@@ -34,10 +34,11 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None,
     specs = list(dict.fromkeys(str(r.get("spec")) for r in plan))
     spec_color = {s: color(i) for i, s in enumerate(specs)}
     shown: set[str] = set()
-    for name in hooks:
-        while name is not None and name not in shown:
-            shown.add(name)
-            name = _parent(name)
+    for hooked in hooks:
+        node: str | None = hooked
+        while node is not None and node not in shown:
+            shown.add(node)
+            node = _parent(node)
     children: dict[str, int] = {}
     for n in tree:
         p = _parent(n["name"])
@@ -73,8 +74,11 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None,
             text = f"{h['spec']} · {h['at']}{'[' + h['param'] + ']' if h['param'] else ''} → {h['action']}"
             w = len(text) * 6.8 + 10
             c = spec_color.get(str(h["spec"]), "#888")
-            parts.append(f'<rect class="binding" x="{bx:.0f}" y="{y - 12}" width="{w:.0f}" height="16" rx="4" fill="{c}" fill-opacity="0.18" stroke="{c}"/>'
-                         f'<text class="binding" x="{bx + 5:.0f}" y="{y}">{escape(text)}</text>')
+            parts.append(
+                f'<rect class="binding" x="{bx:.0f}" y="{y - 12}" width="{w:.0f}" height="16" rx="4" '
+                f'fill="{c}" fill-opacity="0.18" stroke="{c}"/>'
+                f'<text class="binding" x="{bx + 5:.0f}" y="{y}">{escape(text)}</text>'
+            )
             bx += w + 6
         parts.append("</g>")
         rows.append("".join(parts))
@@ -88,18 +92,25 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]] = None,
     if folded:
         summary += f"; {folded} unhooked module(s) not drawn"
     width = max(width, int(len(summary) * CHAR) + 20, int(len(title) * CHAR) + 20)
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'font-family="ui-monospace, Menlo, Consolas, monospace" font-size="12">'
-            f'<style>svg.plan text{{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}} svg.plan .mod text{{fill:#555}} '
-            f'svg.plan .hooked>text:first-child{{fill:#111;font-weight:bold}} svg.plan text.binding{{fill:#111;font-size:11px}} svg.plan .note{{fill:#777}}</style>'
-            f'<rect width="100%" height="100%" fill="#fff"/><text x="10" y="16" font-weight="bold">{escape(title)}</text>'
-            f'<text class="note" x="10" y="30">{escape(summary)}</text>')
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plan" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" '
+        f'font-family="ui-monospace, Menlo, Consolas, monospace" font-size="12">'
+        f"<style>svg.plan text{{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}} "
+        f"svg.plan .mod text{{fill:#555}} "
+        f"svg.plan .hooked>text:first-child{{fill:#111;font-weight:bold}} "
+        f"svg.plan text.binding{{fill:#111;font-size:11px}} svg.plan .note{{fill:#777}}</style>"
+        f'<rect width="100%" height="100%" fill="#fff"/><text x="10" y="16" font-weight="bold">{escape(title)}</text>'
+        f'<text class="note" x="10" y="30">{escape(summary)}</text>'
+    )
     if not plan:
         return head + '<text x="10" y="52">(empty plan: no bindings)</text></svg>'
     return head + "".join(rows) + "</svg>"
 
 
-def write_plan_svg(plan_rows: Iterable[dict], model_tree: Optional[list[dict]], path: str | Path, title: str = "hookgraph plan") -> Path:
+def write_plan_svg(
+    plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan"
+) -> Path:
     """Write :func:`plan_svg` to ``path`` (atomically) and return it."""
     from ..runs.writer import atomic_write
 

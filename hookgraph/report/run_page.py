@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from .html import document, esc, json_island, table
 from .page import STAT_PLOTS, read_run_page
@@ -22,51 +21,100 @@ STAT_TITLES = {"mean": "mean", "std": "std", "absmax": "absmax", "nonfinite": "N
 def _summary(p: dict) -> str:
     s = p["summary"]
     out = []
-    facts = [("status", s.get("status", "unknown")), ("steps", f"{s.get('steps', '?')} of {s.get('steps_requested', '?')}"),
-             ("device", s.get("device")), ("last loss", s.get("loss")), ("bindings", len(p["plan"])),
-             ("records bytes", s.get("records_bytes")), ("shards", len(s.get("shards") or [])),
-             ("figures", len(p["figures"])), ("module tree from", p["tree_source"])]
+    facts = [
+        ("status", s.get("status", "unknown")),
+        ("steps", f"{s.get('steps', '?')} of {s.get('steps_requested', '?')}"),
+        ("device", s.get("device")),
+        ("last loss", s.get("loss")),
+        ("bindings", len(p["plan"])),
+        ("records bytes", s.get("records_bytes")),
+        ("shards", len(s.get("shards") or [])),
+        ("figures", len(p["figures"])),
+        ("module tree from", p["tree_source"]),
+    ]
     out.append('<div class="kv">' + table(["", ""], [(k, v) for k, v in facts if v is not None]))
     if s.get("versions"):
         out.append(table(["package", "version"], sorted(s["versions"].items())))
     if s.get("timings"):
-        out.append(table(["timing", "seconds"], [(k, round(v, 4) if isinstance(v, float) else v) for k, v in s["timings"].items()]))
+        out.append(
+            table(
+                ["timing", "seconds"],
+                [(k, round(v, 4) if isinstance(v, float) else v) for k, v in s["timings"].items()],
+            )
+        )
     out.append("</div>")
     if s.get("error"):
         e = s["error"]
         text = f"{e.get('type', 'Error')}: {e.get('message', '')}" if isinstance(e, dict) else str(e)
         out.append(f'<h3>Error</h3><div class="error" id="error">{esc(text)}</div>')
     if p["losses"]:
-        out.append("<h3>Loss over steps</h3>" + line_plot({"loss": p["losses"]}, title="loss", width=520, markers=len(p["losses"]) < 40))
+        out.append(
+            "<h3>Loss over steps</h3>"
+            + line_plot({"loss": p["losses"]}, title="loss", width=520, markers=len(p["losses"]) < 40)
+        )
     if s.get("never_fired"):
         out.append(f'<p class="note">Bound but never fired: {esc(", ".join(map(str, s["never_fired"])))}</p>')
     for note in p["notes"]:
         out.append(f'<p class="note">{esc(note)}</p>')
     if s.get("unmatched"):
-        out.append('<h3 id="unmatched">Unmatched specs</h3><ul class="unmatched">'
-                   + "".join(f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in s["unmatched"].items()) + "</ul>")
+        out.append(
+            '<h3 id="unmatched">Unmatched specs</h3><ul class="unmatched">'
+            + "".join(f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in s["unmatched"].items())
+            + "</ul>"
+        )
     return "".join(out)
 
 
 def _specs(p: dict) -> str:
-    cols = ["spec", "at", "action", "order", "schedule", "bindings", "calls", "records", "never fired", "unmatched", "targets"]
-    rows = [(s["spec"], s["at"], s["action"], s["order"], s["schedule"], s["bindings"], s["calls"], s["records"],
-             "yes" if s["never_fired"] else "", s["unmatched"] or "", ", ".join(map(str, s["targets"]))) for s in p["specs"]]
+    cols = [
+        "spec",
+        "at",
+        "action",
+        "order",
+        "schedule",
+        "bindings",
+        "calls",
+        "records",
+        "never fired",
+        "unmatched",
+        "targets",
+    ]
+    rows = [
+        (
+            s["spec"],
+            s["at"],
+            s["action"],
+            s["order"],
+            s["schedule"],
+            s["bindings"],
+            s["calls"],
+            s["records"],
+            "yes" if s["never_fired"] else "",
+            s["unmatched"] or "",
+            ", ".join(map(str, s["targets"])),
+        )
+        for s in p["specs"]
+    ]
     return table(cols, rows, sortable=True, css_id="specs-table") if rows else '<p class="muted">No specs.</p>'
 
 
 def _tree(p: dict) -> str:
     colors = {s["spec"]: color(i) for i, s in enumerate(p["specs"])}
-    data = {"nodes": [[n["name"], n.get("type", "?"), n.get("params")] for n in p["tree"]],
-            "hooks": {name: [[h["spec"], h["at"], h["action"], h["param"]] for h in hs] for name, hs in p["hooks"].items()},
-            "colors": colors}
+    data = {
+        "nodes": [[n["name"], n.get("type", "?"), n.get("params")] for n in p["tree"]],
+        "hooks": {name: [[h["spec"], h["at"], h["action"], h["param"]] for h in hs] for name, hs in p["hooks"].items()},
+        "colors": colors,
+    }
     legend = "".join(f'<span style="--c:{c}">{esc(s)}</span>' for s, c in colors.items())
-    return (f'<p class="muted">{len(p["tree"])} modules, {len(p["hooks"])} hooked (source: {esc(p["tree_source"])}). '
-            "Containers open on click; hooked modules are highlighted with their spec · point → action.</p>"
-            '<div class="tree-tools"><button id="expand-hooked" type="button">Expand hooked</button>'
-            '<button id="collapse-all" type="button">Collapse all</button>'
-            '<input id="tree-search" type="search" placeholder="find a module by name or type"></div>'
-            f'<div id="results"></div><div class="legend">{legend}</div><div id="tree"></div>' + json_island("hg-tree", data))
+    return (
+        f'<p class="muted">{len(p["tree"])} modules, {len(p["hooks"])} hooked (source: {esc(p["tree_source"])}). '
+        "Containers open on click; hooked modules are highlighted with their spec · point → action.</p>"
+        '<div class="tree-tools"><button id="expand-hooked" type="button">Expand hooked</button>'
+        '<button id="collapse-all" type="button">Collapse all</button>'
+        '<input id="tree-search" type="search" placeholder="find a module by name or type"></div>'
+        f'<div id="results"></div><div class="legend">{legend}</div><div id="tree"></div>'
+        + json_island("hg-tree", data)
+    )
 
 
 def _stats(p: dict) -> str:
@@ -77,13 +125,20 @@ def _stats(p: dict) -> str:
         spec = block["spec"]
         drawn = len(next(iter(block["plots"].values())))
         note = f" (first {drawn} drawn)" if drawn < block["targets"] else ""
-        out.append(f'<h3>{esc(spec)} <span class="muted">at {esc(block["point"])}, {block["targets"]} target(s){note}</span></h3>'
-                   f'<div class="plots" data-spec="{esc(spec)}">')
+        out.append(
+            f'<h3>{esc(spec)} '
+            f'<span class="muted">at {esc(block["point"])}, {block["targets"]} target(s){note}</span></h3>'
+            f'<div class="plots" data-spec="{esc(spec)}">'
+        )
         for stat, _ in STAT_PLOTS:
             svg = line_plot(block["plots"][stat], title=STAT_TITLES[stat], css_class=f"plot stat-{stat}")
             out.append(svg.replace("<svg ", f'<svg data-spec="{esc(spec)}" data-stat="{stat}" ', 1))
         out.append("</div>")
-        out.append('<div class="legend">' + "".join(f'<span style="--c:{color(i)}">{esc(t)}</span>' for i, t in enumerate(block["plots"]["mean"])) + "</div>")
+        out.append(
+            '<div class="legend">'
+            + "".join(f'<span style="--c:{color(i)}">{esc(t)}</span>' for i, t in enumerate(block["plots"]["mean"]))
+            + "</div>"
+        )
     return "".join(out)
 
 
@@ -94,9 +149,11 @@ def _records(p: dict) -> str:
     for r in p["records"]:
         if not r["hists"]:
             continue
-        out.append(f'<h3>{esc(r["spec"])} <span class="muted">histograms of the last call</span></h3><div class="hists">')
+        out.append(
+            f'<h3>{esc(r["spec"])} <span class="muted">histograms of the last call</span></h3><div class="hists">'
+        )
         for h in r["hists"]:
-            caption = f'{esc(h["target"])} · step {h.get("step")} · {h.get("shape")} {esc(h.get("dtype", ""))}'
+            caption = f"{esc(h['target'])} · step {h.get('step')} · {h.get('shape')} {esc(h.get('dtype', ''))}"
             if "error" in h:
                 out.append(f'<div class="note">{esc(h["target"])}: {esc(h["error"])}</div>')
             elif "counts" in h:
@@ -113,9 +170,15 @@ def _figures(p: dict) -> str:
     out = ['<div class="figs">']
     for f in p["figures"]:
         if "src" in f:
-            out.append(f'<figure><img alt="{esc(f["name"])}" src="{f["src"]}"><figcaption>{esc(f["name"])}</figcaption></figure>')
+            out.append(
+                f'<figure><img alt="{esc(f["name"])}" src="{f["src"]}">'
+                f'<figcaption>{esc(f["name"])}</figcaption></figure>'
+            )
         else:  # over the inline budget: a link that works while the folder is intact
-            out.append(f'<figure><a href="{esc(f["href"])}">{esc(f["name"])}</a><figcaption>not inlined (size)</figcaption></figure>')
+            out.append(
+                f'<figure><a href="{esc(f["href"])}">{esc(f["name"])}</a>'
+                f'<figcaption>not inlined (size)</figcaption></figure>'
+            )
     return "".join(out) + "</div>"
 
 
@@ -127,39 +190,67 @@ def _trace(p: dict) -> str:
     if t["by_type"]:
         counts.append(table(["module type", "rows"], sorted(t["by_type"].items(), key=lambda kv: -kv[1])))
     shown = len(t["rows"])
-    return (f'<p>{t["total"]} row(s){f", the first {shown} shown" if shown < t["total"] else ""}.</p>'
-            f'<div class="kv">{"".join(counts)}</div><div class="scroll">{table(t["columns"], t["rows"], sortable=True, css_id="trace-table")}</div>')
+    return (
+        f"<p>{t['total']} row(s){f', the first {shown} shown' if shown < t['total'] else ''}.</p>"
+        f'<div class="kv">{"".join(counts)}</div>'
+        f'<div class="scroll">{table(t["columns"], t["rows"], sortable=True, css_id="trace-table")}</div>'
+    )
 
 
 def _plan(p: dict) -> str:
     if not p["plan"]:
         return '<p class="muted">No bindings.</p>'
     svg = plan_svg(p["plan"], p["tree"] if p["tree_source"] == "modules.json" else None, title=f"plan · {p['title']}")
-    rows = [(r.get("spec"), r.get("target"), r.get("type"), r.get("at"), r.get("action"), r.get("order"), json.dumps(r.get("when")))
-            for r in p["plan"][:1000]]
+    rows = [
+        (
+            r.get("spec"),
+            r.get("target"),
+            r.get("type"),
+            r.get("at"),
+            r.get("action"),
+            r.get("order"),
+            json.dumps(r.get("when")),
+        )
+        for r in p["plan"][:1000]
+    ]
     more = f"<p>first 1000 of {len(p['plan'])} bindings</p>" if len(p["plan"]) > 1000 else ""
-    return (f'<div class="plan-wrap">{svg}</div><details><summary>the bindings as a table</summary>{more}'
-            f'{table(["spec", "target", "type", "at", "action", "order", "when"], rows, sortable=True)}</details>')
+    return (
+        f'<div class="plan-wrap">{svg}</div><details><summary>the bindings as a table</summary>{more}'
+        f"{table(['spec', 'target', 'type', 'at', 'action', 'order', 'when'], rows, sortable=True)}</details>"
+    )
 
 
 def render_run_page(p: dict) -> str:
     """The HTML of a run page from :func:`~hookgraph.report.page.read_run_page`'s model."""
     s = p["summary"]
     status = str(s.get("status", "unknown"))
-    header = (f'<h1>hookgraph run · {esc(p["title"])} <span class="status {esc(status)}" id="status">{esc(status)}</span></h1>'
-              f'<div class="path">{esc(p["path"])}</div>')
-    sections = [("summary", "Summary", _summary(p)), ("specs", "Specs", _specs(p)), ("modules", "Module tree", _tree(p)),
-                ("plan", "Plan", _plan(p)), ("stats", "Statistics over steps", _stats(p)), ("records", "Records", _records(p)),
-                ("figures", "Figures", _figures(p)), ("trace", "Trace", _trace(p))]
+    header = (
+        f'<h1>hookgraph run · {esc(p["title"])} '
+        f'<span class="status {esc(status)}" id="status">{esc(status)}</span></h1>'
+        f'<div class="path">{esc(p["path"])}</div>'
+    )
+    sections = [
+        ("summary", "Summary", _summary(p)),
+        ("specs", "Specs", _specs(p)),
+        ("modules", "Module tree", _tree(p)),
+        ("plan", "Plan", _plan(p)),
+        ("stats", "Statistics over steps", _stats(p)),
+        ("records", "Records", _records(p)),
+        ("figures", "Figures", _figures(p)),
+        ("trace", "Trace", _trace(p)),
+    ]
     if p["config"] or p["overrides"]:
         cfg = (f"<h3>overrides</h3><pre>{esc(p['overrides'])}</pre>" if p["overrides"] else "") + (
-            f"<details><summary>resolved config (.hydra/config.yaml)</summary><pre>{esc(p['config'])}</pre></details>" if p["config"] else "")
+            f"<details><summary>resolved config (.hydra/config.yaml)</summary><pre>{esc(p['config'])}</pre></details>"
+            if p["config"]
+            else ""
+        )
         sections.append(("config", "Config", cfg))
     body = "".join(f'<section id="{a}"><h2>{esc(label)}</h2>{html}</section>' for a, label, html in sections)
     return document(f"hookgraph · {p['title']}", header, [(a, label) for a, label, _ in sections], body)
 
 
-def write_report(run_dir: str | Path, modules: Optional[list[dict]] = None) -> Path:
+def write_report(run_dir: str | Path, modules: list[dict] | None = None) -> Path:
     """Write ``report.html`` into the run folder ``run_dir`` and return its path.
 
     ``modules`` (from :func:`~hookgraph.report.module_tree`) gives the whole module tree;

@@ -10,8 +10,9 @@ target. Long series are sampled down to ``max_points``, which bounds the page's 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
-from typing import Iterable, Optional, Sequence
+from typing import TypeGuard
 
 __all__ = ["PALETTE", "color", "sample", "line_plot", "histogram", "heatmap", "fmt"]
 
@@ -40,7 +41,7 @@ def sample(points: Sequence[tuple[float, float]], max_points: int) -> list[tuple
     return [points[round(i * step)] for i in range(max_points)]
 
 
-def _finite(v: object) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -70,13 +71,13 @@ def _range(values: Iterable[float], pad: float = 0.0) -> tuple[float, float]:
 
 
 def line_plot(
-    series: dict[str, Sequence[tuple[float, float]]],
+    series: Mapping[str, Sequence[tuple[float, float]]],
     title: str = "",
     xlabel: str = "step",
     width: int = 420,
     height: int = 200,
     max_points: int = 300,
-    xticks: Optional[Sequence[tuple[float, str]]] = None,
+    xticks: Sequence[tuple[float, str]] | None = None,
     markers: bool = False,
     css_class: str = "plot",
 ) -> str:
@@ -86,25 +87,40 @@ def line_plot(
     pw, ph = width - left - right, height - top - bottom
     x0, x1 = _range(x for pts in sampled.values() for x, _ in pts)
     y0, y1 = _range((y for pts in sampled.values() for _, y in pts), pad=0.05)
-    sx = lambda x: left + (x - x0) / (x1 - x0) * pw  # noqa: E731
-    sy = lambda y: top + ph - (y - y0) / (y1 - y0) * ph  # noqa: E731
-    out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    out = [
+        f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img">'
+    ]
     if title:
         out.append(f'<text class="title" x="{left}" y="13">{escape(title)}</text>')
     out.append(f'<rect class="frame" x="{left}" y="{top}" width="{pw}" height="{ph}"/>')
     for t in _ticks(y0, y1):
         y = sy(t)
-        out.append(f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                   f'<text class="tick" x="{left - 4}" y="{y + 3:.1f}" text-anchor="end">{fmt(t)}</text>')
+        out.append(
+            f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="tick" x="{left - 4}" y="{y + 3:.1f}" text-anchor="end">{fmt(t)}</text>'
+        )
     if xticks is None:
         whole = all(float(x).is_integer() for pts in sampled.values() for x, _ in pts if _finite(x))
         # Steps and job numbers are whole: no tick at step 0.5.
         xticks = [(t, fmt(t)) for t in _ticks(x0, x1) if not whole or float(t).is_integer()]
     for x, label in xticks:
         if x0 - 1e-9 <= x <= x1 + 1e-9:
-            out.append(f'<text class="tick" x="{sx(x):.1f}" y="{top + ph + 12}" text-anchor="middle">{escape(str(label))[:14]}</text>')
+            out.append(
+                f'<text class="tick" x="{sx(x):.1f}" y="{top + ph + 12}" '
+                f'text-anchor="middle">{escape(str(label))[:14]}</text>'
+            )
     if xlabel:
-        out.append(f'<text class="axis" x="{left + pw / 2:.1f}" y="{height - 3}" text-anchor="middle">{escape(xlabel)}</text>')
+        out.append(
+            f'<text class="axis" x="{left + pw / 2:.1f}" y="{height - 3}" text-anchor="middle">{escape(xlabel)}</text>'
+        )
     for i, (label, pts) in enumerate(sampled.items()):
         d, pen, dots = [], False, []
         for j, (x, y) in enumerate(pts):
@@ -117,31 +133,51 @@ def line_plot(
             pen = True
             if markers:
                 dots.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{color(i)}"/>')
-        out.append(f'<path class="series" data-label="{escape(label)}" stroke="{color(i)}" d="{"".join(d)}"><title>{escape(label)}</title></path>')
+        out.append(
+            f'<path class="series" data-label="{escape(label)}" stroke="{color(i)}" d="{"".join(d)}">'
+            f'<title>{escape(label)}</title></path>'
+        )
         out.extend(dots)
     out.append("</svg>")
     return "".join(out)
 
 
-def histogram(counts: Sequence[float], lo: float, hi: float, title: str = "", width: int = 260, height: int = 120) -> str:
+def histogram(
+    counts: Sequence[float], lo: float, hi: float, title: str = "", width: int = 260, height: int = 120
+) -> str:
     """Bars over ``len(counts)`` equal bins from ``lo`` to ``hi``."""
     left, right, top, bottom = 8, 8, 16 if title else 4, 16
     pw, ph = width - left - right, height - top - bottom
     peak = max(counts) if counts and max(counts) > 0 else 1
     bw = pw / max(len(counts), 1)
-    out = [f'<svg class="hist" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
+    out = [
+        f'<svg class="hist" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img">'
+    ]
     if title:
         out.append(f'<text class="title" x="{left}" y="11">{escape(title)}</text>')
     for i, c in enumerate(counts):
         h = c / peak * ph
-        out.append(f'<rect class="bar" x="{left + i * bw:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 1, 0.5):.1f}" height="{h:.1f}"><title>{int(c)}</title></rect>')
-    out.append(f'<text class="tick" x="{left}" y="{height - 3}">{fmt(lo)}</text>'
-               f'<text class="tick" x="{width - right}" y="{height - 3}" text-anchor="end">{fmt(hi)}</text></svg>')
+        out.append(
+            f'<rect class="bar" x="{left + i * bw:.1f}" y="{top + ph - h:.1f}" '
+            f'width="{max(bw - 1, 0.5):.1f}" height="{h:.1f}">'
+            f'<title>{int(c)}</title></rect>'
+        )
+    out.append(
+        f'<text class="tick" x="{left}" y="{height - 3}">{fmt(lo)}</text>'
+        f'<text class="tick" x="{width - right}" y="{height - 3}" text-anchor="end">{fmt(hi)}</text></svg>'
+    )
     return "".join(out)
 
 
-def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], ylabels: Sequence[str],
-            title: str = "", xname: str = "", yname: str = "") -> str:
+def heatmap(
+    grid: Sequence[Sequence[float | None]],
+    xlabels: Sequence[str],
+    ylabels: Sequence[str],
+    title: str = "",
+    xname: str = "",
+    yname: str = "",
+) -> str:
     """``grid[row][col]`` as coloured cells (light = low, dark = high); empty cells stay blank.
     ``xname`` labels the columns (above them), ``yname`` the rows (left of them)."""
     cols, rows = len(xlabels), len(ylabels)
@@ -152,24 +188,37 @@ def heatmap(grid: Sequence[Sequence[Optional[float]]], xlabels: Sequence[str], y
     height = top + rows * ch + 8
     vals = [v for r in grid for v in r if _finite(v)]
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
-    out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-           f'<text class="title" x="4" y="13">{escape(title)}</text>',
-           f'<text class="axis" x="{left}" y="30">{escape(xname)} \u2192</text>',
-           f'<text class="axis" x="4" y="{top - 4}">{escape(yname[:24])} \u2193</text>']
+    out = [
+        f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img">',
+        f'<text class="title" x="4" y="13">{escape(title)}</text>',
+        f'<text class="axis" x="{left}" y="30">{escape(xname)} \u2192</text>',
+        f'<text class="axis" x="4" y="{top - 4}">{escape(yname[:24])} \u2193</text>',
+    ]
     for j, label in enumerate(xlabels):
-        out.append(f'<text class="tick" x="{left + j * cw + cw / 2:.1f}" y="{top - 4}" text-anchor="middle">{escape(str(label))[:10]}</text>')
+        out.append(
+            f'<text class="tick" x="{left + j * cw + cw / 2:.1f}" y="{top - 4}" '
+            f'text-anchor="middle">{escape(str(label))[:10]}</text>'
+        )
     for i, label in enumerate(ylabels):
-        out.append(f'<text class="tick" x="{left - 4}" y="{top + i * ch + 16}" text-anchor="end">{escape(str(label))[:18]}</text>')
+        out.append(
+            f'<text class="tick" x="{left - 4}" y="{top + i * ch + 16}" '
+            f'text-anchor="end">{escape(str(label))[:18]}</text>'
+        )
         for j in range(cols):
             v = grid[i][j] if j < len(grid[i]) else None
             if not _finite(v):
                 continue
             f = (v - lo) / (hi - lo) if hi > lo else 0.5
             # White to the palette's blue; the value is printed in the cell and in its tooltip.
-            r, g, b = (round(255 + (c - 255) * f) for c in (0x2b, 0x5c, 0x8a))
+            r, g, b = (round(255 + (c - 255) * f) for c in (0x2B, 0x5C, 0x8A))
             ink = "#fff" if f > 0.55 else "#222"
-            out.append(f'<g class="cell"><rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="rgb({r},{g},{b})">'
-                       f'<title>{escape(str(label))} / {escape(str(xlabels[j]))}: {fmt(v)}</title></rect>'
-                       f'<text x="{left + j * cw + cw / 2:.1f}" y="{top + i * ch + 16}" text-anchor="middle" fill="{ink}" class="val">{fmt(v)}</text></g>')
+            out.append(
+                f'<g class="cell"><rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" '
+                f'fill="rgb({r},{g},{b})">'
+                f"<title>{escape(str(label))} / {escape(str(xlabels[j]))}: {fmt(v)}</title></rect>"
+                f'<text x="{left + j * cw + cw / 2:.1f}" y="{top + i * ch + 16}" '
+                f'text-anchor="middle" fill="{ink}" class="val">{fmt(v)}</text></g>'
+            )
     out.append("</svg>")
     return "".join(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .html import document, esc, table
 from .page import _csv
@@ -56,7 +56,7 @@ def _overrides(job: Path, row: dict) -> dict[str, str]:
     return out
 
 
-def _num(v: Any) -> Optional[float]:
+def _num(v: Any) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -77,7 +77,7 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         rows = sweep_rows(root)
         notes.append("no sweep.csv: the table was rebuilt from the job folders")
     by_job = {str(r.get("job")): r for r in rows}
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for job in _jobs(root):
         row = by_job.get(job.name) or {"job": int(job.name), "status": "missing from sweep.csv"}
         report = job / "report.html"
@@ -109,7 +109,8 @@ def _values(jobs: list[dict], axis: str) -> tuple[list[str], bool]:
 
 def _metric_plots(p: dict) -> str:
     metric, jobs, axes = p["metric"], p["jobs"], p["axes"]
-    got = [j for j in jobs if _num(j["row"].get(metric)) is not None]
+    value = {j["job"]: v for j in jobs if (v := _num(j["row"].get(metric))) is not None}
+    got = [j for j in jobs if j["job"] in value]
     if not got:
         return f'<p class="muted">No job has a {esc(metric)}.</p>'
     out = []
@@ -121,32 +122,64 @@ def _metric_plots(p: dict) -> str:
         groups: dict[str, list] = {}
         for j in got:
             label = f"{axes[1]}={j['overrides'].get(axes[1], '')}" if len(axes) == 2 else metric
-            groups.setdefault(label, []).append((xpos[j["overrides"].get(a, "")], _num(j["row"][metric])))
+            groups.setdefault(label, []).append((xpos[j["overrides"].get(a, "")], value[j["job"]]))
         series = {k: sorted(v) for k, v in groups.items()}
-        out.append(line_plot(series, title=f"{metric} per {a}", xlabel=a, width=560, height=260, xticks=ticks, markers=True,
-                             css_class="plot metric-plot"))
+        out.append(
+            line_plot(
+                series,
+                title=f"{metric} per {a}",
+                xlabel=a,
+                width=560,
+                height=260,
+                xticks=ticks,
+                markers=True,
+                css_class="plot metric-plot",
+            )
+        )
         if len(series) > 1:
             from .svg import color
 
-            out.append('<div class="legend">' + "".join(f'<span style="--c:{color(i)}">{esc(k)}</span>' for i, k in enumerate(series)) + "</div>")
+            out.append(
+                '<div class="legend">'
+                + "".join(f'<span style="--c:{color(i)}">{esc(k)}</span>' for i, k in enumerate(series))
+                + "</div>"
+            )
     if len(axes) == 2:
         xs, _ = _values(got, axes[0])
         ys, _ = _values(got, axes[1])
         cells: dict[tuple[str, str], list[float]] = {}
         for j in got:
-            cells.setdefault((j["overrides"].get(axes[1], ""), j["overrides"].get(axes[0], "")), []).append(_num(j["row"][metric]))
+            cells.setdefault((j["overrides"].get(axes[1], ""), j["overrides"].get(axes[0], "")), []).append(
+                value[j["job"]]
+            )
         grid = [[(sum(c) / len(c)) if (c := cells.get((y, x))) else None for x in xs] for y in ys]
-        out.append(heatmap(grid, xs, ys, title=f"{metric}: {axes[1]} (rows) x {axes[0]} (columns)", xname=axes[0], yname=axes[1]))
+        out.append(
+            heatmap(
+                grid, xs, ys, title=f"{metric}: {axes[1]} (rows) x {axes[0]} (columns)", xname=axes[0], yname=axes[1]
+            )
+        )
     if len(axes) not in (1, 2):
-        pts = [(int(j["job"]), _num(j["row"][metric])) for j in got]
-        out.append(line_plot({metric: pts}, title=f"{metric} per job", xlabel="job", width=560, height=240, markers=True,
-                             xticks=[(x, str(x)) for x, _ in pts], css_class="plot metric-plot"))
+        pts = [(int(j["job"]), value[j["job"]]) for j in got]
+        out.append(
+            line_plot(
+                {metric: pts},
+                title=f"{metric} per job",
+                xlabel="job",
+                width=560,
+                height=240,
+                markers=True,
+                xticks=[(x, str(x)) for x, _ in pts],
+                css_class="plot metric-plot",
+            )
+        )
     return "".join(out)
 
 
 def render_sweep_page(p: dict) -> str:
     # The axes first, as their own sortable columns; the full overrides last.
-    rest = [c for c in p["columns"] if c not in ("job", "overrides")] + (["overrides"] if "overrides" in p["columns"] else [])
+    rest = [c for c in p["columns"] if c not in ("job", "overrides")] + (
+        ["overrides"] if "overrides" in p["columns"] else []
+    )
     cols = ["job", "report", *p["axes"], *rest]
     rows = []
     for j in p["jobs"]:
@@ -154,11 +187,19 @@ def render_sweep_page(p: dict) -> str:
         axes_vals = [_num(v) if _num(v) is not None else v for v in (j["overrides"].get(a) for a in p["axes"])]
         rows.append([int(j["job"]), link, *axes_vals, *(j["row"].get(c) for c in rest)])
     axes = ", ".join(p["axes"]) or "none (the jobs share their overrides)"
-    body = [(f'<section id="table"><h2>Jobs</h2><p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
-             f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>'),
-            f'<section id="metric"><h2>{esc(p["metric"])} per override</h2>{_metric_plots(p)}</section>']
+    body = [
+        (
+            f'<section id="table"><h2>Jobs</h2>'
+            f'<p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
+            f'<div class="scroll">{table(cols, rows, sortable=True, raw={1}, css_id="sweep-table")}</div></section>'
+        ),
+        f'<section id="metric"><h2>{esc(p["metric"])} per override</h2>{_metric_plots(p)}</section>',
+    ]
     if p["figure"]:
-        body.append(f'<section id="figure"><h2>sweep.png</h2><div class="figs"><figure><img alt="sweep.png" src="{p["figure"]}"></figure></div></section>')
+        body.append(
+            f'<section id="figure"><h2>sweep.png</h2><div class="figs">'
+            f'<figure><img alt="sweep.png" src="{p["figure"]}"></figure></div></section>'
+        )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
     nav = [("table", "Jobs"), ("metric", "Metric")] + ([("figure", "sweep.png")] if p["figure"] else [])
@@ -172,7 +213,9 @@ def write_sweep_report(sweep_dir: str | Path, build_jobs: bool = True) -> Path:
 
     root = Path(sweep_dir)
     if not is_sweep(root):
-        raise HookGraphError(f"{root} is not a hookgraph sweep folder (no sweep.csv and no numbered job folders with summary.json)")
+        raise HookGraphError(
+            f"{root} is not a hookgraph sweep folder (no sweep.csv and no numbered job folders with summary.json)"
+        )
     path = root / "report.html"
     atomic_write(path, render_sweep_page(read_sweep_page(root, build_jobs)).encode())
     return path

@@ -12,4 +12,12 @@ from .lifecycle import RunFolderError, RunInterrupted
 from .loop import build_from_config, run
 from .messages import closing_lines
 
-__all__ = ["HookgraphConfig", "RunFolderError", "RunInterrupted", "build_from_config", "closing_lines", "register_configs", "run"]
+__all__ = [
+    "HookgraphConfig",
+    "RunFolderError",
+    "RunInterrupted",
+    "build_from_config",
+    "closing_lines",
+    "register_configs",
+    "run",
+]

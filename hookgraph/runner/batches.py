@@ -11,7 +11,7 @@ a tensor, a tuple, a dict or a Hugging Face ``ModelOutput``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,18 +26,28 @@ __all__ = ["LOSSES", "to_device", "call_model", "first_tensor", "compute_loss"]
 LOSSES = ("sum", "mean", "cross_entropy", "target_class", "model", "lm")
 
 
-def to_device(value: Any, device: torch.device, dtype: Optional[torch.dtype] = None) -> Any:
+def to_device(value: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """Every tensor in ``value`` on ``device``; floating tensors also cast to ``dtype``.
 
     Integer tensors (token ids, masks, labels) keep their dtype.
     """
-    return tree_map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None), value)
+    return tree_map(
+        lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None), value
+    )
 
 
 def _describe(inputs: Any) -> str:
     if isinstance(inputs, Mapping):
-        return "keyword inputs {" + ", ".join(f"{k}: {list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}" for k, v in inputs.items()) + "}"
-    return f"{len(inputs)} input(s) {[list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]}"
+        return (
+            "keyword inputs {"
+            + ", ".join(
+                f"{k}: {list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}" for k, v in inputs.items()
+            )
+            + "}"
+        )
+    return (
+        f"{len(inputs)} input(s) {[list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]}"
+    )
 
 
 def call_model(forward: Any, inputs: Any, *, check: bool = False, data_kind: str = "") -> Any:
@@ -72,7 +82,9 @@ def first_tensor(out: Any) -> torch.Tensor:
         return out["logits"]
     found = tensors(out)
     if not found:
-        raise ConfigError("runner.loss", f"the model returned a {type(out).__name__} without tensors; set runner.backward=false")
+        raise ConfigError(
+            "runner.loss", f"the model returned a {type(out).__name__} without tensors; set runner.backward=false"
+        )
     return found[0]
 
 
@@ -90,10 +102,15 @@ def _model_loss(out: Any) -> torch.Tensor:
 def _lm_loss(out: Any, inputs: Any) -> torch.Tensor:
     ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
     if not isinstance(ids, torch.Tensor):
-        raise ConfigError("runner.loss", "lm needs input_ids in the batch (data=tokens, data=text or a dict dataset with input_ids)")
+        raise ConfigError(
+            "runner.loss", "lm needs input_ids in the batch (data=tokens, data=text or a dict dataset with input_ids)"
+        )
     logits = first_tensor(out)
     if logits.dim() != 3 or logits.shape[:2] != ids.shape:
-        raise ConfigError("runner.loss", f"lm needs logits [batch, seq, vocab] matching input_ids {list(ids.shape)}, got {list(logits.shape)}")
+        raise ConfigError(
+            "runner.loss",
+            f"lm needs logits [batch, seq, vocab] matching input_ids {list(ids.shape)}, got {list(logits.shape)}",
+        )
     targets = ids[:, 1:]
     mask = inputs.get("attention_mask")
     if isinstance(mask, torch.Tensor):
@@ -101,7 +118,7 @@ def _lm_loss(out: Any, inputs: Any) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
-def compute_loss(out: Any, labels: Optional[torch.Tensor], inputs: Any, loss: str, target_class: int = 0) -> torch.Tensor:
+def compute_loss(out: Any, labels: torch.Tensor | None, inputs: Any, loss: str, target_class: int = 0) -> torch.Tensor:
     """The scalar a step backpropagates; ``loss`` is one of :data:`LOSSES` (runner.loss)."""
     if loss == "model":
         return _model_loss(out)
@@ -114,8 +131,12 @@ def compute_loss(out: Any, labels: Optional[torch.Tensor], inputs: Any, loss: st
         return logits.float().mean()
     if loss == "cross_entropy":
         if labels is None:
-            raise ConfigError("runner.loss", "cross_entropy needs labels, and this data has none; use sum, mean or target_class")
+            raise ConfigError(
+                "runner.loss", "cross_entropy needs labels, and this data has none; use sum, mean or target_class"
+            )
         return F.cross_entropy(logits.float(), labels)
     if logits.dim() < 2 or not 0 <= target_class < logits.shape[1]:
-        raise ConfigError("runner.target_class", f"class {target_class} is out of range for an output of shape {list(logits.shape)}")
+        raise ConfigError(
+            "runner.target_class", f"class {target_class} is out of range for an output of shape {list(logits.shape)}"
+        )
     return logits[:, target_class].float().sum()

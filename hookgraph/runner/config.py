@@ -11,58 +11,68 @@ OmegaConf with the full key. ``hooks`` is a plain dict so that specs can be adde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["ModelConfig", "DataConfig", "RunnerConfig", "GradcamConfig", "SinkConfig", "HookgraphConfig", "register_configs"]
+__all__ = [
+    "ModelConfig",
+    "DataConfig",
+    "RunnerConfig",
+    "GradcamConfig",
+    "SinkConfig",
+    "HookgraphConfig",
+    "register_configs",
+]
 
 
 @dataclass
 class ModelConfig:
-    name: Optional[str] = "conv_net"  # a built-in name (conv_net, product, ...) or any torchvision model name
-    _target_: Optional[str] = None  # dotted path of any nn.Module class or factory; replaces name
+    name: str | None = "conv_net"  # a built-in name (conv_net, product, ...) or any torchvision model name
+    _target_: str | None = None  # dotted path of any nn.Module class or factory; replaces name
     kwargs: dict = field(default_factory=dict)  # constructor arguments
-    weights: Optional[str] = None  # torchvision weights name (needs them cached); null = random init, no network
-    checkpoint: Optional[str] = None  # local .safetensors or state_dict file (loaded with weights_only=True)
+    weights: str | None = None  # torchvision weights name (needs them cached); null = random init, no network
+    checkpoint: str | None = None  # local .safetensors or state_dict file (loaded with weights_only=True)
 
 
 @dataclass
 class DataConfig:
-    kind: str = "auto"  # auto (the model's own default input), none, random, fake, images, custom, torchvision, tokens, text
+    kind: str = "auto"
     shape: list = field(default_factory=lambda: [3, 32, 32])  # one sample's shape (random, fake)
     num_classes: int = 10  # label range for random/fake data
     size: int = 64  # number of samples in FakeData
-    root: Optional[str] = None  # image folder (flat, or ImageFolder class subfolders)
-    image_size: Optional[list] = None  # resize images to [H, W]
+    root: str | None = None  # image folder (flat, or ImageFolder class subfolders)
+    image_size: list | None = None  # resize images to [H, W]
     normalize: Any = False  # true: ImageNet mean/std; or {mean: [...], std: [...]}
     seed: int = 0  # seed of the random inputs (and of shuffling)
-    _target_: Optional[str] = None  # custom: dotted path of a Dataset class or factory
+    _target_: str | None = None  # custom: dotted path of a Dataset class or factory
     kwargs: dict = field(default_factory=dict)  # custom/torchvision: constructor arguments
-    name: Optional[str] = None  # torchvision: dataset class name (MNIST, CIFAR10, ...)
+    name: str | None = None  # torchvision: dataset class name (MNIST, CIFAR10, ...)
     num_workers: int = 0  # custom/torchvision: DataLoader workers
     shuffle: bool = False  # custom/torchvision: shuffle (seeded by seed)
-    vocab_size: Optional[int] = None  # tokens: ids in [0, vocab_size); null = the model's config.vocab_size
+    vocab_size: int | None = None  # tokens: ids in [0, vocab_size); null = the model's config.vocab_size
     seq_len: int = 16  # tokens: sequence length; text: truncation length
-    path: Optional[str] = None  # text: a text file, one sample per line
-    tokenizer: Optional[str] = None  # text: a local folder saved by tokenizer.save_pretrained()
+    path: str | None = None  # text: a text file, one sample per line
+    tokenizer: str | None = None  # text: a local folder saved by tokenizer.save_pretrained()
 
 
 @dataclass
 class RunnerConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "float32"  # float32, float64, bfloat16, float16: model and inputs
-    autocast: Optional[str] = None  # null, bf16 or fp16: mixed precision via torch.autocast
+    autocast: str | None = None  # null, bf16 or fp16: mixed precision via torch.autocast
     seed: int = 0  # torch.manual_seed before the model is built
     steps: int = 1  # forward(/backward) passes
     batch_size: int = 1
     mode: str = "eval"  # eval (default: BatchNorm statistics stay as they are, any batch size works) or train
     backward: bool = True  # false: forward only, under torch.no_grad()
-    loss: str = "sum"  # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
+    # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
+    loss: str = "sum"
     target_class: int = 0  # the class whose score is the loss when loss=target_class
-    metric: Any = None  # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
-    optimizer: Optional[str] = None  # null, sgd or adam: step after each backward
+    # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
+    metric: Any = None
+    optimizer: str | None = None  # null, sgd or adam: step after each backward
     lr: float = 0.01
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
     compile: bool = False  # run the model under torch.compile; hooks run eagerly beside it
@@ -83,12 +93,12 @@ class SinkConfig:
     figures: bool = True  # write figures/ for records and stats (matplotlib, headless)
     feature_maps: list = field(default_factory=lambda: [0])  # which recorded 4-D targets (by record order) get a grid
     histograms: bool = True  # one histogram figure per record spec
-    max_bytes: Optional[int] = None  # stop the run with an error before records exceed this size
+    max_bytes: int | None = None  # stop the run with an error before records exceed this size
     # figures/gradcam_<target>.png over the first step's input (with figures): a mapping with
     # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
     # a None structured node (an AttributeError); run() checks the keys and fills the defaults.
     gradcam: Any = None
-    tensorboard: bool = False  # also write stats scalars and record histograms to tensorboard/ (pip install hookgraph[tensorboard])
+    tensorboard: bool = False
 
 
 @dataclass
@@ -99,7 +109,7 @@ class HookgraphConfig:
     sink: SinkConfig = field(default_factory=SinkConfig)
     hooks: dict = field(default_factory=dict)  # spec name -> spec (see the README's spec reference)
     dry_run: bool = False  # print the compiled plan and stop, without running the model
-    list_targets: Optional[str] = None  # a glob: print the model's matching names, types and shapes, and stop
+    list_targets: str | None = None  # a glob: print the model's matching names, types and shapes, and stop
     list_params: bool = False  # with list_targets: list parameters instead of modules
 
 

@@ -30,12 +30,22 @@ def resolve_device(spec: str, key: str = "runner.device") -> torch.device:
     try:
         dev = torch.device(spec)
     except RuntimeError:
-        raise ConfigError(key, f"not a device: {spec!r}; {did_you_mean(spec, ['auto', *avail], 'valid here')}") from None
+        raise ConfigError(
+            key, f"not a device: {spec!r}; {did_you_mean(spec, ['auto', *avail], 'valid here')}"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(key, f"{spec!r} asked, but CUDA is not available here (torch.cuda.is_available() is False); valid here: auto, {', '.join(avail)}")
+            raise ConfigError(
+                key,
+                f"{spec!r} asked, but CUDA is not available here (torch.cuda.is_available() is False); "
+                f"valid here: auto, {', '.join(avail)}",
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(key, f"{spec!r} asked, but this machine has {torch.cuda.device_count()} CUDA device(s); valid here: {', '.join(avail)}")
+            raise ConfigError(
+                key,
+                f"{spec!r} asked, but this machine has {torch.cuda.device_count()} CUDA device(s); "
+                f"valid here: {', '.join(avail)}",
+            )
     elif dev.type == "mps" and "mps" not in avail:
         raise ConfigError(key, f"'mps' asked, but MPS is not available here; valid here: auto, {', '.join(avail)}")
     elif dev.type not in ("cpu", "cuda", "mps"):

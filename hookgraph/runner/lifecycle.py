@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError, HookGraphError
 from ..runs.reader import MARKER, run_content

@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -72,7 +72,9 @@ def build_from_config(cfg: Any) -> torch.nn.Module:
     torch.manual_seed(cfg.runner.seed)
     m = cfg.model
     target = m.get("_target_")
-    return build_model(None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint)
+    return build_model(
+        None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint
+    )
 
 
 # ---------------------------------------------------------------- validation
@@ -84,16 +86,21 @@ def _validate_runner(r: DictConfig) -> None:
     if r.mode not in ("train", "eval"):
         raise ConfigError("runner.mode", f"must be train or eval, got {r.mode!r}")
     if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
-        raise ConfigError("runner.optimizer", f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}")
+        raise ConfigError(
+            "runner.optimizer",
+            f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}",
+        )
     if r.steps < 0 or r.batch_size < 1:
-        raise ConfigError("runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1")
+        raise ConfigError(
+            "runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1"
+        )
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
     if r.metric is not None:
         check_metric(r.metric)
 
 
-def _validate_sink(sink: DictConfig) -> Optional[dict[str, str]]:
+def _validate_sink(sink: DictConfig) -> dict[str, str] | None:
     """Sink options are checked before the model runs; returns sink.gradcam with its defaults."""
     picks = to_plain(sink.feature_maps)
     if picks is None:
@@ -101,16 +108,21 @@ def _validate_sink(sink: DictConfig) -> Optional[dict[str, str]]:
     if not isinstance(picks, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
         raise ConfigError(
             "sink.feature_maps",
-            f"must be a list of integers (positions among a spec's recorded 4-D targets, e.g. [0, 1] or [-1]), got {picks!r}",
+            f"must be a list of integers (positions among a spec's recorded 4-D targets, e.g. [0, 1] or [-1]), "
+            f"got {picks!r}",
         )
     g = to_plain(sink.gradcam)
     if g is None:
         return None
     if not isinstance(g, dict):
-        raise ConfigError("sink.gradcam", f"must be a mapping {{activations: <spec>, gradients: <spec>, target: <layer>}}, got {g!r}")
+        raise ConfigError(
+            "sink.gradcam", f"must be a mapping {{activations: <spec>, gradients: <spec>, target: <layer>}}, got {g!r}"
+        )
     unknown = [k for k in g if k not in _GRADCAM_KEYS]
     if unknown:
-        raise ConfigError(f"sink.gradcam.{unknown[0]}", f"unknown key; {did_you_mean(str(unknown[0]), _GRADCAM_KEYS, 'valid keys')}")
+        raise ConfigError(
+            f"sink.gradcam.{unknown[0]}", f"unknown key; {did_you_mean(str(unknown[0]), _GRADCAM_KEYS, 'valid keys')}"
+        )
     from .config import GradcamConfig
 
     out = {"activations": GradcamConfig.activations, "gradients": GradcamConfig.gradients, **g}
@@ -129,16 +141,23 @@ def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None
     for name_key, points in wanted.items():
         key, name = f"sink.gradcam.{name_key}", g[name_key]
         if name not in bound:
-            raise ConfigError(key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}")
+            raise ConfigError(
+                key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}"
+            )
         first = bound[name][0]
         if first.action.name != "record" or first.at not in points:
             raise ConfigError(
-                key, f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
+                key,
+                f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
                 f"it does {first.action.name} at {first.at}",
             )
         targets = [b.target for b in bound[name]]
         if g["target"] not in targets:
-            raise ConfigError("sink.gradcam.target", f"spec {name!r} does not hook {g['target']!r}; {did_you_mean(str(g['target']), targets, 'its targets')}")
+            raise ConfigError(
+                "sink.gradcam.target",
+                f"spec {name!r} does not hook {g['target']!r}; "
+                f"{did_you_mean(str(g['target']), targets, 'its targets')}",
+            )
     if not cfg.runner.backward:
         raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
 
@@ -148,7 +167,9 @@ def _check_forward_only(graph: HookGraph) -> None:
     problems = sorted({(b.spec.name, str(b.at)) for b in graph.bindings if POINTS[b.at].needs_backward})
     if problems:
         specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
-        raise ConfigError("runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them")
+        raise ConfigError(
+            "runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them"
+        )
 
 
 # ---------------------------------------------------------------- one step
@@ -158,8 +179,15 @@ def _data(cfg: DictConfig, model: torch.nn.Module):
     d = cfg.data
     kind = d.kind
     # build_data converts OmegaConf containers itself.
-    params: dict[str, Any] = {"shape": d.shape, "num_classes": d.num_classes, "size": d.size, "root": d.root,
-                              "image_size": d.image_size, "seed": d.seed, "normalize": d.normalize}
+    params: dict[str, Any] = {
+        "shape": d.shape,
+        "num_classes": d.num_classes,
+        "size": d.size,
+        "root": d.root,
+        "image_size": d.image_size,
+        "seed": d.seed,
+        "normalize": d.normalize,
+    }
     params.update(data_params(d, model))
     if kind == "auto":
         # The model's own default input (seed nets carry one), token ids for a language model,
@@ -183,14 +211,14 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     metrics: list[float] = field(default_factory=list)  # runner.metric per step
-    graph: Optional[HookGraph] = None
-    tb: Optional[TensorBoardSink] = None
-    model: Optional[torch.nn.Module] = None
-    device: Optional[torch.device] = None
-    dtype: Optional[torch.dtype] = None
-    gradcam: Optional[dict[str, str]] = None
-    modules: Optional[list[dict]] = None  # the module tree, for plan.svg and the report page
-    first_input: Optional[torch.Tensor] = None
+    graph: HookGraph | None = None
+    tb: TensorBoardSink | None = None
+    model: torch.nn.Module | None = None
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    gradcam: dict[str, str] | None = None
+    modules: list[dict] | None = None  # the module tree, for plan.svg and the report page
+    first_input: torch.Tensor | None = None
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = time.perf_counter() - since
@@ -201,7 +229,12 @@ def _versions() -> dict[str, str]:
 
     from .. import __version__
 
-    out = {"hookgraph": __version__, "python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__}
+    out = {
+        "hookgraph": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+    }
     try:
         import hydra
 
@@ -253,6 +286,7 @@ def _compile(st: _Run) -> None:
     """Compile the specs against the model, check what needs the whole graph, write plan.json."""
     t = time.perf_counter()
     require_matches_where_retargeted(st.cfg.hooks)  # a packaged hook set pointed elsewhere must match
+    assert st.model is not None, "the model is built before the specs compile against it"
     st.graph = compile_graph(st.model, st.cfg.hooks, prefix="hooks")
     st.lap("compile_s", t)
     if st.gradcam is not None:
@@ -281,7 +315,8 @@ def _steps(st: _Run) -> None:
     opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
     autocast = (
         torch.autocast(st.device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
-        if r.autocast else contextlib.nullcontext()
+        if r.autocast
+        else contextlib.nullcontext()
     )
     from tqdm.auto import tqdm  # lazy: only runs need the bar
 
@@ -295,14 +330,17 @@ def _steps(st: _Run) -> None:
             if step == 0 and st.gradcam is not None and isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
                 st.first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
             inputs, labels = to_device(inputs, st.device, st.dtype), to_device(labels, st.device)
-            with autocast, (contextlib.nullcontext() if r.backward else torch.no_grad()):
+            with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
                 out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
                 loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                 if r.metric is not None:
                     st.metrics.append(compute_metric(r.metric, out, inputs))
             if r.backward:
                 if not loss.requires_grad:
-                    raise ConfigError("runner.backward", "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false")
+                    raise ConfigError(
+                        "runner.backward",
+                        "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false",
+                    )
                 loss.backward()
                 if opt is not None:
                     opt.step()
@@ -324,8 +362,9 @@ def _outputs(st: _Run) -> None:
         try:
             from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
 
-            st.summary["figures"] = write_figures(st.writer.dir, st.graph, st.cfg.sink, image=st.first_input,
-                                                  warnings=st.warnings, gradcam=st.gradcam)
+            st.summary["figures"] = write_figures(
+                st.writer.dir, st.graph, st.cfg.sink, image=st.first_input, warnings=st.warnings, gradcam=st.gradcam
+            )
         except Exception as exc:  # the records are the result; figures only show them
             st.warnings.append(f"figures: {type(exc).__name__}: {exc}")
     st.lap("write_s", t)
@@ -346,8 +385,15 @@ def _fail(st: _Run, exc: BaseException) -> None:
     if isinstance(exc, RunInterrupted):
         st.summary["signal"] = signal.Signals(exc.signum).name
     if isinstance(exc, NonFiniteError):
-        st.summary["first_nonfinite"] = {"spec": exc.spec, "module": exc.target, "point": exc.point,
-                                         "step": exc.step, "nan": exc.nan, "inf": exc.inf, "total": exc.total}
+        st.summary["first_nonfinite"] = {
+            "spec": exc.spec,
+            "module": exc.target,
+            "point": exc.point,
+            "step": exc.step,
+            "nan": exc.nan,
+            "inf": exc.inf,
+            "total": exc.total,
+        }
     if st.graph is None:
         return
     # Over budget, the step that tripped it is dropped: writing it would trip the budget again.
@@ -362,7 +408,7 @@ def _fail(st: _Run, exc: BaseException) -> None:
         st.warnings.append(f"could not write the stats and trace tables: {inner}")
 
 
-def _finite(x: float) -> Optional[float]:
+def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None  # strict JSON has no NaN or Infinity
 
 
@@ -385,7 +431,7 @@ def _close(st: _Run, failing: bool) -> None:
         s["metrics"] = [_finite(v) for v in st.metrics]
     if st.graph is not None:
         s["specs"] = _headline(st.graph, st.writer)
-        _silent_specs(st)
+        _silent_specs(st, st.graph)
         s.setdefault("first_nonfinite", _first_nonfinite(st.graph))
         if s["first_nonfinite"] is None:
             del s["first_nonfinite"]
@@ -409,25 +455,32 @@ def _close(st: _Run, failing: bool) -> None:
             log.warning("no report.html: %s: %s", type(exc).__name__, exc)
 
 
-def _silent_specs(st: _Run) -> None:
+def _silent_specs(st: _Run, graph: HookGraph) -> None:
     """Specs that matched nothing, and specs bound but never run: named in the summary."""
-    unmatched = dict(getattr(st.graph, "unmatched", None) or {})
+    unmatched = dict(getattr(graph, "unmatched", None) or {})
     if unmatched:
         st.summary["unmatched"] = unmatched
     if st.summary["steps"] > 0:
         # Bound but never run: e.g. input_grad where no input needs a gradient.
-        silent = sorted(name for name, n in st.graph.calls.items() if n == 0)
+        silent = sorted(name for name, n in graph.calls.items() if n == 0)
         if silent:
             st.summary["never_fired"] = silent
 
 
-def _first_nonfinite(graph: HookGraph) -> Optional[dict[str, Any]]:
+def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:
     """The first check_finite row (rows are in execution order): where NaN/Inf started."""
     checkers = {b.spec.name for b in graph.bindings if b.action.name == "check_finite"}
     for row in _trace_rows(graph):
         if row["spec"] in checkers and (row.get("nan") or row.get("inf")):
-            return {"spec": row["spec"], "module": row["module"], "point": row.get("point"), "step": row.get("step"),
-                    "nan": row.get("nan"), "inf": row.get("inf"), "total": row.get("total")}
+            return {
+                "spec": row["spec"],
+                "module": row["module"],
+                "point": row.get("point"),
+                "step": row.get("step"),
+                "nan": row.get("nan"),
+                "inf": row.get("inf"),
+                "total": row.get("total"),
+            }
     return None
 
 
@@ -443,7 +496,7 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     return per_spec
 
 
-def run(cfg: Any, out_dir: str | Path, *, summary: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one job described by ``cfg`` and write its folder; returns the summary.
 
     The summary's ``loss`` (last step) is what Hydra sweepers can optimise. A folder that
@@ -483,7 +536,7 @@ def _trace_rows(graph: HookGraph) -> list[dict]:
     return list(rows_with_spec(graph.rows))
 
 
-def _write_tables(writer: RunWriter, graph: HookGraph, tb: Optional[TensorBoardSink] = None) -> None:
+def _write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None = None) -> None:
     stats = graph.stats
     writer.csv("stats.csv", stats)
     if tb is not None:

@@ -23,10 +23,17 @@ def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
                     "or a module the forward skips)"))
     nf = summary.get("first_nonfinite")
     if nf:
-        out.append((logging.WARNING, f"first non-finite values at module {nf['module']!r} ({nf['point']}, step {nf['step']}, "
-                                     f"spec {nf['spec']!r}): {nf['nan']} NaN and {nf['inf']} Inf of {nf['total']} elements"))
+        out.append(
+            (
+                logging.WARNING,
+                f"first non-finite values at module {nf['module']!r} ({nf['point']}, step {nf['step']}, "
+                f"spec {nf['spec']!r}): {nf['nan']} NaN and {nf['inf']} Inf of {nf['total']} elements",
+            )
+        )
     if summary.get("loss_nonfinite"):
-        out.append((logging.WARNING, f"the loss of the last step is {summary['loss_nonfinite']} (null in summary.json)"))
+        out.append(
+            (logging.WARNING, f"the loss of the last step is {summary['loss_nonfinite']} (null in summary.json)")
+        )
     for w in summary.get("warnings") or []:
         out.append((logging.WARNING, w))
     return out
