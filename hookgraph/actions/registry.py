@@ -75,7 +75,7 @@ class ActionContext:
     module_type: str
     store: ResultStore
     key: str = ""
-    model: Optional[nn.Module] = None  # the bare model: for actions that look around their site (attention heads)
+    model: nn.Module | None = None  # the bare model: for actions that look around their site (attention heads)
 
     @property
     def point(self) -> HookPoint:
