@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 import hookgraph as hg
-
 from hookgraph.errors import ConfigError
 from hookgraph.runner.metrics import check_metric, compute_metric
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -86,7 +86,7 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def position_index(positions: Union[int, Sequence, str, None]) -> Optional[Any]:
+def position_index(positions: int | Sequence | str | None) -> Any | None:
     """``positions`` (an int, a list of ints or a slice string "a:b") -> an index, checked now.
 
     Returns None for all positions, a ``slice`` or a list of ints (negative ones count

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +32,7 @@ __all__ = ["steering_vector"]
 _RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
 
 
-def _from_file(path: Any, key: Optional[str]) -> Tensor:
+def _from_file(path: Any, key: str | None) -> Tensor:
     from safetensors import safe_open
 
     p = Path(str(path)).expanduser()
@@ -53,7 +53,7 @@ def _from_file(path: Any, key: Optional[str]) -> Tensor:
         return f.get_tensor(key)
 
 
-def _from_record(src: Mapping, target: str, outer: Optional[Mapping] = None) -> Tensor:
+def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Tensor:
     merged = {**(outer or {}), **src}
     unknown = set(src) - _RECORD_KEYS
     if unknown:
@@ -114,7 +114,7 @@ def steer(
     ctx: ActionContext,
     vector: Any,
     scale: float = 1.0,
-    positions: Union[int, list, str, None] = None,
+    positions: int | list | str | None = None,
     dim: int = 1,
 ):
     """Add ``scale * vector`` over the last dimension (at ``positions`` along ``dim`` only,

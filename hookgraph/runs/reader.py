@@ -28,10 +28,10 @@ import math
 import os
 import struct
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -71,10 +71,10 @@ class _Shard:
 
     __slots__ = ("path", "file", "name", "damage", "stamp")
 
-    def __init__(self, path: Path, name: str, damage: Optional[str] = None):
+    def __init__(self, path: Path, name: str, damage: str | None = None):
         self.path, self.name, self.damage = path, name, damage
         self.file = str(path)  # os.open takes a str without pathlib's conversion per read
-        self.stamp: Optional[tuple[int, ...]] = None  # _stamp of the file when indexed
+        self.stamp: tuple[int, ...] | None = None  # _stamp of the file when indexed
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -456,7 +456,7 @@ def _exists(path: Path) -> bool:
 # -- the other files -------------------------------------------------------------------
 
 
-def _text(path: Path) -> Optional[str]:
+def _text(path: Path) -> str | None:
     """The file's text; None when there is no such file; a HookGraphError naming it when it
     is there but cannot be read (a directory, a link loop, no permission, not UTF-8)."""
     if not _exists(path):
@@ -542,7 +542,7 @@ class Run:
     trace: list = field(default_factory=list)
     plan: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
-    config: Optional[Any] = None
+    config: Any | None = None
     damaged: list = field(default_factory=list)
 
     @property
