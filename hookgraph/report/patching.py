@@ -58,7 +58,7 @@ def patching_table(sweep_dir: str | Path, layer_key: str | None = None, position
     overrides = [_overrides(j) for j in jobs]
     layer, position = _axes(overrides, layer_key, position_key)
     rows = []
-    for job, ov in zip(jobs, overrides):
+    for job, ov in zip(jobs, overrides, strict=True):
         s = json.loads((job / "summary.json").read_text()) if (job / "summary.json").is_file() else {}
         rows.append({"job": int(job.name), "layer": ov.get(layer, ""), "position": ov.get(position, ""),
                      "metric": s.get("metric"), "status": s.get("status", "missing")})

@@ -167,7 +167,7 @@ def _load(entries: list[_Entry]) -> list:
     for shard, items in by_shard.items():
         if len(items) > 1:
             items.sort(key=lambda t: t.begin)  # one forward pass over the file
-        for t, value in zip(items, _read_tensors(shard, items)):
+        for t, value in zip(items, _read_tensors(shard, items), strict=True):
             read[id(t)] = value
     out = []
     for e in entries:
@@ -187,7 +187,7 @@ def _load(entries: list[_Entry]) -> list:
 def _legacy(paths: list[str], values: list[torch.Tensor]) -> Any:
     # Shards written before structures were stored: tuples read back as lists, keys as
     # strings and None elements are lost, as they always were for those files.
-    parts = dict(zip(paths, values))
+    parts = dict(zip(paths, values, strict=True))
     if list(parts) == [""]:
         return parts[""]
     if all(k.isdigit() for k in parts):

@@ -196,7 +196,7 @@ class RunWriter:
         atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
-        for (spec, _), slot in zip(order, slots):
+        for (spec, _), slot in zip(order, slots, strict=True):
             self.counts[spec] = self.counts.get(spec, 0) + len(slot)
             slot.clear()
         return size
