@@ -49,7 +49,11 @@ def n_heads_of(model: torch.nn.Module, target: str) -> int | None:
 
 def _heads_list(heads: int | list) -> list[int]:
     idx = [heads] if isinstance(heads, int) and not isinstance(heads, bool) else heads
-    if not isinstance(idx, (list, tuple)) or not idx or not all(isinstance(h, int) and not isinstance(h, bool) for h in idx):
+    if (
+        not isinstance(idx, (list, tuple))
+        or not idx
+        or not all(isinstance(h, int) and not isinstance(h, bool) for h in idx)
+    ):
         raise ValueError(f"heads must be a head index or a non-empty list of them, got {heads!r}")
     return list(idx)
 
@@ -63,7 +67,10 @@ def head_view(t: Tensor, n_heads: int | None, where: str) -> Tensor:
             return t
         raise HookGraphError(f"{where}: cannot tell the head count of a value of shape {list(t.shape)}; give n_heads")
     if t.shape[-1] % n_heads:
-        raise HookGraphError(f"{where}: the last dimension ({t.shape[-1]}) of shape {list(t.shape)} is not divisible by n_heads={n_heads}")
+        raise HookGraphError(
+            f"{where}: the last dimension ({t.shape[-1]}) of shape {list(t.shape)} "
+            f"is not divisible by n_heads={n_heads}"
+        )
     return t.reshape(*t.shape[:-1], n_heads, t.shape[-1] // n_heads)
 
 
@@ -74,7 +81,9 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
         raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
-def _mask(view_shape: torch.Size, dim: int | None, pos: Any, heads: list[int] | None, device: torch.device, where: str) -> Tensor:
+def _mask(
+    view_shape: torch.Size, dim: int | None, pos: Any, heads: list[int] | None, device: torch.device, where: str
+) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies."""
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
@@ -99,7 +108,9 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     from ..points import HookPoint
 
     if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
-        raise ValueError(f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run")
+        raise ValueError(
+            f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run"
+        )
     try:
         ids = torch.as_tensor(prompt, dtype=torch.long)
     except (TypeError, ValueError, RuntimeError):
@@ -147,7 +158,9 @@ def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int
     return saved
 
 
-def _patcher(ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: list[int] | None, n_heads: int | None):
+def _patcher(
+    ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: list[int] | None, n_heads: int | None
+):
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
@@ -251,7 +264,9 @@ def head_mask(
         if m is None:
             _check_heads(idx, view, label)
             if pos is not None and (not -view.dim() <= dim < view.dim() or dim % view.dim() >= view.dim() - 2):
-                raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+                raise HookGraphError(
+                    f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
+                )
             m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
         return view.masked_fill(m, value).reshape(t.shape)
 

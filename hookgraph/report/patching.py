@@ -50,7 +50,9 @@ def _order(value: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(-?\d+)", value) if p)
 
 
-def patching_table(sweep_dir: str | Path, layer_key: str | None = None, position_key: str | None = None) -> list[dict[str, Any]]:
+def patching_table(
+    sweep_dir: str | Path, layer_key: str | None = None, position_key: str | None = None
+) -> list[dict[str, Any]]:
     """One row per job of a patching sweep: job, layer, position, metric (None when the
     job failed or had no ``runner.metric``), status. Sorted by layer, then position."""
     root = Path(sweep_dir)
@@ -65,7 +67,9 @@ def patching_table(sweep_dir: str | Path, layer_key: str | None = None, position
     return sorted(rows, key=lambda r: (_order(r["layer"]), _order(r["position"])))
 
 
-def patching_heatmap(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric") -> Path | None:
+def patching_heatmap(
+    rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric"
+) -> Path | None:
     """Layers (rows) x positions (columns), coloured by the metric; None without any metric."""
     import matplotlib
 

@@ -137,7 +137,9 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
             if _stamp(st) != shard.stamp:
                 size = shard.stamp[2] if shard.stamp else 0
                 what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
-                raise HookGraphError(f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read")
+                raise HookGraphError(
+                    f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
+                )
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -148,7 +150,9 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 value = None if flat else torch.empty(t.shape, dtype=t.dtype)
                 buf = bytearray(n) if flat else (ctypes.c_char * n).from_address(value.data_ptr())
                 if n and os.preadv(fd, [buf], t.begin) != n:
-                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
+                    raise HookGraphError(
+                        f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
+                    )
                 out.append(torch.frombuffer(buf, dtype=t.dtype) if flat else value)
         finally:
             os.close(fd)
@@ -180,7 +184,9 @@ def _load(entries: list[_Entry]) -> list:
             try:
                 out.append(rebuild(e.structure, values))
             except ValueError as exc:
-                raise HookGraphError(f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}") from None
+                raise HookGraphError(
+                    f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}"
+                ) from None
     return out
 
 
@@ -208,7 +214,8 @@ class _Targets(Mapping):
     def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
             raise HookGraphError(
-                f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}"
+                f"spec {self._spec!r} recorded nothing for {target!r}; "
+                f"{did_you_mean(target, self._index, 'recorded targets')}"
                 + self._missing()
             )
         return self._index[target]
@@ -229,7 +236,8 @@ class _Targets(Mapping):
         if not picked:
             shown = ", ".join(f"step {s} call {c}" for s, c in self.calls(target)[:8])
             raise HookGraphError(
-                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}" + self._missing()
+                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}"
+                + self._missing()
             )
         return _load(picked[:1])[0]
 
@@ -257,7 +265,9 @@ class _Records(Mapping):
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
             extra = f" (damaged shards, not read: {', '.join(self.damaged)})" if self.damaged else ""
-            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
+            raise HookGraphError(
+                f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}"
+            )
         return self._targets[spec]
 
     def __contains__(self, spec: object) -> bool:
@@ -400,12 +410,22 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
         for key in sorted(tensors):
             parts = key.split("/", 4)
             spec, target, step, call = parts[:4]
-            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", key))
+            grouped.setdefault((spec, target, int(step), int(call)), []).append(
+                (parts[4] if len(parts) > 4 else "", key)
+            )
     except (ValueError, TypeError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
-    for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
-        out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items]))))
+    for (spec, target, step, call), items in sorted(
+        grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])
+    ):
+        out.append(
+            (
+                spec,
+                target,
+                _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items])),
+            )
+        )
     return out
 
 
@@ -477,7 +497,9 @@ def _json(path: Path, kind: type) -> Any:
     except ValueError as exc:
         raise HookGraphError(f"{path} is damaged: not JSON ({exc})") from None
     if not isinstance(value, kind):
-        raise HookGraphError(f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}")
+        raise HookGraphError(
+            f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
+        )
     return value
 
 
@@ -568,7 +590,9 @@ def load_run(path: str | Path) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`."""
     root = Path(path)
     if not root.is_dir():
-        raise HookGraphError(f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})")
+        raise HookGraphError(
+            f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})"
+        )
     present = run_content(root)
     if not present:
         raise HookGraphError(
