@@ -31,8 +31,11 @@ __all__ = ["head_view", "n_heads_of"]
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
 
 
-def n_heads_of(model: torch.nn.Module, target: str) -> int | None:
-    """The head count of the nearest module enclosing ``target`` (itself included), or None."""
+def n_heads_of(model: torch.nn.Module | None, target: str) -> int | None:
+    """The head count of the nearest module enclosing ``target`` (itself included), or None
+    (also without a model: an ActionContext built by hand may have none)."""
+    if model is None:
+        return None
     parts = target.split(".") if target else []
     for cut in range(len(parts), -1, -1):
         try:
@@ -82,7 +85,7 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
 
 
 def _mask(
-    view_shape: torch.Size, dim: int | None, pos: Any, heads: list[int] | None, device: torch.device, where: str
+    view_shape: torch.Size, dim: int, pos: Any, heads: list[int] | None, device: torch.device, where: str
 ) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies."""
     nd = len(view_shape)
@@ -118,6 +121,8 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     if ids is None or ids.dim() not in (1, 2) or ids.numel() == 0:
         raise ValueError(f"prompt: expected token ids, a list of ints or a list of equal-length lists, got {prompt!r}")
     model = ctx.model
+    if model is None:  # the compiler always passes it; an ActionContext built by hand may not
+        raise ValueError("prompt: a prompt source needs the model; record a clean run and give run")
     module = model.get_submodule(ctx.target)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     got: list[Any] = []

@@ -148,12 +148,12 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 n = t.end - t.begin
                 flat = len(t.shape) == 1 and n > 0  # frombuffer's own shape: no view needed
                 value = None if flat else torch.empty(t.shape, dtype=t.dtype)
-                buf = bytearray(n) if flat else (ctypes.c_char * n).from_address(value.data_ptr())
+                buf = bytearray(n) if value is None else (ctypes.c_char * n).from_address(value.data_ptr())
                 if n and os.preadv(fd, [buf], t.begin) != n:
                     raise HookGraphError(
                         f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
                     )
-                out.append(torch.frombuffer(buf, dtype=t.dtype) if flat else value)
+                out.append(torch.frombuffer(buf, dtype=t.dtype) if value is None else value)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -380,7 +380,7 @@ def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             spec, target = order[o]
             n = counts[s]
             if n is None:
-                found = (tensors[shard_key(spec, target, step, call)],)
+                found: tuple[_Tensor, ...] = (tensors[shard_key(spec, target, step, call)],)
             else:
                 found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
@@ -409,8 +409,8 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
         ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
         for key in sorted(tensors):
             parts = key.split("/", 4)
-            spec, target, step, call = parts[:4]
-            grouped.setdefault((spec, target, int(step), int(call)), []).append(
+            spec, target, step_text, call_text = parts[:4]
+            grouped.setdefault((spec, target, int(step_text), int(call_text)), []).append(
                 (parts[4] if len(parts) > 4 else "", key)
             )
     except (ValueError, TypeError) as exc:

@@ -185,7 +185,7 @@ class RunWriter:
             )
         self.records_dir.mkdir(exist_ok=True)
         name = f"step-{step:06d}.safetensors"
-        compact = {"separators": (",", ":"), "ensure_ascii": False}
+        compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
         meta = {
             "hookgraph": FORMAT,
             "step": str(step),
