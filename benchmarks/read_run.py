@@ -60,7 +60,9 @@ def child(entries: int, targets: int, width: int) -> dict:
         t = time.perf_counter()
         writer = RunWriter(root)
         for step in range(steps):
-            writer.flush_records({"r": {f"blocks.{i}.out": [torch.full((width,), float(step))] for i in range(targets)}}, step)
+            writer.flush_records(
+                {"r": {f"blocks.{i}.out": [torch.full((width,), float(step))] for i in range(targets)}}, step
+            )
         writer.json("summary.json", {"status": "completed"})
         out["write_s"] = time.perf_counter() - t
         out["bytes_on_disk"] = sum(p.stat().st_size for p in (root / "records").iterdir())
@@ -114,15 +116,22 @@ def main() -> None:
     rows = []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for n in (int(x) for x in args.entries.split(",")):
-        cmd = [sys.executable, "-m", "benchmarks.read_run", "--child", str(n), "--targets", str(args.targets), "--width", str(args.width)]
-        rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1]))
-    print("| entries | targets x steps | on disk | write s | index s | read all s | x load_file | us/entry (all) | entry() us | maps over baseline | peak RSS MB (start / written / indexed / all read) |")
+        cmd = [sys.executable, "-m", "benchmarks.read_run", "--child", str(n),
+               "--targets", str(args.targets), "--width", str(args.width)]
+        rows.append(
+            json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1])
+        )
+    print(
+        "| entries | targets x steps | on disk | write s | index s | read all s | x load_file | us/entry (all) "
+        "| entry() us | maps over baseline | peak RSS MB (start / written / indexed / all read) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['entries']:,} | {r['targets']} x {r['steps']} | {r['bytes_on_disk'] / 1e6:.1f} MB | {r['write_s']:.2f} | "
-            f"{r['index_s']:.2f} | {r['read_all_s']:.2f} | {r['read_all_x_load_file']:.2f} | {r['read_us_per_entry']:.1f} | "
-            f"{r['entry_us']:.0f} | {r['maps_over_baseline']} | {r['rss_start_mb']:.0f} / {r['rss_after_write_mb']:.0f} / "
+            f"| {r['entries']:,} | {r['targets']} x {r['steps']} | {r['bytes_on_disk'] / 1e6:.1f} MB "
+            f"| {r['write_s']:.2f} | {r['index_s']:.2f} | {r['read_all_s']:.2f} | {r['read_all_x_load_file']:.2f} "
+            f"| {r['read_us_per_entry']:.1f} | {r['entry_us']:.0f} | {r['maps_over_baseline']} "
+            f"| {r['rss_start_mb']:.0f} / {r['rss_after_write_mb']:.0f} / "
             f"{r['rss_after_index_mb']:.0f} / {r['rss_after_read_all_mb']:.0f} |"
         )
 

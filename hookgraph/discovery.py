@@ -51,7 +51,9 @@ def list_targets(
         ]
     # TransformerLens hook point names (hook_dict, aliases included) first, as compile() sees them.
     hook_dict = getattr(bare, "hook_dict", None)
-    modules = {str(n): m for n, m in hook_dict.items() if isinstance(m, nn.Module)} if isinstance(hook_dict, Mapping) else {}
+    modules = (
+        {str(n): m for n, m in hook_dict.items() if isinstance(m, nn.Module)} if isinstance(hook_dict, Mapping) else {}
+    )
     for n, m in bare.named_modules():
         modules.setdefault(n, m)
     keep = set(match_names([pattern], list(modules)))

@@ -120,14 +120,48 @@ def test_patch_positions_from_a_run_folder(gpt2, tmp_path):
 def test_patch_sources_that_do_not_fit_are_compile_errors_naming_the_nearest(gpt2, tmp_path):
     clean = clean_graph(gpt2)
     with pytest.raises(SpecError, match=r"hooks.p.args.*'resdi' recorded nothing.*resid"):
-        hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions", "args": {"run": clean, "spec": "resdi"}}}, prefix="hooks")
+        hg.compile(
+            gpt2,
+            {"p": {"target": "transformer.h.0", "action": "patch_positions", "args": {"run": clean, "spec": "resdi"}}},
+            prefix="hooks",
+        )
     with pytest.raises(SpecError, match=r"no record of 'transformer.ln_f'.*transformer.h"):
-        hg.compile(gpt2, {"p": {"target": "transformer.ln_f", "action": "patch_positions", "args": {"run": clean, "spec": "resid"}}})
+        hg.compile(
+            gpt2,
+            {"p": {"target": "transformer.ln_f", "action": "patch_positions", "args": {"run": clean, "spec": "resid"}}},
+        )
     with pytest.raises(SpecError, match="no run folder"):
-        hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions", "args": {"run": str(tmp_path / "nope"), "spec": "resid"}}})
+        hg.compile(
+            gpt2,
+            {
+                "p": {
+                    "target": "transformer.h.0",
+                    "action": "patch_positions",
+                    "args": {"run": str(tmp_path / "nope"), "spec": "resid"},
+                }
+            },
+        )
     with pytest.raises(SpecError, match="positions must be"):
-        hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions", "args": {"run": clean, "spec": "resid", "positions": "x"}}})
-    g = hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions", "args": {"run": clean, "spec": "resid", "positions": 9}}})
+        hg.compile(
+            gpt2,
+            {
+                "p": {
+                    "target": "transformer.h.0",
+                    "action": "patch_positions",
+                    "args": {"run": clean, "spec": "resid", "positions": "x"},
+                }
+            },
+        )
+    g = hg.compile(
+        gpt2,
+        {
+            "p": {
+                "target": "transformer.h.0",
+                "action": "patch_positions",
+                "args": {"run": clean, "spec": "resid", "positions": 9},
+            }
+        },
+    )
     with pytest.raises(HookGraphError, match="position 9 is out of range for a sequence of length 6"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CORRUPT)
@@ -169,7 +203,17 @@ def test_head_mask_several_heads_and_an_explicit_head_count(gpt2):
 
 
 def test_head_out_of_range_names_the_head_count(gpt2):
-    g = hg.compile(gpt2, {"a": {"target": "transformer.h.0.attn.c_proj", "at": "forward_pre", "action": "head_mask", "args": {"heads": 4}}})
+    g = hg.compile(
+        gpt2,
+        {
+            "a": {
+                "target": "transformer.h.0.attn.c_proj",
+                "at": "forward_pre",
+                "action": "head_mask",
+                "args": {"heads": 4},
+            }
+        },
+    )
     with pytest.raises(HookGraphError, match=r"head\(s\) \[4\] out of range; this attention has 4 heads"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CLEAN)
@@ -185,8 +229,18 @@ def test_head_patch_at_one_position_equals_a_hand_written_patch(gpt2):
         return x
 
     ref = by_hand(gpt2, gpt2.transformer.h[0].attn.c_proj, CORRUPT, hand, pre=True)
-    _, got = run_graph(gpt2, {"hp": {"target": "transformer.h.0.attn.c_proj", "at": "forward_pre", "action": "head_patch",
-                                     "args": {"heads": 1, "run": clean, "spec": "z", "positions": 4}}}, CORRUPT)
+    _, got = run_graph(
+        gpt2,
+        {
+            "hp": {
+                "target": "transformer.h.0.attn.c_proj",
+                "at": "forward_pre",
+                "action": "head_patch",
+                "args": {"heads": 1, "run": clean, "spec": "z", "positions": 4},
+            }
+        },
+        CORRUPT,
+    )
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (got - logits(gpt2, CORRUPT)).abs().max() > 1e-4
 
@@ -209,7 +263,11 @@ def test_steer_at_positions_only(gpt2):
         return out
 
     ref = by_hand(gpt2, gpt2.transformer.h[1], CLEAN, hand)
-    _, got = run_graph(gpt2, {"s": {"target": "transformer.h.1", "action": "steer", "args": {"vector": v.tolist(), "positions": -1}}}, CLEAN)
+    _, got = run_graph(
+        gpt2,
+        {"s": {"target": "transformer.h.1", "action": "steer", "args": {"vector": v.tolist(), "positions": -1}}},
+        CLEAN,
+    )
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
@@ -222,11 +280,29 @@ def test_steer_from_a_safetensors_file(gpt2, tmp_path):
     _, got = run_graph(gpt2, {"s": {"target": "transformer.h.0", "action": "steer",
                                     "args": {"vector": str(tmp_path / "v.safetensors"), "scale": -0.5}}}, CLEAN)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    _, got2 = run_graph(gpt2, {"s": {"target": "transformer.h.0", "action": "steer",
-                                     "args": {"vector": {"path": str(tmp_path / "v.safetensors"), "key": "honesty"}, "scale": -0.5}}}, CLEAN)
+    _, got2 = run_graph(
+        gpt2,
+        {
+            "s": {
+                "target": "transformer.h.0",
+                "action": "steer",
+                "args": {"vector": {"path": str(tmp_path / "v.safetensors"), "key": "honesty"}, "scale": -0.5},
+            }
+        },
+        CLEAN,
+    )
     torch.testing.assert_close(got2, ref, atol=1e-5, rtol=0)
     with pytest.raises(SpecError, match=r"'honest' is not in .*honesty"):
-        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": {"path": str(tmp_path / "v.safetensors"), "key": "honest"}}}})
+        hg.compile(
+            gpt2,
+            {
+                "s": {
+                    "target": "transformer.h.0",
+                    "action": "steer",
+                    "args": {"vector": {"path": str(tmp_path / "v.safetensors"), "key": "honest"}},
+                }
+            },
+        )
 
 
 def test_steer_with_the_mean_difference_of_two_prompts_residuals(gpt2):
@@ -241,7 +317,9 @@ def test_steer_with_the_mean_difference_of_two_prompts_residuals(gpt2):
 
 def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
     g = hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
-    with pytest.raises(HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 32\]"):
+    with pytest.raises(
+        HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 32\]"
+    ):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CLEAN)
     with pytest.raises(SpecError, match="vector: expected a list of numbers"):

@@ -33,7 +33,9 @@ def test_one_command_sweeps_patching_over_blocks_and_positions_and_draws_the_hea
 
 
 def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
-    r = run_cli(["+experiment=gpt2_cache", "runner.progress=false", f"hydra.run.dir={tmp_path / 'cache'}"], cwd=tmp_path)
+    r = run_cli(
+        ["+experiment=gpt2_cache", "runner.progress=false", f"hydra.run.dir={tmp_path / 'cache'}"], cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "cache" / "summary.json").read_text())
     assert {k: v["records"] for k, v in s["specs"].items()} == {"embed": 1, "resid": 2, "attn": 2, "mlp": 2, "z": 2}
@@ -41,10 +43,21 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
     metrics = {}
     for scale in (0, 4):
         d = tmp_path / f"steer{scale}"
-        r = run_cli(["+experiment=gpt2_steering", f"hooks.steer.args.scale={scale}", "runner.progress=false", f"hydra.run.dir={d}"], cwd=tmp_path)
+        r = run_cli(
+            [
+                "+experiment=gpt2_steering",
+                f"hooks.steer.args.scale={scale}",
+                "runner.progress=false",
+                f"hydra.run.dir={d}",
+            ],
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         metrics[scale] = json.loads((d / "summary.json").read_text())["metric"]
     assert metrics[0] != metrics[4]
     d = tmp_path / "ablate"
-    r = run_cli(["+experiment=gpt2_head_ablation", "hooks.ablate.args.heads=5", "runner.progress=false", f"hydra.run.dir={d}"], cwd=tmp_path)
+    r = run_cli(
+        ["+experiment=gpt2_head_ablation", "hooks.ablate.args.heads=5", "runner.progress=false", f"hydra.run.dir={d}"],
+        cwd=tmp_path,
+    )
     assert r.returncode != 0 and "head(s) [5] out of range; this attention has 4 heads" in r.stderr

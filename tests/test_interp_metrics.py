@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 import hookgraph as hg
-
 from hookgraph.errors import ConfigError
 from hookgraph.runner.metrics import check_metric, compute_metric
 
@@ -36,7 +35,9 @@ def out(gpt2):
 def test_logit_diff_at_the_last_real_token_of_each_row(out):
     lg = out.logits
     want = ((lg[0, 5, 7] - lg[0, 5, 8]) + (lg[1, 3, 7] - lg[1, 3, 8])) / 2  # row 1 is padded after position 3
-    got = compute_metric({"name": "logit_diff", "correct": 7, "wrong": 8}, out, {"input_ids": IDS, "attention_mask": MASK})
+    got = compute_metric(
+        {"name": "logit_diff", "correct": 7, "wrong": 8}, out, {"input_ids": IDS, "attention_mask": MASK}
+    )
     assert got == pytest.approx(float(want), abs=1e-6)
     no_mask = compute_metric({"name": "logit_diff", "correct": 7, "wrong": 8, "position": 2}, out, {"input_ids": IDS})
     assert no_mask == pytest.approx(float((lg[:, 2, 7] - lg[:, 2, 8]).mean()), abs=1e-6)
@@ -44,7 +45,9 @@ def test_logit_diff_at_the_last_real_token_of_each_row(out):
 
 def test_logprob_loss_and_a_user_function(out):
     lp = F.log_softmax(out.logits[:, 1], -1)[:, 4].mean()
-    assert compute_metric({"name": "logprob", "token": 4, "position": 1}, out, {"input_ids": IDS}) == pytest.approx(float(lp), abs=1e-6)
+    assert compute_metric({"name": "logprob", "token": 4, "position": 1}, out, {"input_ids": IDS}) == pytest.approx(
+        float(lp), abs=1e-6
+    )
     ce = F.cross_entropy(out.logits[:, :-1].reshape(-1, 50), IDS[:, 1:].reshape(-1))
     assert compute_metric("loss", out, {"input_ids": IDS}) == pytest.approx(float(ce), abs=1e-5)
     top = out.logits[:, 0].max(-1).values.mean()
@@ -65,14 +68,28 @@ def test_bad_metrics_name_the_key_and_the_nearest():
         compute_metric("loss", torch.zeros(1, 3, 50), {})
 
 
-GPT2_CFG = {"_target_": "transformers.GPT2Config", "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 50, "n_positions": 16}
+GPT2_CFG = {
+    "_target_": "transformers.GPT2Config",
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 4,
+    "vocab_size": 50,
+    "n_positions": 16,
+}
 
 
 def job_cfg(hooks, metric, ids=((5, 9, 2, 8, 11, 3),)):
-    return {"model": {"name": None, "_target_": "transformers.GPT2LMHeadModel", "kwargs": {"config": dict(GPT2_CFG)}},
-            "data": {"kind": "custom", "_target_": "hookgraph.data.prompts.Prompts", "kwargs": {"ids": [list(r) for r in ids]}},
-            "runner": {"backward": False, "progress": False, "device": "cpu", "steps": 2, "metric": metric},
-            "sink": {"figures": False}, "hooks": hooks}
+    return {
+        "model": {"name": None, "_target_": "transformers.GPT2LMHeadModel", "kwargs": {"config": dict(GPT2_CFG)}},
+        "data": {
+            "kind": "custom",
+            "_target_": "hookgraph.data.prompts.Prompts",
+            "kwargs": {"ids": [list(r) for r in ids]},
+        },
+        "runner": {"backward": False, "progress": False, "device": "cpu", "steps": 2, "metric": metric},
+        "sink": {"figures": False},
+        "hooks": hooks,
+    }
 
 
 def test_a_run_writes_its_metric_per_step_and_patching_from_a_prompt_matches_by_hand(tmp_path, gpt2):
@@ -80,7 +97,13 @@ def test_a_run_writes_its_metric_per_step_and_patching_from_a_prompt_matches_by_
 
     clean, corrupt = [5, 9, 2, 7, 11, 3], [5, 9, 2, 8, 11, 3]
     metric = {"name": "logit_diff", "correct": 7, "wrong": 8}
-    hooks = {"patch": {"target": "transformer.h.1", "action": "patch_positions", "args": {"prompt": [clean], "positions": -1}}}
+    hooks = {
+        "patch": {
+            "target": "transformer.h.1",
+            "action": "patch_positions",
+            "args": {"prompt": [clean], "positions": -1},
+        }
+    }
     summary = run(job_cfg(hooks, metric), tmp_path / "job")
     assert summary["status"] == "completed"
     written = json.loads((tmp_path / "job" / "summary.json").read_text())
@@ -123,7 +146,11 @@ def test_patching_table_orders_layers_naturally_and_the_heatmap_is_written(tmp_p
     fake_sweep(tmp_path, [0.1, 0.2, 0.3, 0.4])
     rows = patching_table(tmp_path)
     assert [(r["layer"], r["position"], r["metric"]) for r in rows] == [
-        ("transformer.h.2", "0", 0.3), ("transformer.h.2", "1", 0.4), ("transformer.h.10", "0", 0.1), ("transformer.h.10", "1", 0.2)]
+        ("transformer.h.2", "0", 0.3),
+        ("transformer.h.2", "1", 0.4),
+        ("transformer.h.10", "0", 0.1),
+        ("transformer.h.10", "1", 0.2),
+    ]
     png = patching_heatmap(rows, tmp_path / "h.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert write_patching(tmp_path) == tmp_path / "patching.png"
@@ -158,8 +185,15 @@ def test_steer_and_patch_from_a_run_folder_the_runner_wrote(tmp_path, gpt2):
             want = gpt2(input_ids=torch.tensor([corrupt])).logits
     finally:
         h.remove()
-    vector = {"run": str(tmp_path / "clean"), "spec": "resid", "position": -1, "minus": {"run": str(tmp_path / "corrupt")}}
-    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": vector, "scale": 2.0}}})
+    vector = {
+        "run": str(tmp_path / "clean"),
+        "spec": "resid",
+        "position": -1,
+        "minus": {"run": str(tmp_path / "corrupt")},
+    }
+    g = hg.compile(
+        gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": vector, "scale": 2.0}}}
+    )
     with g.attach(), torch.no_grad():
         got = gpt2(input_ids=torch.tensor([corrupt])).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -26,11 +26,14 @@ def bridge():
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16)).eval()
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
+    ).eval()
     # A word-level tokenizer in memory: nothing is downloaded.
     tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(50)}, unk_token="t0"))
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0", bos_token="t0", eos_token="t0", pad_token="t0",
-                                               add_bos_token=True)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="t0", bos_token="t0", eos_token="t0", pad_token="t0", add_bos_token=True
+    )
     tok.init_kwargs["name_or_path"] = "tiny"
     return tl.TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok)
 
@@ -44,8 +47,14 @@ def run(model, specs, ids):
 
 def test_records_at_hook_points_equal_run_with_cache(bridge):
     _, cache = bridge.run_with_cache(CLEAN)
-    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_z", "blocks.1.attn.hook_pattern",
-             "blocks.0.hook_attn_out", "blocks.1.hook_mlp_out"]
+    names = [
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_post",
+        "blocks.0.attn.hook_z",
+        "blocks.1.attn.hook_pattern",
+        "blocks.0.hook_attn_out",
+        "blocks.1.hook_mlp_out",
+    ]
     g, _ = run(bridge, {"cache": {"target": names}}, CLEAN)
     assert sorted(g.records["cache"]) == sorted(names)
     for name in names:
@@ -96,11 +105,18 @@ def test_head_patch_from_a_clean_graph_equals_run_with_hooks(bridge):
 def test_steering_the_residual_stream_equals_run_with_hooks(bridge):
     v = torch.linspace(-1, 1, 32)
     ref = bridge.run_with_hooks(CLEAN, fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x + 3.0 * v)]).detach()
-    _, got = run(bridge, {"s": {"target": "blocks.0.hook_resid_post", "action": "steer", "args": {"vector": v.tolist(), "scale": 3.0}}}, CLEAN)
+    _, got = run(
+        bridge,
+        {"s": {"target": "blocks.0.hook_resid_post", "action": "steer", "args": {"vector": v.tolist(), "scale": 3.0}}},
+        CLEAN,
+    )
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 def test_list_targets_shows_the_hook_point_names(bridge):
     names = [r["name"] for r in hg.list_targets(bridge, "blocks.1.attn.hook_*")]
     assert "blocks.1.attn.hook_z" in names and "blocks.1.attn.hook_pattern" in names
-    assert sorted(r["name"] for r in hg.list_targets(bridge, "blocks.0.hook_resid_p*")) == ["blocks.0.hook_resid_post", "blocks.0.hook_resid_pre"]
+    assert sorted(r["name"] for r in hg.list_targets(bridge, "blocks.0.hook_resid_p*")) == [
+        "blocks.0.hook_resid_post",
+        "blocks.0.hook_resid_pre",
+    ]

@@ -72,8 +72,11 @@ def test_damaged_shard_metadata_is_reported_by_name(tmp_path):
     from safetensors.torch import save_file
 
     _run(tmp_path)
-    save_file({"r/a/1/0": torch.ones(4)}, str(_shard(tmp_path, 1)),
-              metadata={"hookgraph": "2", "step": "1", "order": '[["r", "a"]]', "structures": "[{", "entries": "[[0, 0, 0]]"})
+    save_file(
+        {"r/a/1/0": torch.ones(4)},
+        str(_shard(tmp_path, 1)),
+        metadata={"hookgraph": "2", "step": "1", "order": '[["r", "a"]]', "structures": "[{", "entries": "[[0, 0, 0]]"},
+    )
     run, warned = _load_damaged(tmp_path)
     assert run.damaged == ["records/step-000001.safetensors"] and "metadata is damaged" in warned[0]
     assert run.records["r"].calls("a") == [(0, 0), (2, 0)]
@@ -129,7 +132,16 @@ def test_a_shard_damaged_after_indexing_names_itself_when_read(tmp_path):
         ("stats.csv", b"spec,target\n\xff\xfe,x\n", "cannot be read"),
         ("stats.csv", "spec,target\ns,a,extra,cells\n", "row 2 does not have the header's columns"),
     ],
-    ids=["summary-cut", "summary-array", "plan-cut", "plan-bytes", "config-yaml", "config-scalar", "stats-bytes", "stats-ragged"],
+    ids=[
+        "summary-cut",
+        "summary-array",
+        "plan-cut",
+        "plan-bytes",
+        "config-yaml",
+        "config-scalar",
+        "stats-bytes",
+        "stats-ragged",
+    ],
 )
 def test_a_damaged_file_is_a_hookgraph_error_naming_it(tmp_path, name, text, words):
     _run(tmp_path)
@@ -182,7 +194,9 @@ def test_a_run_killed_before_its_summary_reads_as_incomplete(tmp_path):
 def test_a_folder_without_hookgraph_content_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("not a run")
     (tmp_path / ".hydra").mkdir()
-    with pytest.raises(hg.HookGraphError, match=r"is not a hookgraph run folder \(no summary\.json, plan\.json, records/"):
+    with pytest.raises(
+        hg.HookGraphError, match=r"is not a hookgraph run folder \(no summary\.json, plan\.json, records/"
+    ):
         hg.load_run(tmp_path)
     with pytest.raises(hg.HookGraphError, match="no such folder"):
         hg.load_run(tmp_path / "absent")

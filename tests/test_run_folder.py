@@ -111,7 +111,7 @@ def _same(a, b):
             _same(a[k], b[k])
     elif isinstance(a, (tuple, list)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             _same(x, y)
     else:
         assert a == b

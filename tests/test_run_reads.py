@@ -16,7 +16,9 @@ from hookgraph.runs.writer import RunWriter
 def _run(path, steps: int = 3, offset: float = 0.0):
     writer = RunWriter(path)
     for step in range(steps):
-        writer.flush_records({"r": {"a": [torch.full((4,), step + offset)], "b": [(torch.arange(3) + step, None)]}}, step)
+        writer.flush_records(
+            {"r": {"a": [torch.full((4,), step + offset)], "b": [(torch.arange(3) + step, None)]}}, step
+        )
     writer.json("summary.json", {"status": "completed", "steps": steps})
     return path
 

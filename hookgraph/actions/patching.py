@@ -17,7 +17,7 @@ comes from ``n_heads`` or from the nearest enclosing module that has ``num_heads
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,8 +31,11 @@ __all__ = ["head_view", "n_heads_of"]
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
 
 
-def n_heads_of(model: torch.nn.Module, target: str) -> Optional[int]:
-    """The head count of the nearest module enclosing ``target`` (itself included), or None."""
+def n_heads_of(model: torch.nn.Module | None, target: str) -> int | None:
+    """The head count of the nearest module enclosing ``target`` (itself included), or None
+    (also without a model: an ActionContext built by hand may have none)."""
+    if model is None:
+        return None
     parts = target.split(".") if target else []
     for cut in range(len(parts), -1, -1):
         try:
@@ -47,14 +50,18 @@ def n_heads_of(model: torch.nn.Module, target: str) -> Optional[int]:
     return None
 
 
-def _heads_list(heads: Union[int, list]) -> list[int]:
+def _heads_list(heads: int | list) -> list[int]:
     idx = [heads] if isinstance(heads, int) and not isinstance(heads, bool) else heads
-    if not isinstance(idx, (list, tuple)) or not idx or not all(isinstance(h, int) and not isinstance(h, bool) for h in idx):
+    if (
+        not isinstance(idx, (list, tuple))
+        or not idx
+        or not all(isinstance(h, int) and not isinstance(h, bool) for h in idx)
+    ):
         raise ValueError(f"heads must be a head index or a non-empty list of them, got {heads!r}")
     return list(idx)
 
 
-def head_view(t: Tensor, n_heads: Optional[int], where: str) -> Tensor:
+def head_view(t: Tensor, n_heads: int | None, where: str) -> Tensor:
     """``t`` as [..., n_heads, d_head]: split along the last dimension, or as is when already split."""
     if n_heads is not None and t.dim() >= 4 and t.shape[-2] == n_heads:
         return t  # TransformerLens's hook_z / hook_result layout
@@ -63,7 +70,10 @@ def head_view(t: Tensor, n_heads: Optional[int], where: str) -> Tensor:
             return t
         raise HookGraphError(f"{where}: cannot tell the head count of a value of shape {list(t.shape)}; give n_heads")
     if t.shape[-1] % n_heads:
-        raise HookGraphError(f"{where}: the last dimension ({t.shape[-1]}) of shape {list(t.shape)} is not divisible by n_heads={n_heads}")
+        raise HookGraphError(
+            f"{where}: the last dimension ({t.shape[-1]}) of shape {list(t.shape)} "
+            f"is not divisible by n_heads={n_heads}"
+        )
     return t.reshape(*t.shape[:-1], n_heads, t.shape[-1] // n_heads)
 
 
@@ -74,7 +84,9 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
         raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
-def _mask(view_shape: torch.Size, dim: Optional[int], pos: Any, heads: Optional[list[int]], device: torch.device, where: str) -> Tensor:
+def _mask(
+    view_shape: torch.Size, dim: int, pos: Any, heads: list[int] | None, device: torch.device, where: str
+) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies."""
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
@@ -99,7 +111,9 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     from ..points import HookPoint
 
     if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
-        raise ValueError(f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run")
+        raise ValueError(
+            f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run"
+        )
     try:
         ids = torch.as_tensor(prompt, dtype=torch.long)
     except (TypeError, ValueError, RuntimeError):
@@ -107,6 +121,8 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     if ids is None or ids.dim() not in (1, 2) or ids.numel() == 0:
         raise ValueError(f"prompt: expected token ids, a list of ints or a list of equal-length lists, got {prompt!r}")
     model = ctx.model
+    if model is None:  # the compiler always passes it; an ActionContext built by hand may not
+        raise ValueError("prompt: a prompt source needs the model; record a clean run and give run")
     module = model.get_submodule(ctx.target)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     got: list[Any] = []
@@ -131,7 +147,7 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     return value.detach().clone()
 
 
-def _source(ctx: ActionContext, run: Any, spec: Optional[str], step: int, call: int, prompt: Any = None) -> Tensor:
+def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int, prompt: Any = None) -> Tensor:
     if (run is None) == (prompt is None):
         raise ValueError("give run (and spec): a recorded run, or prompt: token ids to run the model on now")
     if prompt is not None:
@@ -147,7 +163,9 @@ def _source(ctx: ActionContext, run: Any, spec: Optional[str], step: int, call: 
     return saved
 
 
-def _patcher(ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: Optional[list[int]], n_heads: Optional[int]):
+def _patcher(
+    ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: list[int] | None, n_heads: int | None
+):
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
@@ -180,12 +198,12 @@ def _patcher(ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, 
 def patch_positions(
     ctx: ActionContext,
     run: Any = None,
-    spec: Optional[str] = None,
-    positions: Union[int, list, str, None] = None,
+    spec: str | None = None,
+    positions: int | list | str | None = None,
     step: int = 0,
     call: int = 0,
     dim: int = 1,
-    prompt: Optional[list] = None,
+    prompt: list | None = None,
 ):
     """Replace the value with a recorded one (same target) at ``positions`` along ``dim``
     (the sequence, by default) and keep the live value elsewhere. ``run``: a run folder, a
@@ -198,22 +216,22 @@ def patch_positions(
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
 
 
-def _where(run: Any, spec: Optional[str], step: int, call: int, prompt: Any) -> str:
+def _where(run: Any, spec: str | None, step: int, call: int, prompt: Any) -> str:
     return f"prompt {prompt!r}" if prompt is not None else f"{source_label(run)} ({spec}, step {step}, call {call})"
 
 
 @register_action(replaces=True, per_tensor=False)
 def head_patch(
     ctx: ActionContext,
-    heads: Union[int, list],
+    heads: int | list,
     run: Any = None,
-    spec: Optional[str] = None,
-    positions: Union[int, list, str, None] = None,
+    spec: str | None = None,
+    positions: int | list | str | None = None,
     step: int = 0,
     call: int = 0,
-    n_heads: Optional[int] = None,
+    n_heads: int | None = None,
     dim: int = 1,
-    prompt: Optional[list] = None,
+    prompt: list | None = None,
 ):
     """Replace attention head(s) ``heads`` with their recorded output (and only at
     ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
@@ -229,10 +247,10 @@ def head_patch(
 @register_action(replaces=True)
 def head_mask(
     ctx: ActionContext,
-    heads: Union[int, list],
+    heads: int | list,
     value: float = 0.0,
-    n_heads: Optional[int] = None,
-    positions: Union[int, list, str, None] = None,
+    n_heads: int | None = None,
+    positions: int | list | str | None = None,
     dim: int = 1,
 ):
     """Set attention head(s) ``heads`` to ``value`` (0: ablate the head), at ``positions``
@@ -251,7 +269,9 @@ def head_mask(
         if m is None:
             _check_heads(idx, view, label)
             if pos is not None and (not -view.dim() <= dim < view.dim() or dim % view.dim() >= view.dim() - 2):
-                raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+                raise HookGraphError(
+                    f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
+                )
             m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
         return view.masked_fill(m, value).reshape(t.shape)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,7 +49,8 @@ def _records_of(source: Any) -> Mapping:
     if isinstance(source, Mapping):
         return source
     raise ValueError(
-        f"run: expected a run folder, a Run (hookgraph.load_run), a HookGraph or its records, got {type(source).__name__}"
+        "run: expected a run folder, a Run (hookgraph.load_run), a HookGraph or its records, "
+        f"got {type(source).__name__}"
     )
 
 
@@ -64,12 +65,18 @@ def recorded_value(source: Any, spec: str, target: str, step: int = 0, call: int
     where = source_label(source)
     records = _records_of(source)
     if spec not in records:
-        raise ValueError(f"spec: {spec!r} recorded nothing in {where}; {did_you_mean(spec, list(records), 'specs with records there')}")
+        raise ValueError(
+            f"spec: {spec!r} recorded nothing in {where}; "
+            f"{did_you_mean(spec, list(records), 'specs with records there')}"
+        )
     targets = records[spec]
     if not isinstance(targets, Mapping):
         raise ValueError(f"spec: {spec!r} in {where} holds rows (trace or stats), not recorded tensors")
     if target not in targets:
-        raise ValueError(f"spec {spec!r} in {where} has no record of {target!r}; {did_you_mean(target, list(targets), 'recorded targets')}")
+        raise ValueError(
+            f"spec {spec!r} in {where} has no record of {target!r}; "
+            f"{did_you_mean(target, list(targets), 'recorded targets')}"
+        )
     entry = getattr(targets, "entry", None)
     if entry is not None:  # a run folder's lazy records
         try:
@@ -78,7 +85,9 @@ def recorded_value(source: Any, spec: str, target: str, step: int = 0, call: int
             raise ValueError(f"step/call: {exc}") from None
     calls = targets[target]
     if not -len(calls) <= call < len(calls):
-        raise ValueError(f"call: {target!r} in spec {spec!r} has {len(calls)} recorded call(s) in {where}, no call {call}")
+        raise ValueError(
+            f"call: {target!r} in spec {spec!r} has {len(calls)} recorded call(s) in {where}, no call {call}"
+        )
     return calls[call]
 
 
@@ -86,7 +95,7 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def position_index(positions: Union[int, Sequence, str, None]) -> Optional[Any]:
+def position_index(positions: int | Sequence | str | None) -> Any | None:
     """``positions`` (an int, a list of ints or a slice string "a:b") -> an index, checked now.
 
     Returns None for all positions, a ``slice`` or a list of ints (negative ones count
@@ -106,7 +115,9 @@ def position_index(positions: Union[int, Sequence, str, None]) -> Optional[Any]:
         raise ValueError(f"positions must be an int, a list of ints or a slice string such as '2:5', got {positions!r}")
     if isinstance(positions, Sequence) and positions and all(_is_int(p) for p in positions):
         return list(positions)
-    raise ValueError(f"positions must be an int, a non-empty list of ints or a slice string such as '2:5', got {positions!r}")
+    raise ValueError(
+        f"positions must be an int, a non-empty list of ints or a slice string such as '2:5', got {positions!r}"
+    )
 
 
 def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +32,7 @@ __all__ = ["steering_vector"]
 _RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
 
 
-def _from_file(path: Any, key: Optional[str]) -> Tensor:
+def _from_file(path: Any, key: str | None) -> Tensor:
     from safetensors import safe_open
 
     p = Path(str(path)).expanduser()
@@ -44,7 +44,9 @@ def _from_file(path: Any, key: Optional[str]) -> Tensor:
         keys = list(f.keys())
         if key is None:
             if len(keys) != 1:
-                raise ValueError(f"vector: {str(p)!r} holds {len(keys)} tensors {keys[:8]}; name one with {{path: ..., key: ...}}")
+                raise ValueError(
+                    f"vector: {str(p)!r} holds {len(keys)} tensors {keys[:8]}; name one with {{path: ..., key: ...}}"
+                )
             key = keys[0]
         if key not in keys:
             from ..errors import did_you_mean
@@ -53,20 +55,28 @@ def _from_file(path: Any, key: Optional[str]) -> Tensor:
         return f.get_tensor(key)
 
 
-def _from_record(src: Mapping, target: str, outer: Optional[Mapping] = None) -> Tensor:
+def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Tensor:
     merged = {**(outer or {}), **src}
     unknown = set(src) - _RECORD_KEYS
     if unknown:
         raise ValueError(f"vector: unknown key(s) {sorted(unknown)}; a record source takes {sorted(_RECORD_KEYS)}")
     if "spec" not in merged or "run" not in merged:
         raise ValueError("vector: a record source needs run and spec")
-    t = recorded_value(merged["run"], str(merged["spec"]), str(merged.get("target") or target), int(merged.get("step", 0)), int(merged.get("call", 0)))
+    t = recorded_value(
+        merged["run"],
+        str(merged["spec"]),
+        str(merged.get("target") or target),
+        int(merged.get("step", 0)),
+        int(merged.get("call", 0)),
+    )
     if not isinstance(t, Tensor) or t.dim() == 0:
         raise ValueError(f"vector: the record of spec {merged['spec']!r} is not a tensor with a last dimension")
     t = t.float()
     if merged.get("position") is not None:
         if t.dim() < 3:
-            raise ValueError(f"vector.position: the record has shape {list(t.shape)}, no sequence dimension (dim 1) to pick from")
+            raise ValueError(
+                f"vector.position: the record has shape {list(t.shape)}, no sequence dimension (dim 1) to pick from"
+            )
         idx = resolve_positions(position_index(merged["position"]), t.shape[1], "vector.position")
         t = t[:, idx] if isinstance(idx, slice) else t.index_select(1, idx)
     v = t.reshape(-1, t.shape[-1]).mean(0)
@@ -95,7 +105,11 @@ def steering_vector(vector: Any, target: str = "") -> Tensor:
         v = _from_file(vector["path"], vector.get("key"))
     elif isinstance(vector, Mapping):
         v = _from_record(vector, target)
-    elif isinstance(vector, Sequence) and vector and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+    elif (
+        isinstance(vector, Sequence)
+        and vector
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector)
+    ):
         v = torch.tensor([float(x) for x in vector])
     else:
         raise ValueError(
@@ -114,7 +128,7 @@ def steer(
     ctx: ActionContext,
     vector: Any,
     scale: float = 1.0,
-    positions: Union[int, list, str, None] = None,
+    positions: int | list | str | None = None,
     dim: int = 1,
 ):
     """Add ``scale * vector`` over the last dimension (at ``positions`` along ``dim`` only,
@@ -127,14 +141,19 @@ def steer(
 
     def fn(t: Tensor) -> Tensor:
         if t.shape[-1:] != v.shape[-1:] or v.dim() > t.dim():
-            raise HookGraphError(f"{label}: a steering vector of shape {list(v.shape)} does not broadcast over the last dimension of a value of shape {list(t.shape)}")
+            raise HookGraphError(
+                f"{label}: a steering vector of shape {list(v.shape)} does not broadcast over the last dimension "
+                f"of a value of shape {list(t.shape)}"
+            )
         key = (t.device, t.dtype, t.shape if pos is not None else None)
         add = cache.get(key)
         if add is None:
             add = v.to(device=t.device, dtype=t.dtype)
             if pos is not None:
                 if not -t.dim() <= dim < t.dim() or dim % t.dim() == t.dim() - 1:
-                    raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+                    raise HookGraphError(
+                        f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
+                    )
                 d = dim % t.dim()
                 sel = torch.zeros(t.shape[d], dtype=t.dtype, device=t.device)
                 sel[resolve_positions(pos, t.shape[d], label)] = 1

@@ -23,10 +23,16 @@ class Prompts(Dataset):
 
     def __init__(self, ids: Sequence[Sequence[int]]):
         rows = [list(r) for r in ids] if isinstance(ids, Sequence) and not isinstance(ids, str) else None
-        if not rows or not all(r and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in r) for r in rows):
-            raise ValueError(f"ids must be a non-empty list of prompts, each a non-empty list of token ids >= 0, got {ids!r}")
+        if not rows or not all(
+            r and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in r) for r in rows
+        ):
+            raise ValueError(
+                f"ids must be a non-empty list of prompts, each a non-empty list of token ids >= 0, got {ids!r}"
+            )
         if len({len(r) for r in rows}) != 1:
-            raise ValueError(f"all prompts need one length (patching compares positions), got lengths {[len(r) for r in rows]}")
+            raise ValueError(
+                f"all prompts need one length (patching compares positions), got lengths {[len(r) for r in rows]}"
+            )
         self.ids = torch.tensor(rows, dtype=torch.long)
 
     def __len__(self) -> int:

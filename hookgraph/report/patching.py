@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 __all__ = ["patching_table", "patching_heatmap", "write_patching"]
 
@@ -31,7 +32,7 @@ def _overrides(job: Path) -> dict[str, str]:
     return out
 
 
-def _axes(jobs: list[dict[str, str]], layer_key: Optional[str], position_key: Optional[str]) -> tuple[str, str]:
+def _axes(jobs: list[dict[str, str]], layer_key: str | None, position_key: str | None) -> tuple[str, str]:
     keys = list(dict.fromkeys(k for j in jobs for k in j))
     varying = [k for k in keys if len({j.get(k) for j in jobs}) > 1]
     layer = layer_key or next((k for k in varying if k.endswith(".target") or "layer" in k), None)
@@ -49,7 +50,9 @@ def _order(value: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(-?\d+)", value) if p)
 
 
-def patching_table(sweep_dir: str | Path, layer_key: Optional[str] = None, position_key: Optional[str] = None) -> list[dict[str, Any]]:
+def patching_table(
+    sweep_dir: str | Path, layer_key: str | None = None, position_key: str | None = None
+) -> list[dict[str, Any]]:
     """One row per job of a patching sweep: job, layer, position, metric (None when the
     job failed or had no ``runner.metric``), status. Sorted by layer, then position."""
     root = Path(sweep_dir)
@@ -57,14 +60,16 @@ def patching_table(sweep_dir: str | Path, layer_key: Optional[str] = None, posit
     overrides = [_overrides(j) for j in jobs]
     layer, position = _axes(overrides, layer_key, position_key)
     rows = []
-    for job, ov in zip(jobs, overrides):
+    for job, ov in zip(jobs, overrides, strict=True):
         s = json.loads((job / "summary.json").read_text()) if (job / "summary.json").is_file() else {}
         rows.append({"job": int(job.name), "layer": ov.get(layer, ""), "position": ov.get(position, ""),
                      "metric": s.get("metric"), "status": s.get("status", "missing")})
     return sorted(rows, key=lambda r: (_order(r["layer"]), _order(r["position"])))
 
 
-def patching_heatmap(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric") -> Optional[Path]:
+def patching_heatmap(
+    rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric"
+) -> Path | None:
     """Layers (rows) x positions (columns), coloured by the metric; None without any metric."""
     import matplotlib
 
@@ -101,7 +106,7 @@ def patching_heatmap(rows: Sequence[dict[str, Any]], path: str | Path, title: st
     return out
 
 
-def write_patching(sweep_dir: str | Path) -> Optional[Path]:
+def write_patching(sweep_dir: str | Path) -> Path | None:
     """``patching.csv`` and ``patching.png`` in a sweep folder over layer x position; None
     (and nothing written) when the sweep is not one."""
     import csv

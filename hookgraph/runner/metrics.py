@@ -16,8 +16,8 @@ batch, padding is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,9 @@ def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(cfg, str):
         cfg = {"name": cfg}
     if not isinstance(cfg, Mapping):
-        raise ConfigError(KEY, f"expected a metric name ({', '.join(METRICS)}) or a mapping with name or _target_, got {cfg!r}")
+        raise ConfigError(
+            KEY, f"expected a metric name ({', '.join(METRICS)}) or a mapping with name or _target_, got {cfg!r}"
+        )
     args = {str(k): v for k, v in cfg.items()}
     if "_target_" in args:
         if "name" in args:
@@ -61,11 +63,18 @@ def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
         return "_target_", args
     name = args.pop("name", None)
     if name not in METRICS:
-        raise ConfigError(f"{KEY}.name", f"unknown metric {name!r}; {did_you_mean(str(name), METRICS, 'metrics')} (or _target_: your function)")
+        raise ConfigError(
+            f"{KEY}.name",
+            f"unknown metric {name!r}; {did_you_mean(str(name), METRICS, 'metrics')} (or _target_: your function)",
+        )
     required, optional = METRICS[name]
     for a in args:
         if a not in required and a not in optional:
-            raise ConfigError(f"{KEY}.{a}", f"metric {name!r} has no argument {a!r}; {did_you_mean(a, list(required) + list(optional), 'its arguments')}")
+            raise ConfigError(
+                f"{KEY}.{a}",
+                f"metric {name!r} has no argument {a!r}; "
+                f"{did_you_mean(a, list(required) + list(optional), 'its arguments')}",
+            )
     for a in required:
         if a not in args:
             raise ConfigError(f"{KEY}.{a}", f"metric {name!r} needs {a!r} (a token id)")

@@ -28,10 +28,10 @@ import math
 import os
 import struct
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -71,10 +71,10 @@ class _Shard:
 
     __slots__ = ("path", "file", "name", "damage", "stamp")
 
-    def __init__(self, path: Path, name: str, damage: Optional[str] = None):
+    def __init__(self, path: Path, name: str, damage: str | None = None):
         self.path, self.name, self.damage = path, name, damage
         self.file = str(path)  # os.open takes a str without pathlib's conversion per read
-        self.stamp: Optional[tuple[int, ...]] = None  # _stamp of the file when indexed
+        self.stamp: tuple[int, ...] | None = None  # _stamp of the file when indexed
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -137,7 +137,9 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
             if _stamp(st) != shard.stamp:
                 size = shard.stamp[2] if shard.stamp else 0
                 what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
-                raise HookGraphError(f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read")
+                raise HookGraphError(
+                    f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
+                )
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -146,10 +148,12 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 n = t.end - t.begin
                 flat = len(t.shape) == 1 and n > 0  # frombuffer's own shape: no view needed
                 value = None if flat else torch.empty(t.shape, dtype=t.dtype)
-                buf = bytearray(n) if flat else (ctypes.c_char * n).from_address(value.data_ptr())
+                buf = bytearray(n) if value is None else (ctypes.c_char * n).from_address(value.data_ptr())
                 if n and os.preadv(fd, [buf], t.begin) != n:
-                    raise HookGraphError(f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read")
-                out.append(torch.frombuffer(buf, dtype=t.dtype) if flat else value)
+                    raise HookGraphError(
+                        f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
+                    )
+                out.append(torch.frombuffer(buf, dtype=t.dtype) if value is None else value)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -167,7 +171,7 @@ def _load(entries: list[_Entry]) -> list:
     for shard, items in by_shard.items():
         if len(items) > 1:
             items.sort(key=lambda t: t.begin)  # one forward pass over the file
-        for t, value in zip(items, _read_tensors(shard, items)):
+        for t, value in zip(items, _read_tensors(shard, items), strict=True):
             read[id(t)] = value
     out = []
     for e in entries:
@@ -180,14 +184,16 @@ def _load(entries: list[_Entry]) -> list:
             try:
                 out.append(rebuild(e.structure, values))
             except ValueError as exc:
-                raise HookGraphError(f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}") from None
+                raise HookGraphError(
+                    f"{e.shard.name}: a damaged record (step {e.step}, call {e.call}): {exc}"
+                ) from None
     return out
 
 
 def _legacy(paths: list[str], values: list[torch.Tensor]) -> Any:
     # Shards written before structures were stored: tuples read back as lists, keys as
     # strings and None elements are lost, as they always were for those files.
-    parts = dict(zip(paths, values))
+    parts = dict(zip(paths, values, strict=True))
     if list(parts) == [""]:
         return parts[""]
     if all(k.isdigit() for k in parts):
@@ -208,7 +214,8 @@ class _Targets(Mapping):
     def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
             raise HookGraphError(
-                f"spec {self._spec!r} recorded nothing for {target!r}; {did_you_mean(target, self._index, 'recorded targets')}"
+                f"spec {self._spec!r} recorded nothing for {target!r}; "
+                f"{did_you_mean(target, self._index, 'recorded targets')}"
                 + self._missing()
             )
         return self._index[target]
@@ -229,7 +236,8 @@ class _Targets(Mapping):
         if not picked:
             shown = ", ".join(f"step {s} call {c}" for s, c in self.calls(target)[:8])
             raise HookGraphError(
-                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}" + self._missing()
+                f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}; recorded: {shown}"
+                + self._missing()
             )
         return _load(picked[:1])[0]
 
@@ -257,7 +265,9 @@ class _Records(Mapping):
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
             extra = f" (damaged shards, not read: {', '.join(self.damaged)})" if self.damaged else ""
-            raise HookGraphError(f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}")
+            raise HookGraphError(
+                f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}"
+            )
         return self._targets[spec]
 
     def __contains__(self, spec: object) -> bool:
@@ -370,7 +380,7 @@ def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             spec, target = order[o]
             n = counts[s]
             if n is None:
-                found = (tensors[shard_key(spec, target, step, call)],)
+                found: tuple[_Tensor, ...] = (tensors[shard_key(spec, target, step, call)],)
             else:
                 found = tuple(tensors[shard_key(spec, target, step, call, i)] for i in range(n))
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
@@ -399,13 +409,23 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
         ranks = {pair: i for i, pair in enumerate(order) if isinstance(pair, str)}
         for key in sorted(tensors):
             parts = key.split("/", 4)
-            spec, target, step, call = parts[:4]
-            grouped.setdefault((spec, target, int(step), int(call)), []).append((parts[4] if len(parts) > 4 else "", key))
+            spec, target, step_text, call_text = parts[:4]
+            grouped.setdefault((spec, target, int(step_text), int(call_text)), []).append(
+                (parts[4] if len(parts) > 4 else "", key)
+            )
     except (ValueError, TypeError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
-    for (spec, target, step, call), items in sorted(grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])):
-        out.append((spec, target, _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items]))))
+    for (spec, target, step, call), items in sorted(
+        grouped.items(), key=lambda kv: (ranks.get(f"{kv[0][0]}/{kv[0][1]}", len(ranks)), kv[0][3])
+    ):
+        out.append(
+            (
+                spec,
+                target,
+                _Entry(step, call, shard, tuple(tensors[k] for _, k in items), ("legacy", [p for p, _ in items])),
+            )
+        )
     return out
 
 
@@ -456,7 +476,7 @@ def _exists(path: Path) -> bool:
 # -- the other files -------------------------------------------------------------------
 
 
-def _text(path: Path) -> Optional[str]:
+def _text(path: Path) -> str | None:
     """The file's text; None when there is no such file; a HookGraphError naming it when it
     is there but cannot be read (a directory, a link loop, no permission, not UTF-8)."""
     if not _exists(path):
@@ -477,7 +497,9 @@ def _json(path: Path, kind: type) -> Any:
     except ValueError as exc:
         raise HookGraphError(f"{path} is damaged: not JSON ({exc})") from None
     if not isinstance(value, kind):
-        raise HookGraphError(f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}")
+        raise HookGraphError(
+            f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
+        )
     return value
 
 
@@ -542,7 +564,7 @@ class Run:
     trace: list = field(default_factory=list)
     plan: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
-    config: Optional[Any] = None
+    config: Any | None = None
     damaged: list = field(default_factory=list)
 
     @property
@@ -568,7 +590,9 @@ def load_run(path: str | Path) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`."""
     root = Path(path)
     if not root.is_dir():
-        raise HookGraphError(f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})")
+        raise HookGraphError(
+            f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})"
+        )
     present = run_content(root)
     if not present:
         raise HookGraphError(

@@ -24,8 +24,9 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -58,14 +59,14 @@ def _escape(name: str) -> str:
     return name.replace("%", "%25").replace("/", "%2F")
 
 
-def shard_key(spec: str, target: str, step: int, call: int, index: Optional[int] = None) -> str:
+def shard_key(spec: str, target: str, step: int, call: int, index: int | None = None) -> str:
     """The safetensors key of a call's tensor (``index`` None: the call is one tensor)."""
     key = f"{_escape(spec)}/{_escape(target)}/{step}/{call}"
     return key if index is None else f"{key}/{index}"
 
 
 @functools.cache
-def _unstorable(dtype: torch.dtype) -> Optional[str]:
+def _unstorable(dtype: torch.dtype) -> str | None:
     """Why safetensors cannot hold ``dtype`` (None: it can), asked of the library itself
     with an empty tensor, once per dtype."""
     try:
@@ -96,7 +97,7 @@ def _prepare(tensors: dict[str, torch.Tensor]) -> None:
         tensors[key] = t
 
 
-def strict_json(obj: Any, found: Optional[list[str]] = None, path: str = "") -> Any:
+def strict_json(obj: Any, found: list[str] | None = None, path: str = "") -> Any:
     """``obj`` with every non-finite float replaced by None (JSON has no NaN or Infinity);
     the paths replaced are appended to ``found``."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -113,7 +114,7 @@ def strict_json(obj: Any, found: Optional[list[str]] = None, path: str = "") -> 
 class RunWriter:
     """Writes one run folder. ``max_bytes`` bounds the records written in total."""
 
-    def __init__(self, out_dir: str | os.PathLike, max_bytes: Optional[int] = None):
+    def __init__(self, out_dir: str | os.PathLike, max_bytes: int | None = None):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.records_dir = self.dir / "records"
@@ -133,7 +134,7 @@ class RunWriter:
         atomic_write(path, (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode())
         return path
 
-    def csv(self, name: str, rows: Sequence[dict], columns: Optional[Sequence[str]] = None) -> Optional[Path]:
+    def csv(self, name: str, rows: Sequence[dict], columns: Sequence[str] | None = None) -> Path | None:
         if not rows:
             return None
         cols = list(columns or dict.fromkeys(k for r in rows for k in r))
@@ -184,7 +185,7 @@ class RunWriter:
             )
         self.records_dir.mkdir(exist_ok=True)
         name = f"step-{step:06d}.safetensors"
-        compact = {"separators": (",", ":"), "ensure_ascii": False}
+        compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
         meta = {
             "hookgraph": FORMAT,
             "step": str(step),
@@ -195,7 +196,7 @@ class RunWriter:
         atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
         self.shards.append(name)
         self.bytes_written += size
-        for (spec, _), slot in zip(order, slots):
+        for (spec, _), slot in zip(order, slots, strict=True):
             self.counts[spec] = self.counts.get(spec, 0) + len(slot)
             slot.clear()
         return size
