@@ -14,12 +14,13 @@ import gc
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import torch
 from torch import nn
 
 from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
 from .errors import Problem, SpecError, full_key
 from .graph import HookGraph
-from .points import POINTS
+from .points import POINTS, HookPoint
 from .resolve import NameIndex, explain_no_match, resolve_names
 from .sites import Binding
 from .spec import HookSpec, Mode, check_specs, parse_steps
@@ -110,6 +111,49 @@ def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Paramete
     return modules, params, owners
 
 
+# Points whose hooks live on the parameter itself; every other point registers module hooks.
+_TENSOR_ONLY = (HookPoint.param_grad, HookPoint.param_accumulated)
+
+
+def _holders(modules: dict[str, nn.Module]) -> dict[int, tuple[nn.Module, ...]]:
+    """id(parameter) -> every module holding it, in model order (tied weights have several)."""
+    out: dict[int, list[nn.Module]] = {}
+    for m in modules.values():
+        for p in m._parameters.values():
+            if p is not None:
+                out.setdefault(id(p), []).append(m)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _unhookable(spec: Any, module: nn.Module, param: Optional[nn.Parameter]) -> Optional[str]:
+    """Why PyTorch would refuse this target at attach ("script", "frozen"), or None."""
+    if spec.at not in _TENSOR_ONLY and isinstance(module, torch.jit.ScriptModule):
+        return "script"
+    if param is not None and spec.at in _TENSOR_ONLY and not param.requires_grad:
+        return "frozen"
+    return None
+
+
+def _refusal(key: str, spec: Any, why: str, names: list[str]) -> Problem:
+    """One problem per spec and reason, however many names a glob matched."""
+    shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    one = len(names) == 1
+    if why == "script":
+        owner = "" if not POINTS[spec.at].on_params else (" belongs to" if one else " belong to")
+        verb = owner or (" is" if one else " are")
+        return Problem(
+            full_key(key, "target"),
+            f"{shown}{verb} a TorchScript module (torch.jit.script), and PyTorch cannot register "
+            f"{POINTS[spec.at].mechanism} (at: {spec.at}) on a ScriptModule; hook the unscripted "
+            "module that calls it, or a module that is not scripted (exclude: the scripted names)",
+        )
+    return Problem(
+        full_key(key, "target"),
+        f"{shown} {'is' if one else 'are'} frozen (requires_grad=False), so at: {spec.at} would never fire; "
+        "unfreeze (param.requires_grad_(True)), exclude the frozen names, or use at: param_value to act on the value",
+    )
+
+
 def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> HookGraph:
     """Compile hook specs against a model. Nothing is registered until ``graph.attach()``.
 
@@ -169,6 +213,13 @@ class _Targets:
         self.kinds = {name: _class_names(type(m)) for name, m in self.modules.items()}
         self.module_index = NameIndex(list(self.modules), self.kinds)
         self._param_index: Optional[NameIndex] = None  # most specs target modules
+        self._holders: Optional[dict[int, tuple[nn.Module, ...]]] = None  # built for the first param_value spec
+
+    def holders(self, param: nn.Parameter) -> tuple[nn.Module, ...]:
+        """Every module holding ``param``, in model order (tied weights have several)."""
+        if self._holders is None:
+            self._holders = _holders(self.modules)
+        return self._holders.get(id(param), ())
 
     def index(self, on_params: bool) -> NameIndex:
         if not on_params:
@@ -263,6 +314,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     start, stop = parse_steps(spec.when.steps) if spec.when.steps is not None else (0, None)
     bindings, problems = [], []
     hooked: set[int] = set()
+    refused: dict[str, list[str]] = {}  # names PyTorch would refuse at attach, by reason
     for target_index, name in enumerate(matched):
         module = targets.owners[name] if info.on_params else targets.modules[name]
         if not info.on_params:
@@ -270,6 +322,10 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 continue
             hooked.add(id(module))
         param = targets.params[name] if info.on_params else None
+        why = _unhookable(spec, module, param)
+        if why is not None:
+            refused.setdefault(why, []).append(name)
+            continue
         if info.full_backward and getattr(module, "inplace", False) is True:
             problems.append(
                 Problem(
@@ -302,8 +358,11 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 stop=stop,
                 want_training=None if spec.when.mode is Mode.any else spec.when.mode is Mode.train,
                 lock=store.lock,
+                holders=targets.holders(param) if spec.at is HookPoint.param_value else (),
+                root=targets.model if spec.at is HookPoint.param_value else None,
             )
         )
+    problems += [_refusal(key, spec, why, names) for why, names in refused.items()]
     return bindings, problems
 
 

@@ -5,12 +5,16 @@ Public names: HookGraph, Plan, Attachment.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import weakref
 from typing import Iterable, Iterator, Optional, Sequence
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .points import POINTS
 from .sites import REGISTRARS, Binding
@@ -20,6 +24,42 @@ from .transfer import HostCopier
 __all__ = ["HookGraph", "Plan", "Attachment"]
 
 _PLAN_COLUMNS = ("spec", "target", "type", "at", "action", "order")
+
+# register_full_backward_hook sets a module's _is_full_backward_hook for good, and several
+# attachments (of one or more graphs) may hold full hooks on one module at once, removed in
+# any order: module -> [the flag before our first full hook, how many bindings hold one].
+_FULL_HOOK_FLAGS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _claim_full_backward(m: nn.Module) -> None:
+    _FULL_HOOK_FLAGS.setdefault(m, [m._is_full_backward_hook, 0])[1] += 1
+
+
+def _release_full_backward(m: nn.Module) -> None:
+    """Restore the flag once none of our full hooks remains there, so a user's later
+    register_backward_hook is not refused because of us."""
+    entry = _FULL_HOOK_FLAGS.get(m)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _FULL_HOOK_FLAGS[m]
+        if not m._backward_hooks:  # a full hook the user added meanwhile needs the flag kept
+            m._is_full_backward_hook = entry[0]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Registering or removing many hooks allocates and frees many small objects while the
+    model's are alive; full collections in between would cost more than the work itself
+    (compile pauses the collector for the same reason)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Plan(list):
@@ -54,14 +94,14 @@ class Attachment:
 
     def __init__(self, graph: "HookGraph", compiled: bool = False):
         self._graph = graph
+        # Code torch.compile cached without hook guards would silently skip our hooks.
+        sync_compiled_code()
         self._compiled = compiled
         for b in graph.bindings:
             b.eager = compiled
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle]] = {}  # in registration order
-        # register_full_backward_hook sets this flag for good; restore it on removal so a
-        # user's later register_backward_hook is not refused because of us.
-        self._flags = {m: m._is_full_backward_hook for m in graph._backward_modules}
+        self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
         graph._attachment = self
         graph.set_step(graph.step)  # registers the bindings live at the current step
 
@@ -79,12 +119,17 @@ class Attachment:
         changed = {b.module for b in graph.bindings if (b in self._handles) != (b in wanted)}
         if not changed:
             return
+        sync_compiled_code()  # dynamo may have been loaded since attach
         try:
-            self._drop(b for b in list(self._handles) if b.module in changed)
-            for b in want:
-                if b.module in changed:
-                    self._handles[b] = []
-                    self._handles[b].extend(self._register(b))
+            with _gc_paused():
+                self._drop(b for b in list(self._handles) if b.module in changed)
+                for b in want:
+                    if b.module in changed:
+                        self._handles[b] = []
+                        if POINTS[b.at].full_backward:
+                            _claim_full_backward(b.module)
+                            self._full.add(b)
+                        self._handles[b].extend(self._register(b))
         except BaseException:
             self.remove()
             raise
@@ -108,22 +153,24 @@ class Attachment:
         for b in reversed(doomed):
             for h in reversed(self._handles.pop(b)):
                 h.remove()
-        for m in {b.module for b in doomed}:
-            if m in self._flags and not m._backward_hooks:  # a full hook the user added meanwhile needs it kept
-                m._is_full_backward_hook = self._flags[m]
+            if b in self._full:
+                self._full.discard(b)
+                _release_full_backward(b.module)
 
     def remove(self) -> None:
         if not self._live:
             return  # removed already: a stale handle must not touch a newer attachment
         self._live = False
-        self._drop(list(self._handles))
-        self._flags = {}
+        with _gc_paused():
+            self._drop(list(self._handles))
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.
         for b in self._graph.bindings:
             b.active = False
         if self._graph._attachment is self:
             self._graph._attachment = None
+        # Compiled code traced with our hooks must not keep running them.
+        sync_compiled_code()
 
     def __enter__(self) -> "HookGraph":
         return self._graph
@@ -137,6 +184,15 @@ class Attachment:
                 "Use at: output_grad or input_grad, which are safe with in-place ops, or make the "
                 "following op out of place."
             ) from exc
+        if isinstance(exc, RuntimeError) and "modified by an inplace operation" in str(exc):
+            specs = sorted({b.spec.name for b in self._graph.bindings if b.at == "param_value"})
+            if specs:
+                raise HookGraphError(
+                    f"backward met a parameter that a param_value spec ({', '.join(specs)}) edited in place "
+                    "after autograd had saved it: hookgraph edits a parameter once per forward of the model, "
+                    "so this happens when several forwards share one backward; call backward after each "
+                    "forward, or edit the parameter outside the hooks"
+                ) from exc
 
 
 class HookGraph:
@@ -215,7 +271,8 @@ class HookGraph:
         """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
-        return Attachment(self, compiled=compiled)
+        # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say so.
+        return Attachment(self, compiled=compiled or is_compiled(self.model))
 
     @property
     def attached(self) -> bool:
@@ -249,6 +306,14 @@ class HookGraph:
         out: dict[str, int] = {}
         for b in self.bindings:
             out[b.spec.name] = out.get(b.spec.name, 0) + b.calls
+        return out
+
+    @property
+    def recomputed(self) -> dict[str, int]:
+        """spec -> forward calls that gradient checkpointing re-ran in backward (not in ``calls``)."""
+        out: dict[str, int] = {}
+        for b in self.bindings:
+            out[b.spec.name] = out.get(b.spec.name, 0) + b.recomputed
         return out
 
     def plan(self) -> Plan:
