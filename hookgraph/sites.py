@@ -52,6 +52,9 @@ class Binding:
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
     lock: Optional[threading.RLock] = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
+    recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
+    holders: tuple = ()  # param_value: every module using the parameter (tied weights), in model order
+    root: Optional[nn.Module] = None  # param_value: the model, whose forward starts a pass
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -191,6 +194,38 @@ def _grad_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
     return _prepared(b, hook, module=False)
 
 
+# The id of the autograd graph task running on this thread; -1 outside backward. A forward
+# hook that runs inside backward is gradient checkpointing recomputing the forward: a
+# read-only action skips that call (the forward was seen once already) and it is counted in
+# `recomputed`, not `calls`; an action that replaces the value runs again, or the recomputed
+# activations would differ from the forward's and the gradients would be wrong.
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def _recomputing() -> bool:
+    return _graph_task_id() != -1
+
+
+# What torch._dynamo.assume_constant_result sets, without importing dynamo: a traced hook
+# keeps the value seen while tracing (compiled code never re-runs a forward through Python
+# hooks) instead of breaking the graph at a torch call that returns an int.
+_recomputing._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+class _Switch:
+    """Turns off tensor hooks of one registration: they stay on saved activations after
+    detach (PyTorch cannot unregister them), and a later attachment must not revive them.
+    Quacks like a RemovableHandle so the attachment removes it with the others."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = True
+
+    def remove(self) -> None:
+        self.on = False
+
+
 def _tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:
     """How a tuple (inputs, grad_input, grad_output) reaches the action and comes back.
 
@@ -238,11 +273,16 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
     # wants_io actions; the action's value stays the positional inputs.
     call, want = make_caller(b), b.want_training
     unwrap, rewrap = _tuple_io(b)
-    wants_io = b.action.wants_io
+    wants_io, replaces = b.action.wants_io, b.action.replaces
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
         if b.active and (want is None or module.training is want):
-            b.calls += 1
+            if _recomputing():
+                b.recomputed += 1
+                if not replaces:
+                    return None
+            else:
+                b.calls += 1
             new = call(unwrap(args), Inputs(args, kwargs) if wants_io else args, None)
             if new is not None:
                 return rewrap(args, new), kwargs
@@ -252,13 +292,18 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
 
 
 def _forward(b: Binding) -> list[RemovableHandle]:
-    direct, want = direct_caller(b), b.want_training
+    direct, want, replaces = direct_caller(b), b.want_training, b.action.replaces
     if direct is None:
         call = make_caller(b)
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if b.active and (want is None or module.training is want):
-                b.calls += 1
+                if _recomputing():
+                    b.recomputed += 1
+                    if not replaces:
+                        return None
+                else:
+                    b.calls += 1
                 return call(output, args, output)
             return None
 
@@ -267,7 +312,12 @@ def _forward(b: Binding) -> list[RemovableHandle]:
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if b.active and (want is None or module.training is want):
-                b.calls += 1
+                if _recomputing():
+                    b.recomputed += 1
+                    if not replaces:
+                        return None
+                else:
+                    b.calls += 1
                 try:
                     return direct(output)
                 except HookGraphError:
@@ -279,15 +329,16 @@ def _forward(b: Binding) -> list[RemovableHandle]:
     return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
-def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
+def _tensor_hook(b: Binding, switch: _Switch) -> Callable[[Tensor], Any]:
+    """The gradient hook put on activations; it acts only while its own registration lives."""
     unindexed = b if b.spec.index is None else _without_index(b)
     direct = direct_caller(unindexed)
     if direct is None:
         call = make_caller(unindexed)
 
         def hook(grad: Tensor) -> Any:
-            # Checked again at backward time: after detach, b.active is False.
-            if b.active:
+            # Checked at backward time: after detach (or in a later attachment) switch.on is False.
+            if switch.on and b.active:
                 b.calls += 1
                 return call(grad, None, None)
             return None
@@ -295,7 +346,7 @@ def _tensor_hook(b: Binding) -> Callable[[Tensor], Any]:
     else:
 
         def hook(grad: Tensor) -> Any:
-            if b.active:
+            if switch.on and b.active:
                 b.calls += 1
                 try:
                     return direct(grad)
@@ -330,7 +381,8 @@ def _pick(b: Binding, value: Any, index: Any) -> Any:
 
 
 def _output_grad(b: Binding) -> list[RemovableHandle]:
-    tensor_hook, index, want = _tensor_hook(b), b.spec.index, b.want_training
+    switch = _Switch()
+    tensor_hook, index, want = _tensor_hook(b, switch), b.spec.index, b.want_training
 
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
         if b.active and (want is None or module.training is want):
@@ -342,11 +394,12 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
                 if t.requires_grad:
                     t.register_hook(tensor_hook)
 
-    return [b.module.register_forward_hook(_module_hook(b, hook))]
+    return [b.module.register_forward_hook(_module_hook(b, hook)), switch]
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
-    tensor_hook, index, want = _tensor_hook(b), b.spec.index, b.want_training
+    switch = _Switch()
+    tensor_hook, index, want = _tensor_hook(b, switch), b.spec.index, b.want_training
     # A leaf input (the model's own input) aliased by a view and then edited in place by
     # the module is an error in PyTorch: only in-place modules need a copy, known here.
     copy_leaves = getattr(b.module, "inplace", False) is True
@@ -375,7 +428,7 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
                     changed = True
         return (tuple(new), kwargs) if changed else None
 
-    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True), switch]
 
 
 def _position(b: Binding, args: tuple, index: Any) -> int:
@@ -388,10 +441,22 @@ def _position(b: Binding, args: tuple, index: Any) -> int:
 
 
 def _param_value(b: Binding) -> list[RemovableHandle]:
+    """The edit runs once per forward of the model, before the first module using the parameter.
+
+    Editing again later in the same forward (a module called twice, a tied weight shared by
+    several modules, checkpointing's recomputation) would change a tensor autograd has
+    saved already: backward would fail, or the two uses would see different values.
+    """
     call, param, want = make_caller(b), b.param, b.want_training
+    done = [False]  # edited in this forward of the model
+    once = b.root is not None  # without the model's pre-hook no pass starts: edit at every call
+
+    def new_pass(module: nn.Module, args: tuple) -> None:
+        done[0] = False
 
     def hook(module: nn.Module, args: tuple) -> None:
-        if b.active and (want is None or module.training is want):
+        if not done[0] and b.active and (want is None or module.training is want):
+            done[0] = once
             b.calls += 1
             with torch.no_grad():
                 new = call(param, args, None)
@@ -399,7 +464,17 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
                     param.copy_(new)  # in place: optimizers and state_dict keep the same tensor
         return None
 
-    return [b.module.register_forward_pre_hook(_module_hook(b, hook))]
+    handles = []
+    if b.root is not None:  # first of the model's pre-hooks, so the edits below see a new pass
+        handles.append(b.root.register_forward_pre_hook(_module_hook(b, new_pass), prepend=True))
+    try:
+        for m in b.holders or (b.module,):
+            handles.append(m.register_forward_pre_hook(_module_hook(b, hook)))
+    except BaseException:
+        for h in handles:
+            h.remove()
+        raise
+    return handles
 
 
 def _param_grad(b: Binding) -> list[RemovableHandle]:
