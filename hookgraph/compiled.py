@@ -62,11 +62,12 @@ def is_compiled(model: nn.Module) -> bool:
     """
     if "torch._dynamo" not in sys.modules:
         return False  # nothing was compiled in this process
+    current: object = model
     for _ in range(8):
-        if not isinstance(model, nn.Module):
+        if not isinstance(current, nn.Module):
             return False
-        if isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
-            ctx = getattr(model, "dynamo_ctx", None)
+        if isinstance(getattr(current, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            ctx = getattr(current, "dynamo_ctx", None)
             return not (getattr(ctx, "fullgraph", False) or getattr(ctx, "error_on_graph_break", False))
-        model = getattr(model, "module", None)  # DataParallel / DistributedDataParallel
+        current = getattr(current, "module", None)  # DataParallel / DistributedDataParallel
     return False

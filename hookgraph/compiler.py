@@ -358,7 +358,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 stop=stop,
                 want_training=None if spec.when.mode is Mode.any else spec.when.mode is Mode.train,
                 lock=store.lock,
-                holders=targets.holders(param) if spec.at is HookPoint.param_value else (),
+                holders=targets.holders(param) if param is not None and spec.at is HookPoint.param_value else (),
                 root=targets.model if spec.at is HookPoint.param_value else None,
             )
         )

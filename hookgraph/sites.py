@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -215,7 +215,7 @@ _recomputing._dynamo_marked_constant = True  # type: ignore[attr-defined]
 class _Switch:
     """Turns off tensor hooks of one registration: they stay on saved activations after
     detach (PyTorch cannot unregister them), and a later attachment must not revive them.
-    Quacks like a RemovableHandle so the attachment removes it with the others."""
+    Quacks like a RemovableHandle (remove()) so the attachment removes it with the others."""
 
     __slots__ = ("on",)
 
@@ -394,7 +394,7 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
                 if t.requires_grad:
                     t.register_hook(tensor_hook)
 
-    return [b.module.register_forward_hook(_module_hook(b, hook)), switch]
+    return [b.module.register_forward_hook(_module_hook(b, hook)), cast(RemovableHandle, switch)]
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
@@ -428,7 +428,7 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
                     changed = True
         return (tuple(new), kwargs) if changed else None
 
-    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True), switch]
+    return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True), cast(RemovableHandle, switch)]
 
 
 def _position(b: Binding, args: tuple, index: Any) -> int:

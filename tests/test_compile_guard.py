@@ -195,7 +195,8 @@ def test_stale_code_that_cannot_be_dropped_is_an_error(monkeypatch):
     graph = hg.compile(model, SPECS)
     with monkeypatch.context() as patch:  # undone before the fixture resets dynamo
         patch.setattr(torch._dynamo, "reset_code_caches", broken)
-        with pytest.raises(hg.HookGraphError, match=r"could not drop it \(RuntimeError: cache locked\); call torch.compiler.reset\(\)"):
+        expected = r"could not drop it \(RuntimeError: cache locked\); call torch.compiler.reset\(\)"
+        with pytest.raises(hg.HookGraphError, match=expected):
             graph.attach()
     assert not graph.attached
     with graph.attach():  # the next attach tries again, and the stale code goes

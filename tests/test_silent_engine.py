@@ -149,7 +149,7 @@ def test_param_value_is_applied_once_per_forward(model_cls, target, factor):
             out.sum().backward()  # PyTorch's version-counter error before the fix
             outs.append(out.detach())
     ref_outs, ref_grad = _reference(model_cls, factor, 2)
-    for out, ref in zip(outs, ref_outs):
+    for out, ref in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(out, ref)
     param = next(model.parameters())
     torch.testing.assert_close(param.grad, ref_grad)
@@ -165,7 +165,8 @@ def test_tied_weight_plan_binds_the_name_once():
 
 def test_two_forwards_before_one_backward_name_the_param_value_spec():
     model = Twice()
-    graph = hg.compile(model, {"scale": {"target": "lin.weight", "at": "param_value", "action": "scale", "args": {"factor": 1.0}}})
+    spec = {"target": "lin.weight", "at": "param_value", "action": "scale", "args": {"factor": 1.0}}
+    graph = hg.compile(model, {"scale": spec})
     with pytest.raises(hg.HookGraphError, match=r"param_value spec \(scale\) edited in place"):
         with graph.attach():
             loss = model(x_in()).sum() + model(x_in()).sum()
@@ -217,12 +218,12 @@ def test_checkpointed_block_is_recorded_once_per_step(mode):
     for spec in ("acts", "inputs", "grads"):
         for target, values in plain.records[spec].items():
             assert len(graph.records[spec][target]) == len(values) == 2, (spec, target)
-            for got, want in zip(graph.records[spec][target], values):
+            for got, want in zip(graph.records[spec][target], values, strict=True):
                 torch.testing.assert_close(got, want)
     assert graph.calls == plain.calls == {"acts": 6, "inputs": 2, "double": 2, "grads": 2, "in_grads": 2}
     # The replacement ran again in the recomputation, so the gradients are the plain run's.
     torch.testing.assert_close(x.grad, plain_x.grad)
-    for p, q in zip(model.parameters(), plain_model.parameters()):
+    for p, q in zip(model.parameters(), plain_model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     assert plain.recomputed == {"acts": 0, "inputs": 0, "double": 0, "grads": 0, "in_grads": 0}
     assert graph.recomputed["inputs"] == 2 and graph.recomputed["double"] == 2
