@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -125,7 +125,7 @@ def _holders(modules: dict[str, nn.Module]) -> dict[int, tuple[nn.Module, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _unhookable(spec: Any, module: nn.Module, param: Optional[nn.Parameter]) -> Optional[str]:
+def _unhookable(spec: Any, module: nn.Module, param: nn.Parameter | None) -> str | None:
     """Why PyTorch would refuse this target at attach ("script", "frozen"), or None."""
     if spec.at not in _TENSOR_ONLY and isinstance(module, torch.jit.ScriptModule):
         return "script"
@@ -197,10 +197,11 @@ compile = compile_graph  # noqa: A001 - the public name; internal code calls com
 
 def _multi_device(model: nn.Module) -> bool:
     """DataParallel over several devices runs the hooks of its replicas in threads."""
-    while isinstance(model, nn.Module):
-        if isinstance(model, nn.DataParallel) and len(model.device_ids) > 1:
+    inner: object = model
+    while isinstance(inner, nn.Module):
+        if isinstance(inner, nn.DataParallel) and len(inner.device_ids) > 1:
             return True
-        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
     return False
 
 
@@ -210,10 +211,10 @@ class _Targets:
     def __init__(self, bare: nn.Module):
         self.model = bare
         self.modules, self.params, self.owners = _walk(bare)
-        self.kinds = {name: _class_names(type(m)) for name, m in self.modules.items()}
+        self.kinds = {name: _class_names(type(m)) for name, m in self.modules.items()}  # type: ignore[arg-type]  # classes hash; the stubs type lru_cache keys as Hashable instances
         self.module_index = NameIndex(list(self.modules), self.kinds)
-        self._param_index: Optional[NameIndex] = None  # most specs target modules
-        self._holders: Optional[dict[int, tuple[nn.Module, ...]]] = None  # built for the first param_value spec
+        self._param_index: NameIndex | None = None  # most specs target modules
+        self._holders: dict[int, tuple[nn.Module, ...]] | None = None  # built for the first param_value spec
 
     def holders(self, param: nn.Parameter) -> tuple[nn.Module, ...]:
         """Every module holding ``param``, in model order (tied weights have several)."""
@@ -264,7 +265,11 @@ def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list
     info = POINTS[spec.at]
     problems = []
     if info.on_params and spec.index is not None:
-        problems.append(Problem(full_key(key, "index"), f"{spec.at} hands over one tensor (a parameter or its gradient); index picks an element of a tuple, list or dict"))
+        problems.append(Problem(
+            full_key(key, "index"),
+            f"{spec.at} hands over one tensor (a parameter or its gradient); "
+            "index picks an element of a tuple, list or dict",
+        ))
     expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
     if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
         return [], problems
@@ -278,18 +283,25 @@ def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list
         expect_max=spec.expect.max,
         known_types=_torch_module_types(),
         list_hint=(
-            "parameters: hookgraph.list_targets(model, params=True)" if info.on_params else "list them with hookgraph.list_targets(model)"
+            "parameters: hookgraph.list_targets(model, params=True)"
+            if info.on_params
+            else "list them with hookgraph.list_targets(model)"
         ),
     )
     if spec.leaf and not info.on_params and matched:
         leaves = [n for n in matched if next(targets.modules[n].children(), None) is None]
         if not leaves and spec.enabled and spec.expect.min > 0:
-            problems.append(Problem(full_key(key, "leaf"), f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})"))
+            problems.append(Problem(
+                full_key(key, "leaf"),
+                f"true, but none of the {len(matched)} matched modules is a leaf (e.g. {matched[0]!r})",
+            ))
         matched = leaves
     return matched, found + problems
 
 
-def _action(spec: HookSpec, key: str, reported: frozenset[str] | set[str] = frozenset()) -> tuple[Optional[ActionDef], list[Problem]]:
+def _action(
+    spec: HookSpec, key: str, reported: frozenset[str] | set[str] = frozenset()
+) -> tuple[ActionDef | None, list[Problem]]:
     """The spec's action and its arguments, checked against the hook point; problems under a
     key in ``reported`` are left out (said already)."""
     defn, problems = resolve_action(spec.action, full_key(key, "action"))

@@ -9,7 +9,7 @@ import contextlib
 import gc
 import json
 import weakref
-from typing import Iterable, Iterator, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -18,7 +18,7 @@ from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .points import POINTS
 from .sites import REGISTRARS, Binding
-from .store import ResultStore
+from .store import Entries, ResultStore
 from .transfer import HostCopier
 
 __all__ = ["HookGraph", "Plan", "Attachment"]
@@ -28,7 +28,7 @@ _PLAN_COLUMNS = ("spec", "target", "type", "at", "action", "order")
 # register_full_backward_hook sets a module's _is_full_backward_hook for good, and several
 # attachments (of one or more graphs) may hold full hooks on one module at once, removed in
 # any order: module -> [the flag before our first full hook, how many bindings hold one].
-_FULL_HOOK_FLAGS: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+_FULL_HOOK_FLAGS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
 
 
 def _claim_full_backward(m: nn.Module) -> None:
@@ -70,7 +70,9 @@ class Plan(list):
             return "(empty plan: no bindings)"
         rows = [[str(r[c]) for c in _PLAN_COLUMNS] for r in self]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_PLAN_COLUMNS)]
-        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        def line(cells: Iterable[str]) -> str:
+            return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
         return "\n".join([line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)])
 
     def to_json(self) -> str:
@@ -92,7 +94,7 @@ class Attachment:
     so far are removed before the error propagates.
     """
 
-    def __init__(self, graph: "HookGraph", compiled: bool = False):
+    def __init__(self, graph: HookGraph, compiled: bool = False):
         self._graph = graph
         # Code torch.compile cached without hook guards would silently skip our hooks.
         sync_compiled_code()
@@ -172,7 +174,7 @@ class Attachment:
         # Compiled code traced with our hooks must not keep running them.
         sync_compiled_code()
 
-    def __enter__(self) -> "HookGraph":
+    def __enter__(self) -> HookGraph:
         return self._graph
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -210,14 +212,14 @@ class HookGraph:
     - ``step``: the current step; ``set_step(n)`` re-evaluates every spec's schedule.
     """
 
-    def __init__(self, model: nn.Module, bindings: Sequence[Binding] = (), store: Optional[ResultStore] = None,
-                 *, unmatched: Optional[dict[str, str]] = None):
+    def __init__(self, model: nn.Module, bindings: Sequence[Binding] = (), store: ResultStore | None = None,
+                 *, unmatched: dict[str, str] | None = None):
         self.model = model
         self.bindings: tuple[Binding, ...] = tuple(bindings)
         self.store = store if store is not None else ResultStore()
         # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
         self.unmatched: dict[str, str] = dict(unmatched or {})
-        self._attachment: Optional[Attachment] = None
+        self._attachment: Attachment | None = None
         self._step = 0
         self._backward_modules = {b.module for b in self.bindings if POINTS[b.at].full_backward}
         self.set_step(0)
@@ -280,7 +282,7 @@ class HookGraph:
 
     # -- results -------------------------------------------------------------
     @property
-    def records(self) -> dict[str, dict[str, list]]:
+    def records(self) -> dict[str, dict[str, Entries]]:
         """``records[spec][target]``: lists of recorded values, one per call.
 
         Reading settles the store first (pending device-to-host copies, per-device entries,
@@ -338,4 +340,5 @@ class HookGraph:
         return len(self.bindings)
 
     def __repr__(self) -> str:
-        return f"HookGraph({len(self.bindings)} bindings, {len({b.spec.name for b in self.bindings})} specs, attached={self.attached})"
+        specs = len({b.spec.name for b in self.bindings})
+        return f"HookGraph({len(self.bindings)} bindings, {specs} specs, attached={self.attached})"

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -40,21 +41,21 @@ class Binding:
     target: str  # the module or parameter name it matched
     at: HookPoint  # the hook point (the spec's ``at``)
     module: nn.Module  # the module itself, or the parameter's owner: where module hooks go
-    param: Optional[nn.Parameter]  # the parameter, for param_* points; else None
+    param: nn.Parameter | None  # the parameter, for param_* points; else None
     action: ActionDef  # the action's registration (flags: replaces, per_tensor, wants_io)
     fn: Callable[..., Any]  # what the action's factory returned: called in the hook
     rank: tuple  # (order, spec index, target index): registration and firing order
     key: str = ""  # the spec's full config key (``hooks.<name>``) for error messages
     start: int = 0  # first step of ``when.steps`` (inclusive)
-    stop: Optional[int] = None  # end of ``when.steps`` (exclusive); None: no end
+    stop: int | None = None  # end of ``when.steps`` (exclusive); None: no end
     active: bool = True  # the schedule includes the current step (the graph sets it)
-    want_training: Optional[bool] = None  # ``when.mode``: True train, False eval, None any
+    want_training: bool | None = None  # ``when.mode``: True train, False eval, None any
     eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
-    lock: Optional[threading.RLock] = None  # hooks run in several threads (DataParallel): serialise them
+    lock: threading.RLock | None = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
     recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
     holders: tuple = ()  # param_value: every module using the parameter (tied weights), in model order
-    root: Optional[nn.Module] = None  # param_value: the model, whose forward starts a pass
+    root: nn.Module | None = None  # param_value: the model, whose forward starts a pass
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -101,7 +102,7 @@ class Inputs(tuple):
 
     kwargs: dict
 
-    def __new__(cls, args: Any = (), kwargs: Optional[dict] = None) -> "Inputs":
+    def __new__(cls, args: Any = (), kwargs: dict | None = None) -> Inputs:
         new = super().__new__(cls, args)
         new.kwargs = kwargs if kwargs is not None else {}
         return new
@@ -120,7 +121,7 @@ def _per_tensor(fn: Callable[[Tensor], Any]) -> Callable[[Any], Any]:
     return functools.partial(tree_replace, fn)
 
 
-def direct_caller(b: Binding) -> Optional[Callable[[Any], Any]]:
+def direct_caller(b: Binding) -> Callable[[Any], Any] | None:
     """``call(value)`` for the common case (no ``index``, no inputs/outputs wanted), else None.
 
     The hook then calls the action with at most one frame in between: this is the hot path.
@@ -250,7 +251,7 @@ def _tuple_point(method: str, select: Callable[[tuple], tuple]) -> Callable[[Bin
         call, want = make_caller(b), b.want_training
         unwrap, rewrap = _tuple_io(b)
 
-        def hook(module: nn.Module, *hook_args: Any) -> Optional[tuple]:
+        def hook(module: nn.Module, *hook_args: Any) -> tuple | None:
             if b.active and (want is None or module.training is want):
                 b.calls += 1
                 value, inputs, output = select(hook_args)
@@ -275,7 +276,7 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
     unwrap, rewrap = _tuple_io(b)
     wants_io, replaces = b.action.wants_io, b.action.replaces
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if b.active and (want is None or module.training is want):
             if _recomputing():
                 b.recomputed += 1
@@ -411,7 +412,7 @@ def _input_grad(b: Binding) -> list[RemovableHandle]:
         new.register_hook(tensor_hook)
         return new
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if not (b.active and (want is None or module.training is want)):
             return None
         chosen = None if index is None else _position(b, args, index)
@@ -436,8 +437,16 @@ def _position(b: Binding, args: tuple, index: Any) -> int:
     if isinstance(index, int) and -len(args) <= index < len(args):
         return index % len(args)
     raise ActionError(
-        f"{full_key(b.key, 'index')}: {index!r} does not select one of the {len(args)} positional inputs of {b.target!r}"
+        f"{full_key(b.key, 'index')}: {index!r} does not select one of the {len(args)} positional inputs "
+        f"of {b.target!r}"
     )
+
+
+def _param(b: Binding) -> nn.Parameter:
+    """The parameter of a parameter point's binding (the compiler always sets it there)."""
+    if b.param is None:
+        raise HookGraphError(f"{b.key}: {b.at} binds a parameter, and {b.target!r} has none (an internal error)")
+    return b.param
 
 
 def _param_value(b: Binding) -> list[RemovableHandle]:
@@ -447,7 +456,7 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
     several modules, checkpointing's recomputation) would change a tensor autograd has
     saved already: backward would fail, or the two uses would see different values.
     """
-    call, param, want = make_caller(b), b.param, b.want_training
+    call, param, want = make_caller(b), _param(b), b.want_training
     done = [False]  # edited in this forward of the model
     once = b.root is not None  # without the model's pre-hook no pass starts: edit at every call
 
@@ -480,13 +489,13 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
 def _param_grad(b: Binding) -> list[RemovableHandle]:
     call, module, want = make_caller(b), b.module, b.want_training
 
-    def hook(grad: Tensor) -> Optional[Tensor]:
+    def hook(grad: Tensor) -> Tensor | None:
         if b.active and (want is None or module.training is want):
             b.calls += 1
             return call(grad, None, None)
         return None
 
-    return [b.param.register_hook(_grad_hook(b, hook))]
+    return [_param(b).register_hook(_grad_hook(b, hook))]
 
 
 def _param_accumulated(b: Binding) -> list[RemovableHandle]:
@@ -497,7 +506,7 @@ def _param_accumulated(b: Binding) -> list[RemovableHandle]:
             b.calls += 1
             call(param.grad, None, None)
 
-    return [b.param.register_post_accumulate_grad_hook(_grad_hook(b, hook))]
+    return [_param(b).register_post_accumulate_grad_hook(_grad_hook(b, hook))]
 
 
 REGISTRARS: dict[HookPoint, Callable[[Binding], list[RemovableHandle]]] = {

@@ -237,7 +237,7 @@ def test_resnet18_by_name_seed_call_order() -> None:
     graph = hg.compile(model, {"order": {"target": "**", "action": "trace"}})
     with graph.attach(), torch.no_grad():
         model(x)
-    assert [r["module"] for r in graph.records["order"]] == calls
+    assert [r["module"] for r in graph.rows["order"]] == calls
 
 
 def test_resnet34_has_36_convs_and_kwargs() -> None:

@@ -312,3 +312,14 @@ def test_attach_pauses_gc_and_restores_it_when_registration_fails(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_run_summary_counts_recomputed_calls(tmp_path):
+    # Checkpointing re-runs the block in backward: block.0 is called again once a step.
+    from hookgraph.runner import run
+
+    summary = run({"model": {"_target_": f"{__name__}.Checkpointed", "kwargs": {"mode": "non_reentrant"}},
+                   "data": {"kind": "random", "shape": [4]}, "runner": {"device": "cpu", "progress": False, "steps": 2},
+                   "sink": {"figures": False},
+                   "hooks": {"inputs": {"target": "block.0", "at": "forward_pre", "action": "record"}}}, tmp_path)
+    assert summary["specs"]["inputs"] == {"bindings": 1, "calls": 2, "records": 2, "recomputed": 2}
