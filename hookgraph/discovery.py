@@ -20,12 +20,27 @@ __all__ = ["list_targets", "format_targets"]
 def list_targets(
     model: nn.Module, pattern: str = "**", *, params: bool = False, require_match: bool = False
 ) -> list[dict]:
-    """Rows for module names (or, with ``params=True``, parameter names) matching ``pattern``.
+    """Rows for module names (or, with ``params=True``, parameter names) matching ``pattern``:
+    the names a spec's ``target`` can use, as torchvision's ``get_graph_node_names`` lists
+    the nodes its feature extractor takes.
 
-    Module rows: name, type, parameter count, own parameter shapes. Parameter rows: name,
-    type (of the owning module), shape, dtype, requires_grad. With ``require_match=True``
-    (the command line's ``list_targets=...``) a pattern that matches nothing raises
-    :class:`ConfigError` with the nearest names instead of returning no rows.
+    Args:
+        model: the model; DataParallel, DistributedDataParallel and torch.compile wrappers
+            are looked through, so the names are the bare model's.
+        pattern: a glob as in a spec's ``target`` (``**`` spans segments) or ``re:...``.
+        params: list ``named_parameters()`` instead of ``named_modules()``.
+        require_match: raise :class:`ConfigError` with the nearest names when nothing
+            matches (the command line's ``list_targets=...`` does), instead of ``[]``.
+
+    Returns:
+        Module rows ``{name, type, params, shapes}`` (parameter count, own parameter
+        shapes) or parameter rows ``{name, type, shape, dtype, requires_grad}`` (type of
+        the owning module), in the model's order.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> [r["name"] for r in list_targets(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), "*")]
+        ['0', '1']
     """
     bare = unwrap_model(model)
     try:
