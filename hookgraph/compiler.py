@@ -10,7 +10,6 @@ replacing specs at one site without an order) are collected and raised once.
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
 from .errors import Problem, SpecError, full_key
+from .gcpause import gc_paused
 from .graph import HookGraph
 from .points import POINTS, HookPoint
 from .resolve import NameIndex, explain_no_match, resolve_names
@@ -181,15 +181,8 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
         >>> [row["target"] for row in graph.plan()]
         ['0', '1']
     """
-    # Compiling against a large model allocates many small objects while the model's own
-    # are alive; full collections in between would cost more than the compile itself.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():  # many small objects while the model's own are alive: see gcpause
         return _compile(model, specs, prefix)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 compile = compile_graph  # noqa: A001 - the public name; internal code calls compile_graph

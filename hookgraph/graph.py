@@ -5,8 +5,6 @@ Public names: HookGraph, Plan, Attachment.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
+from .gcpause import gc_paused
 from .points import POINTS
 from .sites import REGISTRARS, Binding
 from .store import Entries, ResultStore
@@ -46,20 +45,6 @@ def _release_full_backward(m: nn.Module) -> None:
         del _FULL_HOOK_FLAGS[m]
         if not m._backward_hooks:  # a full hook the user added meanwhile needs the flag kept
             m._is_full_backward_hook = entry[0]
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Registering or removing many hooks allocates and frees many small objects while the
-    model's are alive; full collections in between would cost more than the work itself
-    (compile pauses the collector for the same reason)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class Plan(list):
@@ -123,7 +108,7 @@ class Attachment:
             return
         sync_compiled_code()  # dynamo may have been loaded since attach
         try:
-            with _gc_paused():
+            with gc_paused():
                 self._drop(b for b in list(self._handles) if b.module in changed)
                 for b in want:
                     if b.module in changed:
@@ -163,7 +148,7 @@ class Attachment:
         if not self._live:
             return  # removed already: a stale handle must not touch a newer attachment
         self._live = False
-        with _gc_paused():
+        with gc_paused():
             self._drop(list(self._handles))
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.

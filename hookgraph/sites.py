@@ -200,6 +200,8 @@ def _grad_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
 # read-only action skips that call (the forward was seen once already) and it is counted in
 # `recomputed`, not `calls`; an action that replaces the value runs again, or the recomputed
 # activations would differ from the forward's and the gradients would be wrong.
+# The check and the counting are written out in each module hook below, not in a helper:
+# they run on every hooked call, and a helper is one Python frame more on the hot path.
 _graph_task_id = torch._C._current_graph_task_id
 
 

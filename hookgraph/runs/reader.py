@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import ctypes
-import gc
 import io
 import json
 import math
@@ -37,23 +36,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import HookGraphError, did_you_mean
+from ..gcpause import gc_paused
 from ..tree import rebuild
 from .writer import FORMAT, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content"]
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Indexing and reading make many small objects that live on; with torch's own objects
-    # alive, the collections they trigger cost more than the reading (10x at 100k entries).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _Tensor(NamedTuple):
@@ -222,7 +209,7 @@ class _Targets(Mapping):
 
     def __getitem__(self, target: str) -> list:
         if target not in self._cache:
-            with _gc_paused():
+            with gc_paused():
                 self._cache[target] = _load(self._entries(target))
         return self._cache[target]
 
@@ -436,7 +423,7 @@ def load_records(root: str | Path) -> _Records:
     index: dict[str, dict[str, list[_Entry]]] = {}
     damaged: list[str] = []
     shard_dir = Path(root) / "records"
-    with _gc_paused():
+    with gc_paused():
         for path in _shard_paths(shard_dir):
             shard = _Shard(path, f"records/{path.name}")
             try:

@@ -1,0 +1,29 @@
+"""gc_paused(): the cyclic garbage collector off for a block of bulk work, restored after.
+
+Public names: gc_paused.
+
+Compiling, attaching, removing and reading a run all make or free many small objects while
+the model's (and torch's) own objects are alive; the full collections those allocations
+trigger cost more than the work itself (attach at 100k modules: 7.7 s with the collector,
+about 2 s without; indexing a 100k-entry run: 10x). The state is restored in ``finally``,
+and a collector the caller had switched off stays off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+__all__ = ["gc_paused"]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
