@@ -124,6 +124,26 @@ def _build_target(target: str, kwargs: dict[str, Any], key: str) -> nn.Module:
     return model
 
 
+
+def load_weights_only(path: Path, key: str, advice: str) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors and plain containers, never code.
+
+    A file that holds other Python objects is refused by name (torch's own message
+    suggests weights_only=False, which would run them); ``advice`` says what to do instead.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        culprit = f" (it references {found.group(1)})" if found else ""
+        raise ConfigError(
+            key,
+            f"refused to load {str(path)!r}: it holds Python objects other than tensors and plain "
+            f"containers{culprit}, and hookgraph only unpickles with weights_only=True. {advice}",
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ConfigError(key, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+
 def hub_checkpoint_path(url: str) -> Path:
     """Where torch.hub caches the file of a weights URL: ``$TORCH_HOME/hub/checkpoints/<name>``."""
     from urllib.parse import urlparse
@@ -147,19 +167,7 @@ def _cached_state_dict(url: str, name: str, weights: str, key: str) -> Any:
             "(hookgraph never downloads; set TORCH_HOME to use another cache), or load a local file with "
             f"{key}.checkpoint",
         )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        culprit = f" (it references {found.group(1)})" if found else ""
-        raise ConfigError(
-            wk,
-            f"refused to load {str(path)!r}: it holds Python objects other than tensors and plain containers"
-            f"{culprit}, and hookgraph only unpickles with weights_only=True. The file is not the published "
-            f"weights; delete it and put {url} there.",
-        ) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(wk, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+    return load_weights_only(path, wk, f"The file is not the published weights; delete it and put {url} there.")
 
 
 _HUB_LOCK = threading.Lock()
@@ -285,21 +293,9 @@ def _read_checkpoint(path: Path, key: str) -> Any:
             return load_file(str(path), device="cpu")
         except (SafetensorError, OSError) as err:
             raise ConfigError(ck, f"cannot read safetensors file {str(path)!r}: {err}") from err
-    try:
-        # weights_only: never run code from a checkpoint file.
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        # torch's message suggests weights_only=False; name just the offending global.
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        culprit = f" (it references {found.group(1)})" if found else ""
-        raise ConfigError(
-            ck,
-            f"refused to load {str(path)!r}: it holds Python objects other than tensors and "
-            f"plain containers{culprit}, and hookgraph only unpickles with weights_only=True. "
-            "Re-save just the state_dict (torch.save(model.state_dict(), path)) or use .safetensors.",
-        ) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(ck, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+    return load_weights_only(
+        path, ck, "Re-save just the state_dict (torch.save(model.state_dict(), path)) or use .safetensors."
+    )
 
 
 def _strip_prefixes(state: dict[str, Any], model_keys: set[str]) -> dict[str, Any]:
