@@ -24,6 +24,7 @@ import multiprocessing as mp
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 from hookgraph.resolve import NameIndex, suggest_names
@@ -64,7 +65,9 @@ def _old_segment_regex(seg: str) -> str:
                 out.append(re.escape(c))
             else:
                 body = seg[i + 1 : end]
-                out.append("[" + ("^." + body[1:] if body.startswith("!") else body) + "]")
+                if body.startswith("!"):
+                    body = "^." + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
                 i = end
         else:
             out.append(re.escape(c))
@@ -73,8 +76,13 @@ def _old_segment_regex(seg: str) -> str:
 
 
 def old_match(glob: str, names: list[str]) -> list[str]:
-    """hookgraph 0.1's matcher: the glob as one backtracking regex."""
-    rx = re.compile("".join("(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")))
+    """hookgraph 0.1's matcher: the glob as one backtracking regex (tests check the new one agrees)."""
+    if glob == "":
+        return [n for n in names if n == ""]
+    with warnings.catch_warnings():  # '[[' in a class: a FutureWarning the old code raised
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = ["(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")]
+        rx = re.compile("".join(parts))
     return [n for n in names if n and rx.fullmatch(n + ".")]
 
 

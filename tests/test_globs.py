@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import subprocess
 import sys
 import textwrap
-import warnings
 from functools import cache
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hookgraph.resolve as resolve
+from benchmarks.globs import old_match  # hookgraph 0.1's translation, kept to check nothing changed
 from hookgraph.resolve import NameIndex, match_names, suggest_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,43 +90,6 @@ def reference_match(glob: str, name: str) -> bool:
         return j < len(segs) and _segment_ok(pat[i], segs[j]) and ok(i + 1, j + 1)
 
     return ok(0, 0)
-
-
-# -- the old translation (one backtracking regex), kept to check nothing changed ----------
-
-
-def _old_segment_regex(seg: str) -> str:
-    out, i = [], 0
-    while i < len(seg):
-        c = seg[i]
-        if c == "*":
-            out.append("[^.]*")
-        elif c == "?":
-            out.append("[^.]")
-        elif c == "[":
-            end = seg.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(c))
-            else:
-                body = seg[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^." + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-def old_match(glob: str, names: list[str]) -> list[str]:
-    if glob == "":
-        return [n for n in names if n == ""]
-    with warnings.catch_warnings():  # '[[' in a class: a FutureWarning the old code raised
-        warnings.simplefilter("ignore", FutureWarning)
-        parts = ["(?:[^.]+\\.)*" if s == "**" else _old_segment_regex(s) + "\\." for s in glob.split(".")]
-        rx = re.compile("".join(parts))
-    return [n for n in names if n and rx.fullmatch(n + ".")]
 
 
 # -- generated globs and names ----------------------------------------------------------
