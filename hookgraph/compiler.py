@@ -348,6 +348,9 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
         except (TypeError, ValueError) as exc:
             problems.append(Problem(full_key(key, "args"), f"{defn.name}: {exc}"))
             break
+        except Exception as exc:  # a factory reading a file or a model (steer, patch): its own error, named
+            problems.append(Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}"))
+            break
         bindings.append(
             Binding(
                 spec=spec,

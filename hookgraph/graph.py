@@ -16,7 +16,7 @@ from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .gcpause import gc_paused
 from .points import POINTS
-from .sites import REGISTRARS, Binding
+from .sites import REGISTRARS, Binding, Switch
 from .store import Entries, ResultStore
 from .transfer import HostCopier
 
@@ -87,10 +87,14 @@ class Attachment:
         for b in graph.bindings:
             b.eager = compiled
         self._live = True
-        self._handles: dict[Binding, list[RemovableHandle]] = {}  # in registration order
+        self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
         graph._attachment = self
-        graph.set_step(graph.step)  # registers the bindings live at the current step
+        try:
+            graph.set_step(graph.step)  # registers the bindings live at the current step
+        except BaseException:
+            self.remove()  # a failed attach leaves the graph detached, not stuck half attached
+            raise
 
     @property
     def attached(self) -> bool:
@@ -109,10 +113,18 @@ class Attachment:
         sync_compiled_code()  # dynamo may have been loaded since attach
         try:
             with gc_paused():
-                self._drop(b for b in list(self._handles) if b.module in changed)
+                dropped = [b for b in list(self._handles) if b.module in changed]
+                # A binding that stays live keeps the switches of its tensor hooks: hooks its
+                # earlier forward placed on activations must still act in the coming backward.
+                carried: dict[Binding, list[RemovableHandle | Switch]] = {
+                    b: [h for h in self._handles[b] if isinstance(h, Switch)] for b in dropped if b in wanted
+                }
+                for b in carried:
+                    self._handles[b] = [h for h in self._handles[b] if not isinstance(h, Switch)]
+                self._drop(dropped)
                 for b in want:
                     if b.module in changed:
-                        self._handles[b] = []
+                        self._handles[b] = carried.get(b, [])
                         if POINTS[b.at].full_backward:
                             _claim_full_backward(b.module)
                             self._full.add(b)
@@ -164,6 +176,10 @@ class Attachment:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.remove()
+        if exc is None:
+            # Checks deferred on the device (check_finite on an accelerator) are read when the
+            # block ends, so a NaN in its last step is not left for a later attach to find.
+            self._graph.store.settle_checks()
         if isinstance(exc, RuntimeError) and "BackwardHookFunction" in str(exc):
             raise InplaceBackwardError(
                 "a full backward hook (at: backward or backward_pre) met a tensor modified in place "
@@ -206,7 +222,6 @@ class HookGraph:
         self.unmatched: dict[str, str] = dict(unmatched or {})
         self._attachment: Attachment | None = None
         self._step = 0
-        self._backward_modules = {b.module for b in self.bindings if POINTS[b.at].full_backward}
         self.set_step(0)
 
     # -- schedule -----------------------------------------------------------

@@ -27,7 +27,7 @@ from .points import HookPoint
 from .spec import HookSpec
 from .tree import set_item, tensors, tree_replace
 
-__all__ = ["Binding", "Inputs", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
+__all__ = ["Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
 
 
 @dataclass(eq=False)
@@ -200,8 +200,8 @@ def _grad_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
 # read-only action skips that call (the forward was seen once already) and it is counted in
 # `recomputed`, not `calls`; an action that replaces the value runs again, or the recomputed
 # activations would differ from the forward's and the gradients would be wrong.
-# The check and the counting are written out in each module hook below, not in a helper:
-# they run on every hooked call, and a helper is one Python frame more on the hot path.
+# The counting is written out in each module hook below (the hot path: no extra frame for
+# it); the check itself stays a function, which dynamo can treat as a constant (see below).
 _graph_task_id = torch._C._current_graph_task_id
 
 
@@ -215,7 +215,7 @@ def _recomputing() -> bool:
 _recomputing._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-class _Switch:
+class Switch:
     """Turns off tensor hooks of one registration: they stay on saved activations after
     detach (PyTorch cannot unregister them), and a later attachment must not revive them.
     Quacks like a RemovableHandle (remove()) so the attachment removes it with the others."""
@@ -332,7 +332,7 @@ def _forward(b: Binding) -> list[RemovableHandle]:
     return [b.module.register_forward_hook(_module_hook(b, hook))]
 
 
-def _tensor_hook(b: Binding, switch: _Switch) -> Callable[[Tensor], Any]:
+def _tensor_hook(b: Binding, switch: Switch) -> Callable[[Tensor], Any]:
     """The gradient hook put on activations; it acts only while its own registration lives."""
     unindexed = b if b.spec.index is None else _without_index(b)
     direct = direct_caller(unindexed)
@@ -384,7 +384,7 @@ def _pick(b: Binding, value: Any, index: Any) -> Any:
 
 
 def _output_grad(b: Binding) -> list[RemovableHandle]:
-    switch = _Switch()
+    switch = Switch()
     tensor_hook, index, want = _tensor_hook(b, switch), b.spec.index, b.want_training
 
     def hook(module: nn.Module, args: tuple, output: Any) -> None:
@@ -401,7 +401,7 @@ def _output_grad(b: Binding) -> list[RemovableHandle]:
 
 
 def _input_grad(b: Binding) -> list[RemovableHandle]:
-    switch = _Switch()
+    switch = Switch()
     tensor_hook, index, want = _tensor_hook(b, switch), b.spec.index, b.want_training
     # A leaf input (the model's own input) aliased by a view and then edited in place by
     # the module is an error in PyTorch: only in-place modules need a copy, known here.
@@ -460,14 +460,17 @@ def _param_value(b: Binding) -> list[RemovableHandle]:
     """
     call, param, want = make_caller(b), _param(b), b.want_training
     done = [False]  # edited in this forward of the model
-    once = b.root is not None  # without the model's pre-hook no pass starts: edit at every call
+    # Passes are counted by the model's own pre-hook. Until it has run (a submodule called
+    # directly, the model's forward never), there is no pass to edit once in: edit every call.
+    passes = [False]
 
     def new_pass(module: nn.Module, args: tuple) -> None:
         done[0] = False
+        passes[0] = True
 
     def hook(module: nn.Module, args: tuple) -> None:
         if not done[0] and b.active and (want is None or module.training is want):
-            done[0] = once
+            done[0] = passes[0]
             b.calls += 1
             with torch.no_grad():
                 new = call(param, args, None)
