@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -304,6 +306,16 @@ def test_plan_command_draws_the_plan(tmp_path, capsys):
     # a bad spec: the compiler's message, exit status 2, no picture
     assert main(["--svg", str(tmp_path / "bad.svg"), "+experiment=clamp_conv", "hooks.clamp_grad.target=rleu"]) == 2
     assert "nearest names: relu" in capsys.readouterr().err and not (tmp_path / "bad.svg").exists()
+
+
+@pytest.mark.slow
+def test_plan_command_in_a_fresh_process(tmp_path):
+    # In-process tests share Hydra's ConfigStore; a new process has only what the command registers.
+    svg = tmp_path / "plan.svg"
+    done = subprocess.run([sys.executable, "-m", "hookgraph", "plan", "--svg", str(svg), "+experiment=clamp_conv"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(re.findall(r'<g class="hooked" data-name="([^"]+)"', svg.read_text())) == ["relu"]
 
 
 def _two_axis_sweep(root: Path) -> list[Path]:

@@ -222,3 +222,15 @@ def test_custom_with_worker_processes_gives_the_same_batches():
     with pytest.raises(ConfigError) as info:
         build_data("custom", target="tests.user_helpers.Pairs", num_workers=-1)
     assert info.value.key == "data.num_workers"
+
+
+def test_cross_entropy_labels_out_of_the_models_range_name_data_num_classes(tmp_path):
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner import run
+
+    cfg = {"model": {"name": "tiny_linear"}, "data": {"kind": "random", "shape": [1], "num_classes": 50},
+           "runner": {"device": "cpu", "progress": False, "loss": "cross_entropy"}, "sink": {"figures": False},
+           "hooks": {}}
+    expected = r"data\.num_classes: labels must be class indices in \[0, 2\).*data\.num_classes=2"
+    with pytest.raises(ConfigError, match=expected):
+        run(cfg, tmp_path)

@@ -15,7 +15,10 @@ from pathlib import Path
 def _compose(overrides: list[str], config_dir: str | None):
     from hydra import compose, initialize_config_dir
 
-    from ..cli.app import CONFIG_DIR  # also registers the structured configs
+    from ..cli.app import CONFIG_DIR
+    from ..runner import register_configs
+
+    register_configs()  # the schema conf/config.yaml names first; the Hydra app registers it in main()
 
     if config_dir:
         # What --config-dir does for the Hydra app: the user's groups join the search path.

@@ -134,6 +134,16 @@ def compute_loss(out: Any, labels: torch.Tensor | None, inputs: Any, loss: str, 
             raise ConfigError(
                 "runner.loss", "cross_entropy needs labels, and this data has none; use sum, mean or target_class"
             )
+        classes = logits.shape[1] if logits.dim() >= 2 else 0
+        soft = labels.is_floating_point() and labels.shape == logits.shape  # class probabilities
+        if not soft and labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < classes:
+            # F.cross_entropy would fail deep inside with "Target 13 is out of bounds".
+            raise ConfigError(
+                "data.num_classes",
+                f"labels must be class indices in [0, {classes}) for an output of shape {list(logits.shape)}; "
+                f"this data gives {labels.dtype} labels in [{int(labels.min())}, {int(labels.max())}]: "
+                f"set data.num_classes={classes} or use runner.loss=sum",
+            )
         return F.cross_entropy(logits.float(), labels)
     if logits.dim() < 2 or not 0 <= target_class < logits.shape[1]:
         raise ConfigError(
