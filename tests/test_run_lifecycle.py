@@ -261,8 +261,9 @@ def test_a_refused_folder_is_left_byte_for_byte_as_it_was(tmp_path):
     second = run_cli(["model=mlp", "runner.steps=3", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [
-        f"hookgraph: error: hydra.run.dir: {out} holds an earlier run (.hookgraph, summary.json, plan.json, records); "
-        "choose a new folder (the default runs/<date>/<time> is new for every run)"]
+        f"hookgraph: error: hydra.run.dir: {out} holds an earlier run (.hookgraph, summary.json, plan.json, records, "
+        "modules.json, plan.svg, report.html); choose a new folder (the default runs/<date>/<time> is new for "
+        "every run)"]
     assert _snapshot(out) == before
 
 

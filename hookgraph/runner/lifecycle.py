@@ -1,6 +1,6 @@
 """A run's claim on its folder and its response to signals.
 
-Public names: MARKER, check_run_dir, RunInterrupted, RunFolderError, signals_as_interrupts.
+Public names: MARKER, check_run_dir, claim_run_dir, RunInterrupted, RunFolderError, signals_as_interrupts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError, HookGraphError
 from ..runs.reader import MARKER, run_content
 
-__all__ = ["MARKER", "check_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
+__all__ = ["MARKER", "check_run_dir", "claim_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
 
 class RunInterrupted(KeyboardInterrupt):
     """The run was stopped by a signal (SIGINT or SIGTERM); ``signum`` says which."""
@@ -34,18 +34,42 @@ def check_run_dir(out_dir: str | Path) -> None:
     root = Path(out_dir)
     found = run_content(root)  # what load_run would read: the two must agree on what a run folder is
     if found:
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{root} holds an earlier run ({', '.join(found)}); choose a new folder (the default "
-            "runs/<date>/<time> is new for every run)",
-        )
+        raise _earlier_run(root, found)
+
+
+def claim_run_dir(out_dir: str | Path, marker: bytes) -> None:
+    """Write the marker into ``out_dir`` (which exists) only if no run has claimed it yet.
+
+    The exclusive create makes check-then-claim safe: of two runs given the same folder that
+    both passed :func:`check_run_dir`, one gets the folder and the other the same ConfigError.
+    """
+    root = Path(out_dir)
+    try:
+        with open(root / MARKER, "xb") as f:
+            f.write(marker)
+    except FileExistsError:
+        raise _earlier_run(root, run_content(root) or [MARKER]) from None
+
+
+def _earlier_run(root: Path, found: list[str]) -> ConfigError:
+    return ConfigError(
+        "hydra.run.dir",
+        f"{root} holds an earlier run ({', '.join(found)}); choose a new folder (the default "
+        "runs/<date>/<time> is new for every run)",
+    )
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def signals_as_interrupts() -> Iterator[None]:
-    """While the run lasts, SIGTERM stops it like Ctrl-C; the previous handler comes back after.
+    """While the run lasts, SIGINT and SIGTERM stop it with :class:`RunInterrupted`.
 
-    Only the main thread can set handlers; elsewhere (a launcher's worker thread) nothing changes.
+    Only the first signal raises; any later one arrives while the run is writing its partial
+    records and summary, and is ignored so that it cannot cut them short (the run is already
+    stopping). The previous handlers come back after. Only the main thread can set handlers;
+    elsewhere (a launcher's worker thread) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -58,8 +82,13 @@ def signals_as_interrupts() -> Iterator[None]:
         fired.append(signum)
         raise RunInterrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous: dict[int, Any] = {}
     try:
+        for signum in _SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. nohup: an ignored signal stays ignored
+                previous[signum] = signal.signal(signum, handler)
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            # None: a handler installed from C, which Python cannot put back; the default is closest.
+            signal.signal(signum, signal.SIG_DFL if old is None else old)

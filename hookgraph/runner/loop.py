@@ -21,6 +21,7 @@ and in the other figures.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -47,7 +48,7 @@ from ..report import module_tree, write_plan_svg, write_report
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .batches import LOSSES, call_model, compute_loss, to_device
 from .device import resolve_device, resolve_dtype
-from .lifecycle import MARKER, RunFolderError, RunInterrupted, check_run_dir, signals_as_interrupts
+from .lifecycle import RunFolderError, RunInterrupted, check_run_dir, claim_run_dir, signals_as_interrupts
 from .metrics import check_metric, compute_metric
 
 __all__ = ["run", "build_from_config", "LOSSES"]
@@ -247,9 +248,10 @@ def _versions() -> dict[str, str]:
 def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any]) -> _Run:
     """Refuse an earlier run's folder, then mark this one as ours before anything else."""
     check_run_dir(out_dir)
+    marker = json.dumps({"hookgraph": _versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
     try:
         writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
-        writer.json(MARKER, {"hookgraph": _versions()["hookgraph"], "pid": os.getpid()})
+        claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
     except OSError as exc:
         raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
     summary.update(status="running", steps=0, steps_requested=cfg.runner.steps, versions=_versions())

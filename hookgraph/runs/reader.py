@@ -564,7 +564,12 @@ class Run:
 
 
 MARKER = ".hookgraph"  # written first by the runner: a folder holding it belongs to a run, finished or not
-_CONTENT = (MARKER, "summary.json", "plan.json", "records", "stats.csv", "trace.csv")
+# Everything a run writes, so a new run never overwrites it. Not hookgraph.log: Hydra writes the
+# current run's log into the folder before the runner looks at it.
+_CONTENT = (
+    MARKER, "summary.json", "plan.json", "records", "stats.csv", "trace.csv",
+    "modules.json", "plan.svg", "report.html", "figures", "tensorboard",
+)
 
 
 def run_content(path: str | Path) -> list[str]:

@@ -1,0 +1,159 @@
+"""Review fixes to a run's claim on its folder: a second signal (Ctrl-C or SIGTERM) must not
+cut the summary short, every file a run writes counts as an earlier run's, and the marker is
+created exclusively so two runs given one folder cannot both pass the check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.runner import loop, run
+from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts
+from hookgraph.runs.writer import RunWriter
+from tests.test_run_lifecycle import cfg, strict_json
+
+
+class SignalAtThirdStep(nn.Module):
+    """Sends this process ``SIGNUM`` during its third forward (Ctrl-C or a scheduler's SIGTERM)."""
+
+    SIGNUM = signal.SIGINT
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3:
+            os.kill(os.getpid(), type(self).SIGNUM)
+        return self.fc(x)
+
+
+@pytest.fixture
+def handlers():
+    """Put back whatever SIGINT/SIGTERM handlers the test found, whatever the run did."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield saved
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def _second_signal_once(monkeypatch, name: str, method: str, signum: int) -> list[int]:
+    """Patch RunWriter.<method> to send ``signum`` once, on its first call for ``name`` after step 2."""
+    original = getattr(RunWriter, method)
+    sent: list[int] = []
+
+    def patched(self, *args, **kwargs):
+        hit = args[0] == name if method == "json" else args[1] >= 2  # flush_records(records, step)
+        if hit and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)  # delivered here, inside _fail or _close
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunWriter, method, patched)
+    return sent
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM], ids=_name)
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=_name)
+@pytest.mark.parametrize("where", ["partial records", "summary"])
+def test_a_second_signal_does_not_cut_the_summary_short(tmp_path, monkeypatch, handlers, first, second, where):
+    monkeypatch.setattr(SignalAtThirdStep, "SIGNUM", first)
+    sent = (_second_signal_once(monkeypatch, "summary.json", "json", second) if where == "summary"
+            else _second_signal_once(monkeypatch, "", "flush_records", second))
+    with pytest.raises(KeyboardInterrupt) as err:  # caught whatever it is: a stray one would stop pytest
+        run(cfg(model={"name": None, "_target_": "tests.test_run_claim.SignalAtThirdStep"},
+                data={"kind": "random", "shape": [4]}, runner={"steps": 10},
+                hooks={"acts": {"target": "fc", "action": "record"}}), tmp_path)
+    assert sent == [second]
+    assert isinstance(err.value, RunInterrupted) and err.value.signum == first  # the signal that stopped it
+    summary = strict_json(tmp_path / "summary.json")
+    assert summary["status"] == "interrupted" and summary["signal"] == _name(first)
+    assert summary["steps"] == 2
+    assert "warnings" not in summary  # the partial step was written, not cut short
+    assert len(hg.load_run(tmp_path).records["acts"]["fc"]) == 2
+    # Both handlers are back: the next Ctrl-C is Python's own again.
+    assert signal.getsignal(signal.SIGINT) is handlers[signal.SIGINT]
+    assert signal.getsignal(signal.SIGTERM) is handlers[signal.SIGTERM]
+
+
+def test_a_handler_installed_from_c_is_restored_as_the_default(monkeypatch, handlers):
+    # signal.signal returns None for a handler Python did not install; it cannot be put back.
+    real = signal.signal
+    calls: list[tuple[int, object]] = []
+
+    def from_c(signum, handler):
+        calls.append((signum, handler))
+        old = real(signum, handler)
+        return None if len(calls) <= 2 else old
+
+    monkeypatch.setattr(signal, "signal", from_c)
+    with signals_as_interrupts():
+        assert signal.getsignal(signal.SIGTERM) is not handlers[signal.SIGTERM]
+    assert [c[0] for c in calls] == [signal.SIGINT, signal.SIGTERM, signal.SIGINT, signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+# ---------------------------------------------------------------- what counts as an earlier run
+
+
+@pytest.mark.parametrize("left", ["report.html", "modules.json", "plan.svg", "figures", "tensorboard"])
+def test_every_file_a_run_writes_refuses_the_folder(tmp_path, left):
+    (tmp_path / left).mkdir() if "." not in left else (tmp_path / left).write_text("mine")
+    with pytest.raises(hg.ConfigError) as err:
+        run(cfg(), tmp_path)
+    assert err.value.key == "hydra.run.dir"
+    assert f"holds an earlier run ({left})" in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [left]  # nothing written, nothing overwritten
+    if "." in left:
+        assert (tmp_path / left).read_text() == "mine"
+
+
+def test_hydras_log_of_this_run_is_not_an_earlier_run(tmp_path):
+    # Hydra writes hookgraph.log (and .hydra/) into the folder before run() looks at it.
+    (tmp_path / "hookgraph.log").write_text("this run's log\n")
+    (tmp_path / ".hydra").mkdir()
+    assert run(cfg(runner={"steps": 2}), tmp_path)["status"] == "completed"
+    assert (tmp_path / "hookgraph.log").read_text() == "this run's log\n"
+
+
+def test_a_run_that_claims_the_folder_between_check_and_claim_wins(tmp_path, monkeypatch):
+    other = json.dumps({"hookgraph": "0.1", "pid": 1}).encode()
+    check = loop.check_run_dir
+
+    def check_then_lose_the_race(out_dir):
+        check(out_dir)  # the folder is new ...
+        (tmp_path / MARKER).write_bytes(other)  # ... and another run claims it now
+
+    monkeypatch.setattr(loop, "check_run_dir", check_then_lose_the_race)
+    with pytest.raises(hg.ConfigError) as err:
+        run(cfg(), tmp_path)
+    assert err.value.key == "hydra.run.dir"
+    assert f"{tmp_path} holds an earlier run ({MARKER})" in str(err.value)
+    assert (tmp_path / MARKER).read_bytes() == other  # the winner's marker is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER]
+
+
+def test_claiming_the_same_folder_twice_refuses_the_second(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "check_run_dir", lambda out_dir: None)  # both passed the check
+    conf = loop._cfg(cfg())
+    first = loop._claim(conf, tmp_path, {})
+    marker = (tmp_path / MARKER).read_bytes()
+    assert json.loads(marker)["pid"] == os.getpid() and first.summary["status"] == "running"
+    with pytest.raises(hg.ConfigError, match="holds an earlier run"):
+        loop._claim(conf, tmp_path, {})
+    assert (tmp_path / MARKER).read_bytes() == marker
+    with pytest.raises(hg.ConfigError, match=r"holds an earlier run \(\.hookgraph\)"):
+        check_run_dir(tmp_path)
