@@ -89,6 +89,6 @@ def signals_as_interrupts() -> Iterator[None]:
                 previous[signum] = signal.signal(signum, handler)
         yield
     finally:
-        for signum, old in previous.items():
+        for number, old in previous.items():
             # None: a handler installed from C, which Python cannot put back; the default is closest.
-            signal.signal(signum, signal.SIG_DFL if old is None else old)
+            signal.signal(number, signal.SIG_DFL if old is None else old)
