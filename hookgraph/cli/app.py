@@ -89,15 +89,31 @@ def _quiet(name: str) -> Iterator[None]:
         logger.disabled = before
 
 
+# The packaged hydra.run.dir is runs/<date>/<time>, relative to the folder the command runs in.
+DEFAULT_RUN_ROOT = "runs"
+
+
 def _user_set_run_dir() -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
+
+
+def _under_default_root(out_dir: str) -> bool:
+    root = (Path(HydraConfig.get().runtime.cwd) / DEFAULT_RUN_ROOT).resolve()
+    return Path(out_dir).resolve().is_relative_to(root)
 
 
 def _tidy(out_dir: str, summary: dict[str, Any], exc: BaseException | None) -> bool:
     """A default run folder (runs/<date>/<time>) that this run created and that holds nothing
     worth keeping is removed: a config error before the first step, a listing, a dry run.
-    A folder named with hydra.run.dir, or one that existed before, is never removed."""
-    if HydraConfig.get().mode != RunMode.RUN or _user_set_run_dir() or not callbacks.created_by_this_run(out_dir):
+    Decided by the folder, not by where hydra.run.dir was set (a config file can set it too):
+    only a folder under runs/ that did not exist before this run goes; one named on the
+    command line never does."""
+    if (
+        HydraConfig.get().mode != RunMode.RUN
+        or _user_set_run_dir()
+        or not callbacks.created_by_this_run(out_dir)
+        or not _under_default_root(out_dir)
+    ):
         return False
     config_error = isinstance(exc, (ConfigError, SpecError)) and summary.get("steps", 0) == 0
     if not (config_error or summary.get("status") in ("listed", "planned")):
@@ -188,7 +204,17 @@ def main() -> None:
         sys.exit(2)
     callbacks.reset()
     _app()
+    code = _sweep_verdict()
+    if code:
+        sys.exit(code)
+
+
+def _sweep_verdict() -> int:
+    """1 when the sweep that just ended has a job that did not complete or no table, else 0."""
     failed = callbacks.failed_jobs()
+    if callbacks.sweep_error() is not None:
+        print(f"hookgraph: error: {callbacks.sweep_error()} (see the warning above)", file=sys.stderr)
+        return 1
     if failed:
         # One line at the very end: the sweep ran every job, some did not complete.
         print(
@@ -197,4 +223,5 @@ def main() -> None:
             + " (see sweep.csv)",
             file=sys.stderr,
         )
-        sys.exit(1)
+        return 1
+    return 0

@@ -1,4 +1,4 @@
-"""Hydra callbacks. Public names: RunDirGuard, SweepTable, sweep_rows.
+"""Hydra callbacks. Public names: RunDirGuard, SweepTable, sweep_rows, job_folders.
 
 RunDirGuard refuses a run folder that holds an earlier hookgraph run before Hydra writes
 anything into it: Hydra saves ``.hydra/`` and opens the log in ``run_job``, after
@@ -8,13 +8,19 @@ At the end of a multirun, SweepTable writes ``sweep.csv`` in the sweep folder: o
 job with its overrides and headline figures (status, steps, loss, records per spec, and for
 each stats spec its min, max and mean norm at the last step). A job that failed is a row
 with its status and error; a job whose folder or summary is missing is a row saying
-``missing``. The command line exits 1 after such a sweep (:func:`failed_jobs`).
+``missing``. The command line exits 1 after such a sweep (:func:`failed_jobs`), and also
+when the table could not be written (:func:`sweep_error`).
+
+A job folder is a subfolder of the sweep folder that holds Hydra's ``.hydra/`` (its number
+is ``hydra.job.num`` in ``.hydra/hydra.yaml``) or is named with a number: ``hydra.sweep.subdir``
+need not be ``${hydra.job.num}``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,18 +28,28 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["RunDirGuard", "SweepTable", "sweep_rows", "failed_jobs", "created_by_this_run", "reset"]
+__all__ = [
+    "RunDirGuard",
+    "SweepTable",
+    "sweep_rows",
+    "job_folders",
+    "failed_jobs",
+    "sweep_error",
+    "created_by_this_run",
+    "reset",
+]
 
 log = logging.getLogger("hookgraph")
 
 # What this process learned about its run: set by the callbacks, read by the command line
 # (callbacks run in the process that launched the jobs, the command line's own).
-_state: dict[str, Any] = {"fresh": set(), "failed": []}
+_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None}
 
 
 def reset() -> None:
     _state["fresh"] = set()
     _state["failed"] = []
+    _state["sweep_error"] = None
 
 
 def created_by_this_run(path: str | Path) -> bool:
@@ -41,9 +57,14 @@ def created_by_this_run(path: str | Path) -> bool:
     return str(Path(path).resolve()) in _state["fresh"]
 
 
-def failed_jobs() -> list[tuple[int, str]]:
+def failed_jobs() -> list[tuple[int | str, str]]:
     """(job, status) of the last sweep's jobs that did not complete."""
     return list(_state["failed"])
+
+
+def sweep_error() -> str | None:
+    """Why the last sweep's table was not written, or None (Hydra only warns when a callback raises)."""
+    return _state["sweep_error"]
 
 
 def _refuse(message: str) -> None:
@@ -76,21 +97,57 @@ class RunDirGuard(Callback):
             sweep_dir = Path(str(config.hydra.sweep.dir))
         except Exception:
             return
-        if (sweep_dir / "sweep.csv").exists() or (sweep_dir.is_dir() and any(
-                p.is_dir() and p.name.isdigit() for p in sweep_dir.iterdir())):
-            _refuse(f"hydra.sweep.dir: {sweep_dir} holds an earlier sweep; choose a new folder (the default "
-                    "runs/multirun/<date_time> is new for every sweep)")
+        numbered, unnumbered = job_folders(sweep_dir)
+        if (sweep_dir / "sweep.csv").exists() or numbered or unnumbered:
+            _refuse(
+                f"hydra.sweep.dir: {sweep_dir} holds an earlier sweep; choose a new folder (the default "
+                "runs/multirun/<date_time> is new for every sweep)"
+            )
+
+
+def _job_num(folder: Path) -> int | None:
+    """A job folder's number: ``hydra.job.num`` as Hydra saved it, else the folder's name."""
+    try:
+        num = OmegaConf.load(folder / ".hydra" / "hydra.yaml").hydra.job.num
+        if isinstance(num, int) and not isinstance(num, bool):
+            return num
+    except Exception:  # no .hydra (killed early) or a damaged file: the name may still tell
+        pass
+    return int(folder.name) if folder.name.isdigit() else None
+
+
+def job_folders(sweep_dir: Path) -> tuple[dict[int, Path], list[Path]]:
+    """A sweep's job folders: those holding ``.hydra/`` at any depth (``hydra.sweep.subdir`` may
+    hold a ``/``) and the numbered ones, as {job number: folder} and those without a number."""
+    numbered: dict[int, Path] = {}
+    unnumbered: list[Path] = []
+    if not sweep_dir.is_dir():
+        return numbered, unnumbered
+    for root, dirs, _ in os.walk(sweep_dir):
+        here = Path(root)
+        if here == sweep_dir:
+            candidates = [d for d in dirs if (here / d / ".hydra").is_dir() or d.isdigit()]
+        else:
+            candidates = [d for d in dirs if (here / d / ".hydra").is_dir()]
+        for d in sorted(candidates):
+            num = _job_num(here / d)
+            if num is None or num in numbered:
+                unnumbered.append(here / d)
+            else:
+                numbered[num] = here / d
+        # A job folder's own subfolders (records/, .hydra/) are not jobs: do not walk them.
+        dirs[:] = [d for d in dirs if d not in candidates and d != ".hydra"]
+    return numbered, unnumbered
 
 
 def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[str, Any]]:
-    """One row per job of a sweep: its numbered folder, or ``status: missing``.
+    """One row per job of a sweep: its folder (see :func:`job_folders`), or ``status: missing``.
 
     ``expected``: each job's overrides in job order, when known; otherwise the jobs are the
-    numbered folders, and a gap in the numbers is a missing job.
+    numbered folders, and a gap in the numbers is a missing job. A job folder whose number
+    cannot be read is a row of its own (``status: unreadable``) after the numbered ones.
     """
-    found = (
-        {int(p.name): p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()} if sweep_dir.is_dir() else {}
-    )
+    found, unnumbered = job_folders(sweep_dir)
     count = max(len(expected or []), max(found, default=-1) + 1)
     rows = []
     for num in range(count):
@@ -102,36 +159,54 @@ def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[
             row.update(status="missing", error="no job folder")
             rows.append(row)
             continue
-        overrides = job / ".hydra" / "overrides.yaml"
-        if overrides.is_file():
-            row["overrides"] = " ".join(OmegaConf.to_container(OmegaConf.load(overrides)))  # type: ignore[arg-type]
-        summary_path = job / "summary.json"
-        try:
-            s = json.loads(summary_path.read_text())
-        except FileNotFoundError:
-            row.update(status="missing", error="no summary.json (the job was killed, or never started)")
-            rows.append(row)
-            continue
-        except (OSError, ValueError) as exc:
-            row.update(status="unreadable", error=f"summary.json: {exc}"[:200])
-            rows.append(row)
-            continue
-        row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
-        if "metric" in s:
-            row["metric"] = s["metric"]
-        run_s = (s.get("timings") or {}).get("run_s")
-        if isinstance(run_s, (int, float)):
-            row["run_s"] = round(run_s, 4)
-        for spec, counts in (s.get("specs") or {}).items():
-            row[f"{spec}.records"] = counts.get("records")
-        try:
-            row.update(_stat_headlines(job))
-        except Exception as exc:  # a damaged table must not hide the other jobs
-            log.warning("job %d: no stats headline: %s", num, exc)
-        if "error" in s:
-            row["error"] = str((s["error"] or {}).get("message", ""))[:200]
-        rows.append(row)
+        rows.append(_job_row(job, row))
+    for job in unnumbered:
+        rows.append(
+            {
+                "job": job.relative_to(sweep_dir).as_posix(),
+                "status": "unreadable",
+                "error": ".hydra/hydra.yaml: no hydra.job.num",
+            }
+        )
     return rows
+
+
+def _job_row(job: Path, row: dict[str, Any]) -> dict[str, Any]:
+    num = row["job"]
+    overrides = job / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        try:
+            listed = OmegaConf.to_container(OmegaConf.load(overrides))
+            if not isinstance(listed, list):
+                raise ValueError(f"a list of overrides expected, got {type(listed).__name__}")
+            row["overrides"] = " ".join(str(o) for o in listed)
+        except Exception as exc:  # one damaged file must not cost the sweep its table
+            row.update(status="unreadable", error=f".hydra/overrides.yaml: {type(exc).__name__}: {exc}"[:200])
+            return row
+    summary_path = job / "summary.json"
+    try:
+        s = json.loads(summary_path.read_text())
+    except FileNotFoundError:
+        row.update(status="missing", error="no summary.json (the job was killed, or never started)")
+        return row
+    except (OSError, ValueError) as exc:
+        row.update(status="unreadable", error=f"summary.json: {exc}"[:200])
+        return row
+    row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
+    if "metric" in s:
+        row["metric"] = s["metric"]
+    run_s = (s.get("timings") or {}).get("run_s")
+    if isinstance(run_s, (int, float)):
+        row["run_s"] = round(run_s, 4)
+    for spec, counts in (s.get("specs") or {}).items():
+        row[f"{spec}.records"] = counts.get("records")
+    try:
+        row.update(_stat_headlines(job))
+    except Exception as exc:  # a damaged table must not hide the other jobs
+        log.warning("job %s: no stats headline: %s", num, exc)
+    if "error" in s:
+        row["error"] = str((s["error"] or {}).get("message", ""))[:200]
+    return row
 
 
 def _expected_jobs(config: DictConfig) -> list[str] | None:
@@ -169,6 +244,16 @@ def _stat_headlines(job: Path) -> dict[str, float]:
 
 class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra turns a callback's exception into a warning: the sweep fails unless the table is written.
+        _state["sweep_error"] = "the sweep table was not written"
+        try:
+            self._write(config)
+        except Exception as exc:
+            _state["sweep_error"] = f"the sweep table was not written: {type(exc).__name__}: {exc}"
+            raise
+        _state["sweep_error"] = None
+
+    def _write(self, config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = sweep_rows(sweep_dir, _expected_jobs(config))
         _state["failed"] = [
