@@ -379,10 +379,14 @@ def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
     by_site: dict[tuple, list[Binding]] = {}
     for b in bindings:
         if b.action.replaces:
-            by_site.setdefault((b.target, b.at), []).append(b)
+            # The site is the object hooked, not its name: an alias (TransformerLens hook_dict)
+            # and the canonical name of one module are one site.
+            site = b.param if b.param is not None else b.module
+            by_site.setdefault((id(site), b.at), []).append(b)
     problems = []
     reported = set()
-    for (target, at), group in by_site.items():
+    for (_, at), group in by_site.items():
+        target = group[0].target
         specs = list({b.spec.name: b.spec for b in group}.values())
         if len(specs) < 2:
             continue

@@ -263,8 +263,16 @@ class ResultStore:
         vecs = [v for v, _ in items]
         device = vecs[0].device
         values = torch.stack([v.to(device) for v in vecs]).cpu().tolist()  # one synchronisation
+        first: BaseException | None = None
         for (_, check), vals in zip(items, values, strict=True):
-            check(vals)
+            # Every check runs, in call order: a later stop=false check still writes its row
+            # when an earlier stop=true check raises; the first error is raised after all ran.
+            try:
+                check(vals)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     # -- what readers get ----------------------------------------------------------
     def settle(self, *, strict: bool = True) -> None:

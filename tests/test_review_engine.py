@@ -72,3 +72,38 @@ def test_a_factory_that_fails_reading_its_file_is_a_spec_error(tmp_path):
     model = _net()
     with pytest.raises(hg.SpecError, match=r"hooks\.st\.args"):
         hg.compile(model, {"st": {"target": "0", "action": "steer", "args": {"vector": str(bad)}}})
+
+
+def test_every_deferred_check_runs_when_an_earlier_one_raises():
+    graph = hg.compile(_net(), {"acts": {"target": "0", "action": "record"}})
+    seen = []
+
+    def stop(values):
+        raise HookGraphError("first offender")
+
+    graph.store.defer(torch.tensor([1.0, 0.0]), stop)
+    graph.store.defer(torch.tensor([0.0, 3.0]), seen.append)  # a stop=false check: writes its row
+    with pytest.raises(HookGraphError, match="first offender"):
+        graph.store.settle_checks()
+    assert seen == [[0.0, 3.0]]
+
+
+class _Aliased(nn.Module):
+    """A module reachable under a second name, as TransformerLens's hook_dict offers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.hook_dict = {"alias": self.a}
+
+    def forward(self, x):
+        return self.a(x)
+
+
+def test_two_replacing_specs_on_one_module_under_two_names_need_an_order():
+    specs = {"s1": {"target": "alias", "action": "scale", "args": {"factor": 2.0}},
+             "s2": {"target": "a", "action": "scale", "args": {"factor": 3.0}}}
+    with pytest.raises(hg.SpecError, match=r"hooks\.s2\.order.*'s1', 's2'"):
+        hg.compile(_Aliased(), specs)
+    specs["s1"]["order"], specs["s2"]["order"] = 0, 1
+    assert [row["target"] for row in hg.compile(_Aliased(), specs).plan()] == ["alias", "a"]
