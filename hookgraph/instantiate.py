@@ -18,15 +18,16 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["import_target", "instantiate_nested", "OPTIONAL_EXTRAS"]
+__all__ = ["import_target", "instantiate_nested", "quiet_logger", "OPTIONAL_EXTRAS"]
 
 # Top-level package -> the hookgraph extra that installs it.
 OPTIONAL_EXTRAS = {"transformers": "hf", "tokenizers": "hf", "timm": "timm", "tensorboard": "tensorboard"}
 
 
 @contextlib.contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
-    # hydra.utils.get_object logs an error before re-raising; ours is the better message.
+def quiet_logger(name: str) -> Iterator[None]:
+    """Silence one logger for a block: hydra.utils logs an error before re-raising, and
+    hookgraph turns that error into a better message of its own."""
     logger = logging.getLogger(name)
     before = logger.disabled
     logger.disabled = True
@@ -58,7 +59,7 @@ def import_target(target: str, key: str) -> Callable[..., Any]:
 
     _offline()
     try:
-        with _quiet_logger("hydra.utils"):
+        with quiet_logger("hydra.utils"):
             obj = get_object(target)
     except ImportError as err:
         extra = missing_extra(err)

@@ -23,6 +23,7 @@ from hookgraph.models import (
     build_model,
     register_model,
 )
+from tests.reference import forward_order
 
 EXPECTED_NAMES = {
     "conv_net",
@@ -216,18 +217,7 @@ def test_register_model_warns_on_overwrite() -> None:
 def test_resnet18_by_name_seed_call_order() -> None:
     model = build_model("resnet18").eval()
     x = torch.randn(1, 3, 64, 64)
-    calls: list[str] = []
-    handles = [
-        mod.register_forward_hook(lambda m, i, o, name=name: calls.append(name))
-        for name, mod in model.named_modules()
-        if name
-    ]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
+    calls = forward_order(model, x)  # plain register_forward_hook hooks
     # The seed's table: 75 calls (relu runs twice per block), conv1 ... avgpool, fc.
     assert len(calls) == 75
     assert calls[:5] == ["conv1", "bn1", "relu", "maxpool", "layer1.0.conv1"]

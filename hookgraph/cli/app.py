@@ -20,7 +20,6 @@ import contextlib
 import logging
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ..errors import ConfigError, HookGraphError, SpecError
+from ..hooksets import packaged_conf_dir
+from ..instantiate import quiet_logger
 from ..runner import register_configs, run
 from ..runner.lifecycle import RunInterrupted
 from ..runner.messages import closing_lines
@@ -41,15 +42,12 @@ log = logging.getLogger("hookgraph")
 
 
 def _config_dir() -> str:
-    # Installed wheels carry conf/ inside the package; a source checkout (editable install
-    # included) keeps it at the top level. Hydra needs an absolute path in both cases.
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return str(candidate)
-    raise RuntimeError(
-        f"hookgraph's packaged configs are missing (looked in {here / 'conf'} and {here.parent / 'conf'})"
-    )
+    # Hydra needs an absolute path, whether conf/ sits inside the package (a wheel) or at the
+    # top level of a checkout (an editable install).
+    found = packaged_conf_dir()
+    if found is None:
+        raise RuntimeError("hookgraph's packaged configs are missing (no conf/config.yaml in the package or beside it)")
+    return str(found)
 
 
 CONFIG_DIR = _config_dir()
@@ -76,17 +74,6 @@ def _say(level: int, msg: str) -> None:
 def _error(msg: str) -> None:
     print(f"hookgraph: error: {msg}", file=sys.stderr)
     _to_log_file(logging.ERROR, msg)
-
-
-@contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    # hydra.utils logs an import error before hookgraph turns it into a better message.
-    logger = logging.getLogger(name)
-    before, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = before
 
 
 # The packaged hydra.run.dir is runs/<date>/<time>, relative to the folder the command runs in.
@@ -134,7 +121,7 @@ def _app(cfg: DictConfig) -> float | None:
     where = f"job {hc.job.num} " if sweep else ""
     summary: dict[str, Any] = {}
     try:
-        with _quiet("hydra.utils"):
+        with quiet_logger("hydra.utils"):
             run(cfg, out_dir, summary=summary)
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, RunInterrupted) else 2
