@@ -8,27 +8,17 @@ the live value's device and dtype (once) and copies it per call.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from ..errors import HookGraphError, did_you_mean
+from ..errors import HookGraphError
 from ..tree import positions, tensors_with_paths, tree_map
 from .registry import ActionContext, register_action
+from .sources import recorded_value, source_label
 
 __all__: list[str] = []  # reached through the registry
-
-
-@functools.lru_cache(maxsize=8)
-def _run_records(path: str, stamp: int) -> Any:
-    # One index per run folder for all of a spec's targets (``stamp`` invalidates it when
-    # the run is rewritten); tensors are still read per target, lazily.
-    from ..runs import load_run
-
-    return load_run(path).records
 
 
 def _index_hint(saved: list, value: Any) -> str:
@@ -92,27 +82,5 @@ def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0)
     (activation patching): ``run`` is that run's folder, ``spec`` the record spec there,
     ``step`` and ``call`` which of its calls. The tensor is read at compile time and moved
     to the live value's device and dtype once; shapes must match."""
-    root = Path(run).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
-    summary = root / "summary.json"
-    try:
-        records = _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
-    except HookGraphError as exc:
-        raise ValueError(f"run: {exc}") from None
-    if spec not in records:
-        raise ValueError(
-            f"spec: {spec!r} recorded nothing in {str(root)!r}; "
-            f"{did_you_mean(spec, records, 'specs with records there')}"
-        )
-    targets = records[spec]
-    if ctx.target not in targets:
-        raise ValueError(
-            f"spec {spec!r} in {str(root)!r} has no record of {ctx.target!r}; "
-            f"{did_you_mean(ctx.target, targets, 'recorded targets')}"
-        )
-    try:
-        recorded = targets.entry(ctx.target, step, call)
-    except HookGraphError as exc:
-        raise ValueError(f"step/call: {exc}") from None
-    return _replacer(recorded, ctx, f"{str(root)!r} ({spec}, step {step}, call {call})")
+    recorded = recorded_value(run, spec, ctx.target, step, call)
+    return _replacer(recorded, ctx, f"{source_label(run)} ({spec}, step {step}, call {call})")

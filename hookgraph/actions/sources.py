@@ -10,6 +10,7 @@ missing run, spec or target is a compile error naming the nearest valid names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,26 @@ def source_label(source: Any) -> str:
     return f"a {type(source).__name__} in memory"
 
 
+@functools.lru_cache(maxsize=8)
+def _run_records(path: str, stamp: int) -> Mapping:
+    # One index per run folder for all the targets of a spec (``stamp`` invalidates it when
+    # the run is rewritten); tensors are still read per target, lazily.
+    from ..runs import load_run
+
+    return load_run(path).records
+
+
 def _records_of(source: Any) -> Mapping:
     """The spec -> target -> entries mapping behind a source."""
     from ..graph import HookGraph
-    from ..runs import load_run
 
     if isinstance(source, (str, Path)):
         root = Path(source).expanduser()
         if not root.is_dir():
             raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
+        summary = root / "summary.json"
         try:
-            return load_run(root).records
+            return _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
         except HookGraphError as exc:
             raise ValueError(f"run: {exc}") from None
     if isinstance(source, HookGraph):
