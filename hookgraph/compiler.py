@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import sharded
 from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
 from .errors import Problem, SpecError, full_key
 from .gcpause import gc_paused
@@ -138,6 +139,8 @@ def _refusal(key: str, spec: Any, why: str, names: list[str]) -> Problem:
     """One problem per spec and reason, however many names a glob matched."""
     shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     one = len(names) == 1
+    if why in sharded.REFUSALS:
+        return Problem(full_key(key, "target"), sharded.REFUSALS[why](spec.at, shown, one))
     if why == "script":
         owner = "" if not POINTS[spec.at].on_params else (" belongs to" if one else " belong to")
         verb = owner or (" is" if one else " are")
@@ -328,6 +331,9 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
             hooked.add(id(module))
         param = targets.params[name] if info.on_params else None
         why = _unhookable(spec, module, param)
+        shard = sharded.shard_of(name, param, targets.modules) if param is not None else None
+        if why is None and isinstance(shard, str):
+            why = shard
         if why is not None:
             refused.setdefault(why, []).append(name)
             continue
@@ -368,6 +374,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 lock=store.lock,
                 holders=targets.holders(param) if param is not None and spec.at is HookPoint.param_value else (),
                 root=targets.model if spec.at is HookPoint.param_value else None,
+                shard=shard,
             )
         )
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]

@@ -1,0 +1,242 @@
+"""Parameter points on FSDP2-sharded models, and DTensors turned into plain tensors.
+
+Public names: ShardedParam, is_dtensor, is_fsdp_module, plain_tensor, shard_of, REGISTRARS, REFUSALS.
+
+``fully_shard`` keeps each parameter as a sharded DTensor between passes and swaps in a
+plain, unsharded ``nn.Parameter`` on the module while the forward and backward run (the
+same object every step). Hooks on the sharded parameter therefore never see a gradient
+(FSDP writes ``.grad`` itself after its reduce-scatter), and an edit of the shard reaches
+the forward only after the next all-gather: one step late. The registrars here act on the
+unsharded parameter instead, found on its owner in a forward pre-hook of the FSDP module
+that manages it (which runs after FSDP's own all-gather hook):
+
+- ``param_grad`` / ``param_accumulated``: a tensor hook / post-accumulate-grad hook on the
+  unsharded parameter, registered the first time it is seen: the rank's full, local
+  gradient, before FSDP's reduce-scatter (as with DDP, and as on the bare model).
+- ``param_value``: the action edits the unsharded parameter before the forward uses it, and
+  the edit is copied into the rank's shard, so it persists as on the bare model.
+
+Everything else (DTensor parameters that FSDP does not manage, e.g. tensor parallel, or
+FSDP over a mesh that also shards them for tensor parallelism) is refused at compile time
+by :func:`shard_of`'s callers, with what to use instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from .errors import ActionError
+from .points import HookPoint
+from .sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
+
+__all__ = ["ShardedParam", "is_dtensor", "is_fsdp_module", "plain_tensor", "shard_of", "REGISTRARS", "REFUSALS"]
+
+
+@functools.lru_cache(maxsize=1)
+def _dtensor_type() -> type | None:
+    """DTensor, or None where torch.distributed is not built in (imported on first use)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without distributed
+        return None
+    return DTensor
+
+
+@functools.lru_cache(maxsize=1)
+def _fsdp_module_type() -> type | None:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        return None
+    return FSDPModule
+
+
+def is_dtensor(t: Any) -> bool:
+    dt = _dtensor_type()
+    return dt is not None and isinstance(t, dt)
+
+
+def is_fsdp_module(m: Any) -> bool:
+    """A module ``fully_shard`` was applied to (FSDP2), also under torch.compile."""
+    cls = _fsdp_module_type()
+    return cls is not None and isinstance(m, cls)
+
+
+def plain_tensor(t: Tensor, shard: str) -> Tensor:
+    """A DTensor as a plain tensor: the rank's local shard, or (``full``) the whole tensor,
+    which is a collective every rank must reach in the same order."""
+    if shard == "full":
+        return t.full_tensor()
+    return t.to_local()
+
+
+@dataclass(frozen=True)
+class ShardedParam:
+    """Where an FSDP2-managed parameter lives: the FSDP module whose forward unshards it,
+    the module holding it and its attribute name there, and the sharded DTensor."""
+
+    manager: nn.Module
+    owner: nn.Module
+    attr: str
+    sharded: Tensor
+
+
+def shard_of(name: str, param: Tensor, modules: dict[str, nn.Module]) -> ShardedParam | str | None:
+    """For a parameter of the bare model: None if it is a plain tensor (hooks work as they
+    are), a ShardedParam if FSDP2 manages it, else why hookgraph cannot hook it."""
+    if not is_dtensor(param):
+        return None
+    owner_name, _, attr = name.rpartition(".")
+    manager = None
+    path = owner_name
+    while True:  # the nearest fully_shard'ed module at or above the owner manages it
+        m = modules.get(path)
+        if m is not None and is_fsdp_module(m):
+            manager = m
+            break
+        if not path:
+            break
+        path = path.rpartition(".")[0]
+    if manager is None:
+        return "tp"  # a DTensor parameter without FSDP: tensor parallel or a hand-made DTensor
+    sharded_dims = [p for p in param.placements if not p.is_replicate()]  # type: ignore[attr-defined]
+    if len(sharded_dims) > 1:
+        return "2d"  # FSDP + tensor parallel: the unsharded parameter is itself a DTensor
+    return ShardedParam(manager=manager, owner=modules[owner_name], attr=attr, sharded=param)
+
+
+class _Lazy:
+    """Handles created while hooks run (on the unsharded parameter, which exists only once
+    FSDP has all-gathered it); quacks like a RemovableHandle so the attachment removes them
+    with the others."""
+
+    __slots__ = ("handles", "seen")
+
+    def __init__(self) -> None:
+        self.handles: list[RemovableHandle] = []
+        self.seen: Tensor | None = None  # the unsharded parameter hooked last
+
+    def remove(self) -> None:
+        while self.handles:
+            self.handles.pop().remove()
+        self.seen = None
+
+
+def _unsharded(b: Binding, s: ShardedParam) -> Tensor:
+    p = s.owner._parameters.get(s.attr)
+    if p is None or p is s.sharded or is_dtensor(p):
+        raise ActionError(
+            f"{b.key}: {b.target!r} is still sharded when {type(s.manager).__name__} runs its forward "
+            f"({b.at}); FSDP did not unshard it, so hookgraph cannot act on the full parameter"
+        )
+    return p
+
+
+def _on_unsharded(b: Binding, register: Callable[[Tensor], RemovableHandle]) -> list[Any]:
+    """A forward pre-hook on the managing FSDP module (after FSDP's own, which unshards)
+    that puts a hook on the unsharded parameter the first time it sees that tensor."""
+    s: ShardedParam = b.shard
+    lazy = _Lazy()
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        p = _unsharded(b, s)
+        if p is not lazy.seen:
+            lazy.remove()
+            lazy.handles.append(register(p))
+            lazy.seen = p
+
+    handle = s.manager.register_forward_pre_hook(_module_hook(b, hook))
+    return [handle, lazy]
+
+
+def _param_grad(b: Binding) -> list[Any]:
+    call, owner, want = make_caller(b), b.shard.owner, b.want_training
+
+    def grad_hook(grad: Tensor) -> Tensor | None:
+        if b.active and (want is None or owner.training is want):
+            b.calls += 1
+            return call(grad, None, None)
+        return None
+
+    hook = _grad_hook(b, grad_hook)
+    return _on_unsharded(b, lambda p: p.register_hook(hook))
+
+
+def _param_accumulated(b: Binding) -> list[Any]:
+    call, owner, want = make_caller(b), b.shard.owner, b.want_training
+
+    def acc_hook(param: Tensor) -> None:
+        if b.active and (want is None or owner.training is want) and param.grad is not None:
+            b.calls += 1
+            call(param.grad, None, None)
+
+    hook = _grad_hook(b, acc_hook)
+    return _on_unsharded(b, lambda p: p.register_post_accumulate_grad_hook(hook))
+
+
+def _local_slice(full: Tensor, sharded: Any) -> Tensor:
+    """The part of ``full`` this rank's shard holds."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(full.shape, sharded.device_mesh, sharded.placements)
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
+def _param_value(b: Binding) -> list[Any]:
+    """Once per forward of the managing FSDP module (not again when checkpointing recomputes
+    it): the action edits the unsharded parameter, and the edit is written into the shard."""
+    s: ShardedParam = b.shard
+    call, want = make_caller(b), b.want_training
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if not b.active or (want is not None and s.owner.training is not want) or _recomputing():
+            return
+        b.calls += 1
+        full = _unsharded(b, s)
+        with torch.no_grad():
+            new = call(full, args, None)
+            if new is None:
+                return
+            if new is not full:
+                full.copy_(new)
+            # The shard's local tensor (read now: FSDP re-pads it at lazy init) is what
+            # FSDP all-gathers from, so the edit persists into the next step.
+            s.sharded._local_tensor.copy_(_local_slice(full, s.sharded))  # type: ignore[attr-defined]
+
+    return [s.manager.register_forward_pre_hook(_module_hook(b, hook))]
+
+
+REGISTRARS: dict[HookPoint, Callable[[Binding], list[Any]]] = {
+    HookPoint.param_value: _param_value,
+    HookPoint.param_grad: _param_grad,
+    HookPoint.param_accumulated: _param_accumulated,
+}
+
+
+def _refuse_tp(at: HookPoint, shown: str, one: bool) -> str:
+    return (
+        f"{shown} {'is a DTensor parameter' if one else 'are DTensor parameters'} that no fully_shard (FSDP2) "
+        f"module manages (tensor parallel?); hookgraph runs at: {at} on plain and FSDP2-sharded parameters only, "
+        "since an action would see a DTensor shard. Use a module-level point on the owning module instead "
+        "(at: forward, or output_grad for gradients), or exclude these names"
+    )
+
+
+def _refuse_2d(at: HookPoint, shown: str, one: bool) -> str:
+    return (
+        f"{shown} {'is' if one else 'are'} sharded by FSDP2 and by tensor parallelism (a 2-D mesh), so even "
+        f"the unsharded parameter is a DTensor and at: {at} cannot hand over the full parameter; use a "
+        "module-level point on the owning module instead (at: forward, or output_grad for gradients), "
+        "or exclude these names"
+    )
+
+
+# Why compile refuses a parameter (shard_of's strings) -> message(at, names shown, one name?).
+REFUSALS: dict[str, Callable[[HookPoint, str, bool], str]] = {"tp": _refuse_tp, "2d": _refuse_2d}
