@@ -1,6 +1,6 @@
-"""Parameter points on FSDP2-sharded models, and DTensors turned into plain tensors.
+"""Parameter points on FSDP2-sharded models: they act on the unsharded parameter.
 
-Public names: ShardedParam, is_dtensor, is_fsdp_module, plain_tensor, shard_of, REGISTRARS, REFUSALS.
+Public names: ShardedParam, shard_of, REGISTRARS, REFUSALS.
 
 ``fully_shard`` keeps each parameter as a sharded DTensor between passes and swaps in a
 plain, unsharded ``nn.Parameter`` on the module while the forward and backward run (the
@@ -23,7 +23,6 @@ by :func:`shard_of`'s callers, with what to use instead.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,49 +31,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from .dtensors import is_dtensor, is_fsdp_module
 from .errors import ActionError
 from .points import HookPoint
 from .sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
 
-__all__ = ["ShardedParam", "is_dtensor", "is_fsdp_module", "plain_tensor", "shard_of", "REGISTRARS", "REFUSALS"]
-
-
-@functools.lru_cache(maxsize=1)
-def _dtensor_type() -> type | None:
-    """DTensor, or None where torch.distributed is not built in (imported on first use)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without distributed
-        return None
-    return DTensor
-
-
-@functools.lru_cache(maxsize=1)
-def _fsdp_module_type() -> type | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return None
-    return FSDPModule
-
-
-def is_dtensor(t: Any) -> bool:
-    dt = _dtensor_type()
-    return dt is not None and isinstance(t, dt)
-
-
-def is_fsdp_module(m: Any) -> bool:
-    """A module ``fully_shard`` was applied to (FSDP2), also under torch.compile."""
-    cls = _fsdp_module_type()
-    return cls is not None and isinstance(m, cls)
-
-
-def plain_tensor(t: Tensor, shard: str) -> Tensor:
-    """A DTensor as a plain tensor: the rank's local shard, or (``full``) the whole tensor,
-    which is a collective every rank must reach in the same order."""
-    if shard == "full":
-        return t.full_tensor()
-    return t.to_local()
+__all__ = ["ShardedParam", "shard_of", "REGISTRARS", "REFUSALS"]
 
 
 @dataclass(frozen=True)
