@@ -1,0 +1,213 @@
+"""Hooks on DDP and FSDP2 models: parameter points act on the full parameter or are refused
+at compile time; records of DTensors are plain tensors; DDP gradient records are copies.
+
+Most tests run in one process on a gloo group of one rank (FSDP2 still shards, into one
+shard, and swaps unsharded parameters in for each pass). ``test_two_ranks`` runs
+tests/sharded_worker.py on two ranks and compares with the bare model.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.errors import SpecError
+from hookgraph.runs.writer import RunWriter
+from tests.sharded_worker import BATCH, LR, STEPS, batch, make
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    if dist.is_initialized():  # pragma: no cover - another test left one
+        pytest.skip("a process group is already initialised in this process")
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded() -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = make()
+    fully_shard(model[0])
+    fully_shard(model)
+    return model
+
+
+def run(model: nn.Module, specs: dict, passes: int = 1) -> tuple[hg.HookGraph, list[torch.Tensor]]:
+    """``passes`` forward+backward passes with the specs attached; the outputs."""
+    x, y = batch()
+    graph = hg.compile(model, specs)
+    outs = []
+    with graph.attach():
+        for _ in range(passes):
+            out = model(x)
+            nn.functional.mse_loss(out, y).backward()
+            outs.append(out.detach())
+    return graph, outs
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+
+def test_param_grad_fires_and_edits_on_fsdp(group):
+    specs = {
+        "rec": {"target": "*.*", "at": "param_grad", "action": "record"},
+        "z": {"target": "0.bias", "at": "param_grad", "action": "zero", "order": 1},
+        "acc": {"target": "2.weight", "at": "param_accumulated", "action": "record"},
+    }
+    bare, model = make(), sharded()
+    g_bare, _ = run(bare, specs)
+    g_fsdp, _ = run(model, specs)
+    assert g_fsdp.calls == g_bare.calls == {"rec": 4, "z": 1, "acc": 1}
+    for name, p in bare.named_parameters():
+        assert type(g_fsdp.records["rec"][name][0]) is torch.Tensor
+        torch.testing.assert_close(g_fsdp.records["rec"][name][0], g_bare.records["rec"][name][0], rtol=0, atol=0)
+        torch.testing.assert_close(full(dict(model.named_parameters())[name].grad), p.grad, rtol=0, atol=0)
+    assert full(model[0].bias.grad).abs().sum() == 0  # the zero reached FSDP's gradient
+    assert g_bare.records["rec"]["0.bias"][0].abs().sum() > 0.1  # recorded before the zero (order 0 < 1)
+    torch.testing.assert_close(g_fsdp.records["acc"]["2.weight"][0], bare[2].weight.grad, rtol=0, atol=0)
+
+
+def test_param_value_acts_in_the_same_pass_and_persists(group):
+    specs = {
+        "pv": {"target": "2.bias", "at": "param_value", "action": "add", "args": {"value": 1.0}},
+        "seen": {"target": "0.weight", "at": "param_value", "action": "record"},
+    }
+    bare, model = make(), sharded()
+    start = bare[2].bias.detach().clone()
+    g_bare, out_bare = run(bare, specs, passes=2)
+    g_fsdp, out_fsdp = run(model, specs, passes=2)
+    assert g_fsdp.calls == {"pv": 2, "seen": 2}
+    for a, b in zip(out_fsdp, out_bare, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Each pass added 1 to the bias the optimizer and state_dict see, as on the bare model.
+    torch.testing.assert_close(full(model[2].bias), start + 2)
+    assert type(g_fsdp.records["seen"]["0.weight"][0]) is torch.Tensor
+    assert g_fsdp.records["seen"]["0.weight"][0].shape == (3, 4)
+    torch.testing.assert_close(g_fsdp.records["seen"]["0.weight"][0], bare[0].weight.detach(), rtol=0, atol=0)
+
+
+def test_fsdp_records_write_as_plain_tensors(group, tmp_path):
+    specs = {"w": {"target": "0.weight", "at": "param_value", "action": "record"}}
+    model = sharded()
+    graph, _ = run(model, specs)
+    writer = RunWriter(tmp_path)
+    assert writer.flush_records(graph.records, 0) == 3 * 4 * 4
+    (shard,) = (tmp_path / "records").iterdir()
+    (saved,) = load_file(shard).values()
+    torch.testing.assert_close(saved, full(model[0].weight), rtol=0, atol=0)
+
+
+class ToDTensor(nn.Module):
+    """Returns its input as a DTensor sharded on dim 0 (a tensor parallel layer's output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        return DTensor.from_local(x, init_device_mesh("cpu", (1,)), [Shard(0)])
+
+
+@pytest.mark.parametrize("shard", ["local", "full"])
+def test_record_of_a_dtensor_output(group, tmp_path, shard):
+    model = nn.Sequential(nn.Linear(4, 3), ToDTensor())
+    graph = hg.compile(model, {"r": {"target": "1", "action": "record", "args": {"shard": shard}}})
+    x = torch.randn(5, 4)
+    with graph.attach():
+        out = model(x)
+    (kept,) = graph.records["r"]["1"]
+    assert type(kept) is torch.Tensor and type(out).__name__ == "DTensor"
+    torch.testing.assert_close(kept, out.to_local().detach(), rtol=0, atol=0)
+    assert RunWriter(tmp_path).flush_records(graph.records, 0) == 5 * 3 * 4
+
+
+def test_record_shard_arg_is_checked():
+    with pytest.raises(SpecError, match=r"hooks\.r\.args: record: shard must be 'local' or 'full', got 'all'"):
+        hg.compile(make(), {"r": {"target": "0", "action": "record", "args": {"shard": "all"}}})
+
+
+def test_dtensor_params_without_fsdp_are_refused(group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    model = make()
+    mesh = init_device_mesh("cpu", (1,))
+    model[2].weight = nn.Parameter(distribute_tensor(model[2].weight.detach(), mesh, [Replicate()]))
+    specs = {"g": {"target": "*.weight", "at": "param_grad", "action": "record"}}
+    with pytest.raises(SpecError) as err:
+        hg.compile(model, specs)
+    (problem,) = err.value.problems
+    assert problem.key == "hooks.g.target"
+    assert "'2.weight' is a DTensor parameter that no fully_shard (FSDP2) module manages" in problem.message
+    assert "at: forward, or output_grad" in problem.message
+    # The plain parameter beside it is fine on its own.
+    assert hg.compile(model, {"g": {"target": "0.weight", "at": "param_grad", "action": "record"}}).calls == {"g": 0}
+
+
+@pytest.mark.distributed
+def test_two_ranks(tmp_path):
+    """FSDP2 and DDP on two gloo ranks: param_grad records hold each rank's local gradient
+    (before the reduce-scatter / all-reduce), a zero on 0.bias reaches the update, and the
+    weights after two SGD steps equal the bare model's on the whole batch."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.sharded_worker", str(r), "2", str(tmp_path / "store"), str(tmp_path / f"{r}")],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+
+    x, y = batch()
+    half = BATCH // 2
+    bare = make()
+    params = dict(bare.named_parameters())
+    local: dict[tuple[int, str, int], torch.Tensor] = {}  # (rank, param, step) -> that rank's gradient
+    for step in range(STEPS):
+        grads = []
+        for r in range(2):
+            part = slice(r * half, (r + 1) * half)
+            loss = nn.functional.mse_loss(bare(x[part]), y[part])
+            grads.append(dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True)))
+            local.update({(r, n, step): g for n, g in grads[-1].items()})
+        with torch.no_grad():
+            for n, p in params.items():
+                p -= LR * (torch.zeros_like(p) if n == "0.bias" else (grads[0][n] + grads[1][n]) / 2)
+    assert bare[0].bias.detach().tolist() == make()[0].bias.detach().tolist()  # the zero kept it
+
+    for r in range(2):
+        saved = load_file(tmp_path / f"{r}")
+        for kind in ("fsdp", "ddp"):
+            first = 1 if kind == "ddp" else 0  # DDP's records start with the no_sync pass
+            for n, p in params.items():
+                torch.testing.assert_close(saved[f"{kind}.w.{n}"], p.detach(), rtol=0, atol=1e-7)
+                for step in range(STEPS):
+                    torch.testing.assert_close(saved[f"{kind}.rec.{n}.{step + first}"], local[(r, n, step)],
+                                               rtol=0, atol=1e-7)
+        torch.testing.assert_close(saved["ddp.rec.0.weight.0"], local[(r, "0.weight", 0)], rtol=0, atol=0)
+    # The ranks' gradients differ (different halves of the batch): the records are not the average.
+    assert (local[(0, "0.weight", 0)] - local[(1, "0.weight", 0)]).abs().max() > 0.05
