@@ -50,5 +50,5 @@ def plain_tensor(t: Tensor, shard: str) -> Tensor:
     """A DTensor as a plain tensor: the rank's local shard, or (``full``) the whole tensor,
     which is a collective every rank must reach in the same order."""
     if shard == "full":
-        return t.full_tensor()
-    return t.to_local()
+        return t.full_tensor()  # type: ignore[attr-defined]  # a DTensor
+    return t.to_local()  # type: ignore[attr-defined]

@@ -148,7 +148,7 @@ def _local_slice(full: Tensor, sharded: Any) -> Tensor:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(full.shape, sharded.device_mesh, sharded.placements)
-    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
 
 
 def _param_value(b: Binding) -> list[Any]:

@@ -67,7 +67,7 @@ def main(rank: int, world: int, store: str, out: str) -> None:
 
         x, y = batch()
         n = BATCH // world
-        x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+        x, y = x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
         saved = {}
         model = make()
         fully_shard(model[0])

@@ -168,8 +168,20 @@ def test_two_ranks(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.sharded_worker", str(r), "2", str(tmp_path / "store"), str(tmp_path / f"{r}")],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.sharded_worker",
+                str(r),
+                "2",
+                str(tmp_path / "store"),
+                str(tmp_path / f"{r}"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in range(2)
     ]
@@ -206,8 +218,9 @@ def test_two_ranks(tmp_path):
             for n, p in params.items():
                 torch.testing.assert_close(saved[f"{kind}.w.{n}"], p.detach(), rtol=0, atol=1e-7)
                 for step in range(STEPS):
-                    torch.testing.assert_close(saved[f"{kind}.rec.{n}.{step + first}"], local[(r, n, step)],
-                                               rtol=0, atol=1e-7)
+                    torch.testing.assert_close(
+                        saved[f"{kind}.rec.{n}.{step + first}"], local[(r, n, step)], rtol=0, atol=1e-7
+                    )
         torch.testing.assert_close(saved["ddp.rec.0.weight.0"], local[(r, "0.weight", 0)], rtol=0, atol=0)
     # The ranks' gradients differ (different halves of the batch): the records are not the average.
     assert (local[(0, "0.weight", 0)] - local[(1, "0.weight", 0)]).abs().max() > 0.05

@@ -16,10 +16,10 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
+from ..dtensors import dtensor_type, plain_tensor
 from ..dtypes import DTYPES
 from ..errors import HookGraphError
 from ..points import HookPoint
-from ..dtensors import dtensor_type, plain_tensor
 from ..store import Entries
 from ..tree import tensors, tree_map
 from .registry import ActionContext, register_action
