@@ -152,27 +152,59 @@ def _local_slice(full: Tensor, sharded: Any) -> Tensor:
 
 
 def _param_value(b: Binding) -> list[Any]:
-    """Once per forward of the managing FSDP module (not again when checkpointing recomputes
-    it): the action edits the unsharded parameter, and the edit is written into the shard."""
+    """Once per forward of the model (as on the bare model; not again when checkpointing
+    recomputes): the action edits the unsharded parameter, and the edit is written into the
+    rank's shard, so FSDP's next all-gather and the optimizer see it.
+
+    Under a MixedPrecisionPolicy the unsharded parameter is a low-precision copy: writing it
+    back would round the whole shard. The action then gets the full-precision parameter,
+    gathered from the shards (a collective, on every rank alike), and the unsharded copy
+    gets its cast.
+    """
     s: ShardedParam = b.shard
     call, want = make_caller(b), b.want_training
+    # The sharded parameter as it is now: FSDP swaps in a new one on model.to() and the like.
+    current = s.owner._parameters.get(s.attr)
+    sharded = current if is_dtensor(current) else s.sharded
+    done = [False]  # edited in this forward of the model
+    passes = [False]  # the model's own pre-hook has run (see sites._param_value)
+
+    def new_pass(module: nn.Module, args: tuple) -> None:
+        done[0] = False
+        passes[0] = True
 
     def hook(module: nn.Module, args: tuple) -> None:
-        if not b.active or (want is not None and s.owner.training is not want) or _recomputing():
+        if done[0] or not b.active or (want is not None and s.owner.training is not want) or _recomputing():
             return
+        done[0] = passes[0]
         b.calls += 1
         full = _unsharded(b, s)
+        local = sharded._local_tensor  # type: ignore[attr-defined]  # read now: FSDP re-pads it at lazy init
         with torch.no_grad():
-            new = call(full, args, None)
-            if new is None:
-                return
-            if new is not full:
+            if full.dtype != local.dtype:
+                master = sharded.full_tensor()  # type: ignore[attr-defined]
+                new = call(master, args, None)
+                if new is None:
+                    return
                 full.copy_(new)
-            # The shard's local tensor (read now: FSDP re-pads it at lazy init) is what
-            # FSDP all-gathers from, so the edit persists into the next step.
-            s.sharded._local_tensor.copy_(_local_slice(full, s.sharded))  # type: ignore[attr-defined]
+            else:
+                new = call(full, args, None)
+                if new is None:
+                    return
+                if new is not full:
+                    full.copy_(new)
+            local.copy_(_local_slice(new, sharded))
 
-    return [s.manager.register_forward_pre_hook(_module_hook(b, hook))]
+    handles = []
+    if b.root is not None:  # first of the model's pre-hooks, so the edit below sees a new pass
+        handles.append(b.root.register_forward_pre_hook(_module_hook(b, new_pass), prepend=True))
+    try:
+        handles.append(s.manager.register_forward_pre_hook(_module_hook(b, hook)))
+    except BaseException:
+        for h in handles:
+            h.remove()
+        raise
+    return handles
 
 
 REGISTRARS: dict[HookPoint, Callable[[Binding], list[Any]]] = {

@@ -224,3 +224,58 @@ def test_two_ranks(tmp_path):
         torch.testing.assert_close(saved["ddp.rec.0.weight.0"], local[(r, "0.weight", 0)], rtol=0, atol=0)
     # The ranks' gradients differ (different halves of the batch): the records are not the average.
     assert (local[(0, "0.weight", 0)] - local[(1, "0.weight", 0)]).abs().max() > 0.05
+
+
+def test_param_value_under_mixed_precision_edits_the_full_precision_shard(group):
+    """FSDP's forward sees a bf16 copy; the edit lands on the fp32 parameter unrounded, as on
+    the bare model, and the forward sees the edited value cast to bf16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = make()
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    bare = make()
+    specs = {
+        "pv": {"target": "0.weight", "at": "param_value", "action": "add", "args": {"value": 1e-3}},
+        "seen": {"target": "0.weight", "at": "param_value", "action": "record", "order": 1},
+    }
+    g_bare, _ = run(bare, specs)
+    g_fsdp, _ = run(model, specs)
+    assert full(model[0].weight).dtype == torch.float32
+    torch.testing.assert_close(full(model[0].weight), bare[0].weight.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(g_fsdp.records["seen"]["0.weight"][0], bare[0].weight.detach(), rtol=0, atol=0)
+    # The bf16 rounding would move the weights by up to ~4e-3; the edit itself is 1e-3.
+    assert (full(model[0].weight) - make()[0].weight.detach() - 1e-3).abs().max() < 1e-6
+
+
+class Twice(nn.Module):
+    """One block applied twice per forward (weight sharing across depth)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(torch.relu(self.block(x)))
+
+
+def test_param_value_edits_once_per_model_pass(group):
+    from torch.distributed.fsdp import fully_shard
+
+    model = Twice()
+    fully_shard(model.block)  # the block's forward runs (and unshards) twice per pass
+    fully_shard(model)
+    bare = Twice()
+    start = bare.block.bias.detach().clone()
+    specs = {"pv": {"target": "block.bias", "at": "param_value", "action": "add", "args": {"value": 1.0}}}
+    x = torch.randn(5, 4)
+    outs = []
+    for m in (bare, model):
+        graph = hg.compile(m, specs)
+        with graph.attach():
+            outs.append(m(x).detach())
+            m(x).sum().backward()
+        assert graph.calls == {"pv": 2}
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    torch.testing.assert_close(full(model.block.bias), start + 2)
+    torch.testing.assert_close(full(model.block.bias.grad), bare.block.bias.grad, rtol=0, atol=0)
