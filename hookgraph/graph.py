@@ -137,7 +137,7 @@ class Attachment:
     @staticmethod
     def _register(b: Binding) -> list[RemovableHandle]:
         try:
-            return (REGISTRARS if b.shard is None else sharded.REGISTRARS)[b.at](b)
+            return (sharded.registrar(b) or REGISTRARS[b.at])(b)
         except RuntimeError as exc:
             if "backward hook" in str(exc):
                 raise HookGraphError(

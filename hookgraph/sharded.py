@@ -1,6 +1,6 @@
 """Parameter points on FSDP2-sharded models: they act on the unsharded parameter.
 
-Public names: ShardedParam, shard_of, REGISTRARS, REFUSALS.
+Public names: ShardedParam, shard_of, registrar, REGISTRARS, REFUSALS.
 
 ``fully_shard`` keeps each parameter as a sharded DTensor between passes and swaps in a
 plain, unsharded ``nn.Parameter`` on the module while the forward and backward run (the
@@ -32,11 +32,11 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from .dtensors import is_dtensor, is_fsdp_module
-from .errors import ActionError
+from .errors import ActionError, HookGraphError
 from .points import HookPoint
 from .sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
 
-__all__ = ["ShardedParam", "shard_of", "REGISTRARS", "REFUSALS"]
+__all__ = ["ShardedParam", "shard_of", "registrar", "REGISTRARS", "REFUSALS"]
 
 
 @dataclass(frozen=True)
@@ -234,3 +234,21 @@ def _refuse_2d(at: HookPoint, shown: str, one: bool) -> str:
 
 # Why compile refuses a parameter (shard_of's strings) -> message(at, names shown, one name?).
 REFUSALS: dict[str, Callable[[HookPoint, str, bool], str]] = {"tp": _refuse_tp, "2d": _refuse_2d}
+
+
+def registrar(b: Binding) -> Callable[[Binding], list[Any]] | None:
+    """The registrar for an FSDP2-managed parameter's binding; None for every other binding.
+
+    A binding compiled before ``fully_shard`` holds the plain parameter FSDP has replaced:
+    its hooks would never fire, so attaching it is an error.
+    """
+    if b.shard is not None:
+        return REGISTRARS[b.at]
+    if b.param is not None:
+        now = b.module._parameters.get(b.target.rpartition(".")[2])
+        if now is not b.param and is_dtensor(now):
+            raise HookGraphError(
+                f"{b.key}: {b.target!r} was sharded by fully_shard after hookgraph.compile(), so hooks on the "
+                f"parameter compiled ({b.at}) would never fire; compile the specs after wrapping the model"
+            )
+    return None

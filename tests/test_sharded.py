@@ -8,6 +8,7 @@ tests/sharded_worker.py on two ranks and compares with the bare model.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -279,3 +280,17 @@ def test_param_value_edits_once_per_model_pass(group):
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
     torch.testing.assert_close(full(model.block.bias), start + 2)
     torch.testing.assert_close(full(model.block.bias.grad), bare.block.bias.grad, rtol=0, atol=0)
+
+
+def test_specs_compiled_before_fully_shard_refuse_to_attach(group):
+    from torch.distributed.fsdp import fully_shard
+
+    model = make()
+    graph = hg.compile(model, {"g": {"target": "0.bias", "at": "param_grad", "action": "zero"}})
+    fully_shard(model)
+    with pytest.raises(hg.HookGraphError, match=r"hooks\.g: '0\.bias' was sharded by fully_shard after"):
+        graph.attach()
+    assert not graph.attached
+    # fully_shard added FSDP's own hooks after compile: the leak check would count them.
+    del graph, model
+    gc.collect()
