@@ -294,3 +294,12 @@ def test_specs_compiled_before_fully_shard_refuse_to_attach(group):
     # fully_shard added FSDP's own hooks after compile: the leak check would count them.
     del graph, model
     gc.collect()
+
+
+def test_stats_of_a_dtensor_output_are_the_local_shards(group):
+    model = nn.Sequential(nn.Linear(4, 3), ToDTensor())
+    graph = hg.compile(model, {"s": {"target": "1", "action": "stats"}})
+    with graph.attach():
+        out = model(torch.randn(5, 4)).to_local().detach()
+    (row,) = graph.stats
+    assert row["max"] == pytest.approx(out.max().item()) and row["mean"] == pytest.approx(out.mean().item())
