@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import hookgraph as hg
+from hookgraph.dtensors import is_dtensor
 from hookgraph.errors import SpecError
 from hookgraph.runs.writer import RunWriter
 from tests.sharded_worker import BATCH, LR, STEPS, batch, make
@@ -303,3 +304,30 @@ def test_stats_of_a_dtensor_output_are_the_local_shards(group):
         out = model(torch.randn(5, 4)).to_local().detach()
     (row,) = graph.stats
     assert row["max"] == pytest.approx(out.max().item()) and row["mean"] == pytest.approx(out.mean().item())
+
+
+def test_hooks_on_unsharded_params_are_removed(group):
+    """The hooks put on the unsharded parameters while attached are removed with the rest."""
+    model = sharded()
+    specs = {
+        "z": {"target": "*.bias", "at": "param_grad", "action": "zero"},
+        "acc": {"target": "*.weight", "at": "param_accumulated", "action": "stats"},
+    }
+    graph, _ = run(model, specs, passes=2)
+    assert graph.calls == {"z": 4, "acc": 4}
+    assert full(model[0].bias.grad).abs().sum() == 0
+    unsharded = []  # what FSDP puts on the modules for a forward: the tensors hookgraph hooked
+
+    def peek(module: nn.Module, args: tuple) -> None:
+        unsharded.extend(module._parameters.values())
+
+    handles = [model[0].register_forward_pre_hook(peek), model[2].register_forward_pre_hook(peek)]
+    try:
+        model(batch()[0])
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(unsharded) == 4 and not any(is_dtensor(p) for p in unsharded)
+    assert [(dict(p._backward_hooks or {}), dict(p._post_accumulate_grad_hooks or {})) for p in unsharded] == [
+        ({}, {})
+    ] * 4
