@@ -331,3 +331,22 @@ def test_hooks_on_unsharded_params_are_removed(group):
     assert [(dict(p._backward_hooks or {}), dict(p._post_accumulate_grad_hooks or {})) for p in unsharded] == [
         ({}, {})
     ] * 4
+
+
+def test_fsdp_with_tensor_parallel_is_refused(group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    model = make()
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    with pytest.raises(SpecError) as err:
+        hg.compile(model, {"g": {"target": "*.*", "at": "param_grad", "action": "record"}})
+    (problem,) = err.value.problems
+    assert problem.key == "hooks.g.target"
+    assert problem.message.startswith("'0.weight', '0.bias' are sharded by FSDP2 and by tensor parallelism")
+    # 2.weight and 2.bias, sharded by FSDP alone, compile.
+    graph = hg.compile(model, {"g": {"target": "2.*", "at": "param_grad", "action": "record"}})
+    assert [b.shard is not None for b in graph.bindings] == [True, True]
