@@ -27,6 +27,8 @@ from hookgraph.runs.writer import RunWriter
 from tests.sharded_worker import BATCH, LR, STEPS, batch, make
 
 ROOT = Path(__file__).resolve().parents[1]
+# gloo binds to the loopback interface only (it would take the hostname's address).
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"} if Path("/sys/class/net/lo").exists() else {}
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +36,20 @@ def group(tmp_path_factory):
     if dist.is_initialized():  # pragma: no cover - another test left one
         pytest.skip("a process group is already initialised in this process")
     store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    before = {k: os.environ.get(k) for k in LOOPBACK}
+    os.environ.update(LOOPBACK)
     try:
-        yield
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sharded() -> nn.Module:
@@ -167,7 +178,7 @@ def test_two_ranks(tmp_path):
     """FSDP2 and DDP on two gloo ranks: param_grad records hold each rank's local gradient
     (before the reduce-scatter / all-reduce), a zero on 0.bias reaches the update, and the
     weights after two SGD steps equal the bare model's on the whole batch."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
             [
