@@ -68,10 +68,31 @@ def shard_of(name: str, param: Tensor, modules: dict[str, nn.Module]) -> Sharded
         path = path.rpartition(".")[0]
     if manager is None:
         return "tp"  # a DTensor parameter without FSDP: tensor parallel or a hand-made DTensor
-    sharded_dims = [p for p in param.placements if not p.is_replicate()]  # type: ignore[attr-defined]
-    if len(sharded_dims) > 1:
-        return "2d"  # FSDP + tensor parallel: the unsharded parameter is itself a DTensor
+    managed = _fsdp_params(manager)
+    if managed is not None:
+        fsdp_param = managed.get(id(param))
+        if fsdp_param is None:
+            return "tp"  # a DTensor the FSDP module leaves alone (ignored_params)
+        if getattr(fsdp_param, "is_dtensor", False):
+            return "2d"  # a DTensor before fully_shard: tensor parallel under FSDP
+    else:  # FSDP's internals differ from torch 2.14's: judge by the placements
+        sharded_dims = [p for p in param.placements if not p.is_replicate()]  # type: ignore[attr-defined]
+        if len(sharded_dims) > 1:
+            return "2d"
     return ShardedParam(manager=manager, owner=modules[owner_name], attr=attr, sharded=param)
+
+
+def _fsdp_params(manager: nn.Module) -> dict[int, Any] | None:
+    """id(sharded parameter) -> FSDP's record of it, for the parameters ``manager`` shards;
+    None where FSDP's private state is not laid out as in torch 2.14."""
+    try:
+        state = manager._get_fsdp_state()  # type: ignore[operator]
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            groups = [state._fsdp_param_group]
+        return {id(fp.sharded_param): fp for g in groups if g is not None for fp in g.fsdp_params}
+    except Exception:  # private API: a change there must not break compile
+        return None
 
 
 class _Lazy:

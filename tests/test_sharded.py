@@ -347,17 +347,20 @@ def test_hooks_on_unsharded_params_are_removed(group):
 def test_fsdp_with_tensor_parallel_is_refused(group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-    model = make()
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel()})
+    model = nn.Sequential(*make(), nn.Linear(2, 2))
+    # RowwiseParallel replicates its bias over the tp mesh: sharded on one mesh dimension only.
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     with pytest.raises(SpecError) as err:
         hg.compile(model, {"g": {"target": "*.*", "at": "param_grad", "action": "record"}})
     (problem,) = err.value.problems
     assert problem.key == "hooks.g.target"
-    assert problem.message.startswith("'0.weight', '0.bias' are sharded by FSDP2 and by tensor parallelism")
-    # 2.weight and 2.bias, sharded by FSDP alone, compile.
-    graph = hg.compile(model, {"g": {"target": "2.*", "at": "param_grad", "action": "record"}})
+    assert problem.message.startswith(
+        "'0.weight', '0.bias', '2.weight', '2.bias' are sharded by FSDP2 and by tensor parallelism"
+    )
+    # 3.weight and 3.bias, sharded by FSDP alone, compile.
+    graph = hg.compile(model, {"g": {"target": "3.*", "at": "param_grad", "action": "record"}})
     assert [b.shard is not None for b in graph.bindings] == [True, True]
