@@ -186,7 +186,7 @@ def _param_value(b: Binding) -> list[Any]:
     call, want = make_caller(b), b.want_training
     # The sharded parameter as it is now: FSDP swaps in a new one on model.to() and the like.
     current = s.owner._parameters.get(s.attr)
-    sharded = current if is_dtensor(current) else s.sharded
+    sharded: Any = current if is_dtensor(current) else s.sharded  # a DTensor
     done = [False]  # edited in this forward of the model
     passes = [False]  # the model's own pre-hook has run (see sites._param_value)
 
@@ -200,10 +200,10 @@ def _param_value(b: Binding) -> list[Any]:
         done[0] = passes[0]
         b.calls += 1
         full = _unsharded(b, s)
-        local = sharded._local_tensor  # type: ignore[attr-defined]  # read now: FSDP re-pads it at lazy init
+        local = sharded._local_tensor  # read now: FSDP re-pads it at lazy init
         with torch.no_grad():
             if full.dtype != local.dtype:
-                master = sharded.full_tensor()  # type: ignore[attr-defined]
+                master = sharded.full_tensor()
                 new = call(master, args, None)
                 if new is None:
                     return

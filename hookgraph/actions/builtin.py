@@ -49,7 +49,7 @@ def stats(ctx: ActionContext):
     def fn(t: Tensor) -> None:
         x = t.detach()
         if type(x) is not Tensor and is_dtensor(x):  # rows hold plain numbers: the rank's shard, no collective
-            x = x.to_local()
+            x = x.to_local()  # type: ignore[attr-defined]
         if x.dtype != torch.float32:
             x = x.float()  # no copy for float32; half precision would lose the sums
         n = x.numel()
