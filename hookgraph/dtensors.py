@@ -2,13 +2,13 @@
 
 Public names: dtensor_type, is_dtensor, is_fsdp_module, plain_tensor.
 
-torch.distributed is imported on first use only: most runs never need it, and some
-builds of torch lack it.
+Nothing here imports torch.distributed: a DTensor or an FSDP module can only exist once
+the code that made it has imported it, so its absence from ``sys.modules`` answers no.
 """
 
 from __future__ import annotations
 
-import functools
+import sys
 from typing import Any
 
 from torch import Tensor
@@ -16,23 +16,16 @@ from torch import Tensor
 __all__ = ["dtensor_type", "is_dtensor", "is_fsdp_module", "plain_tensor"]
 
 
-@functools.lru_cache(maxsize=1)
 def dtensor_type() -> type | None:
-    """DTensor, or None where torch.distributed is not built in (imported on first use)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without distributed
-        return None
-    return DTensor
+    """DTensor, or None while torch.distributed.tensor is not imported: then no DTensor
+    exists yet, and a model without one pays no import."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
-@functools.lru_cache(maxsize=1)
 def _fsdp_module_type() -> type | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return None
-    return FSDPModule
+    module = sys.modules.get("torch.distributed.fsdp")
+    return getattr(module, "FSDPModule", None)
 
 
 def is_dtensor(t: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
-from ..dtensors import dtensor_type, plain_tensor
+from ..dtensors import is_dtensor, plain_tensor
 from ..dtypes import DTYPES
 from ..errors import HookGraphError
 from ..points import HookPoint
@@ -200,7 +200,6 @@ def record(
     dims = _check(keep, dtype, reduce, dims, topk)
     if shard not in ("local", "full"):
         raise ValueError(f"shard must be 'local' or 'full', got {shard!r}")
-    dtensor = dtensor_type()
     device = _device(to)
     stages = _stages(select, dim, reduce, dims, dtype, topk)
     # A parameter (edited in place), an accumulated .grad (updated in place by the next
@@ -215,7 +214,7 @@ def record(
 
     def one(t: Tensor) -> Any:
         t = t.detach()
-        if dtensor is not None and isinstance(t, dtensor):  # the writer keeps plain tensors only
+        if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
             t = plain_tensor(t, shard)
         x: Any = t
         for label, stage in stages:
