@@ -164,7 +164,9 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
 
     Args:
         model: the model, bare or wrapped (DataParallel, DistributedDataParallel,
-            ``torch.compile``): names are those of the bare model.
+            ``torch.compile``) or sharded with ``fully_shard`` (FSDP2; compile after
+            sharding: parameter points then act on the unsharded parameter, see
+            :mod:`hookgraph.sharded`): names are those of the bare model.
         specs: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
             HookSpec objects.
         prefix: the config key under which the specs live; every error, at compile time
