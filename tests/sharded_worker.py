@@ -1,8 +1,9 @@
 """One rank of the two-process test in test_sharded.py (run as ``python -m tests.sharded_worker``).
 
 Trains the same tiny model as FSDP2 (``fully_shard``) and as DDP for two SGD steps, with
-param_grad specs (a record of every gradient, a zero on ``0.bias``), and saves this rank's
-final weights and records with safetensors; the test compares them with the bare model.
+param_grad specs (a record of every gradient, a zero on ``0.bias``), records a DTensor
+output as this rank's shard and as the whole tensor, and saves this rank's final weights
+and records with safetensors; the test compares them with the bare model.
 """
 
 from __future__ import annotations
@@ -54,6 +55,27 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch
     return {f"rec.{name}.{i}": t for name, entries in graph.records["rec"].items() for i, t in enumerate(entries)}
 
 
+class ToDTensor(nn.Module):
+    """Returns its input as a DTensor sharded on dim 0 over every rank (as a tensor parallel
+    layer's output would be)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        return DTensor.from_local(x, init_device_mesh("cpu", (dist.get_world_size(),)), [Shard(0)])
+
+
+def dtensor_records(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Records of a DTensor output: this rank's shard, and the whole tensor (a collective)."""
+    model = nn.Sequential(make()[0], ToDTensor())
+    specs = {s: {"target": "1", "action": "record", "args": {"shard": s}} for s in ("local", "full")}
+    graph = hg.compile(model, specs)
+    with graph.attach():
+        model(x)
+    return {f"dtensor.{s}": graph.records[s]["1"][0] for s in specs}
+
+
 def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
@@ -77,6 +99,7 @@ def main(rank: int, world: int, store: str, out: str) -> None:
         ddp = nn.parallel.DistributedDataParallel(make())
         saved.update({f"ddp.{k}": v for k, v in train(ddp, x, y).items()})
         saved.update({f"ddp.w.{k}": full(p) for k, p in ddp.module.named_parameters()})
+        saved.update(dtensor_records(x))
         save_file({k: v.contiguous() for k, v in saved.items()}, out)
     finally:
         dist.destroy_process_group()

@@ -24,7 +24,7 @@ import hookgraph as hg
 from hookgraph.dtensors import is_dtensor
 from hookgraph.errors import SpecError
 from hookgraph.runs.writer import RunWriter
-from tests.sharded_worker import BATCH, LR, STEPS, batch, make
+from tests.sharded_worker import BATCH, LR, STEPS, ToDTensor, batch, make
 
 ROOT = Path(__file__).resolve().parents[1]
 # gloo binds to the loopback interface only (it would take the hostname's address).
@@ -127,16 +127,6 @@ def test_fsdp_records_write_as_plain_tensors(group, tmp_path):
     torch.testing.assert_close(saved, full(model[0].weight), rtol=0, atol=0)
 
 
-class ToDTensor(nn.Module):
-    """Returns its input as a DTensor sharded on dim 0 (a tensor parallel layer's output)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import DTensor, Shard
-
-        return DTensor.from_local(x, init_device_mesh("cpu", (1,)), [Shard(0)])
-
-
 @pytest.mark.parametrize("shard", ["local", "full"])
 def test_record_of_a_dtensor_output(group, tmp_path, shard):
     model = nn.Sequential(nn.Linear(4, 3), ToDTensor())
@@ -177,7 +167,8 @@ def test_dtensor_params_without_fsdp_are_refused(group):
 def test_two_ranks(tmp_path):
     """FSDP2 and DDP on two gloo ranks: param_grad records hold each rank's local gradient
     (before the reduce-scatter / all-reduce), a zero on 0.bias reaches the update, and the
-    weights after two SGD steps equal the bare model's on the whole batch."""
+    weights after two SGD steps equal the bare model's on the whole batch; a DTensor output
+    is recorded as the rank's shard or (shard: full) the whole tensor."""
     env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
@@ -235,6 +226,12 @@ def test_two_ranks(tmp_path):
                         saved[f"{kind}.rec.{n}.{step + first}"], local[(r, n, step)], rtol=0, atol=1e-7
                     )
         torch.testing.assert_close(saved["ddp.rec.0.weight.0"], local[(r, "0.weight", 0)], rtol=0, atol=0)
+    # A DTensor output sharded over the two ranks: each keeps its rows, or all of them.
+    rows = [make()[0](x[r * half : (r + 1) * half]).detach() for r in range(2)]
+    for r in range(2):
+        saved = load_file(tmp_path / f"{r}")
+        torch.testing.assert_close(saved["dtensor.local"], rows[r], rtol=0, atol=0)
+        torch.testing.assert_close(saved["dtensor.full"], torch.cat(rows), rtol=0, atol=0)
     # The ranks' gradients differ (different halves of the batch): the records are not the average.
     assert (local[(0, "0.weight", 0)] - local[(1, "0.weight", 0)]).abs().max() > 0.05
 
