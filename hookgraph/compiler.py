@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import sharded
 from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
 from .errors import Problem, SpecError, full_key
 from .gcpause import gc_paused
@@ -138,6 +139,8 @@ def _refusal(key: str, spec: Any, why: str, names: list[str]) -> Problem:
     """One problem per spec and reason, however many names a glob matched."""
     shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     one = len(names) == 1
+    if why in sharded.REFUSALS:
+        return Problem(full_key(key, "target"), sharded.REFUSALS[why](spec.at, shown, one))
     if why == "script":
         owner = "" if not POINTS[spec.at].on_params else (" belongs to" if one else " belong to")
         verb = owner or (" is" if one else " are")
@@ -161,7 +164,9 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
 
     Args:
         model: the model, bare or wrapped (DataParallel, DistributedDataParallel,
-            ``torch.compile``): names are those of the bare model.
+            ``torch.compile``) or sharded with ``fully_shard`` (FSDP2; compile after
+            sharding: parameter points then act on the unsharded parameter, see
+            :mod:`hookgraph.sharded`): names are those of the bare model.
         specs: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
             HookSpec objects.
         prefix: the config key under which the specs live; every error, at compile time
@@ -328,6 +333,9 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
             hooked.add(id(module))
         param = targets.params[name] if info.on_params else None
         why = _unhookable(spec, module, param)
+        shard = sharded.shard_of(name, param, targets.modules) if param is not None else None
+        if why is None and isinstance(shard, str):
+            why = shard
         if why is not None:
             refused.setdefault(why, []).append(name)
             continue
@@ -368,6 +376,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 lock=store.lock,
                 holders=targets.holders(param) if param is not None and spec.at is HookPoint.param_value else (),
                 root=targets.model if spec.at is HookPoint.param_value else None,
+                shard=shard,
             )
         )
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]

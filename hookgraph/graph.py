@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from . import sharded
 from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .gcpause import gc_paused
@@ -136,7 +137,7 @@ class Attachment:
     @staticmethod
     def _register(b: Binding) -> list[RemovableHandle]:
         try:
-            return REGISTRARS[b.at](b)
+            return (sharded.registrar(b) or REGISTRARS[b.at])(b)
         except RuntimeError as exc:
             if "backward hook" in str(exc):
                 raise HookGraphError(

@@ -56,6 +56,7 @@ class Binding:
     recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
     holders: tuple = ()  # param_value: every module using the parameter (tied weights), in model order
     root: nn.Module | None = None  # param_value: the model, whose forward starts a pass
+    shard: Any = None  # an FSDP2-managed parameter: its sharded.ShardedParam (hooks act on the unsharded one)
 
     def __post_init__(self) -> None:
         if not self.key:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..dtensors import is_dtensor
 from ..errors import NonFiniteError
 from ..tree import to_plain
 from .registry import ActionContext, register_action
@@ -39,13 +40,16 @@ def stats(ctx: ActionContext):
     (sum of squares = n * (var + mean^2)), both as scalar arithmetic on the device. The
     nine values are stacked into one small tensor, so reading costs one copy per row.
     A single kernel would need torch.compile, whose per-shape compilation costs more than
-    it saves for hooks on tensors of many shapes.
+    it saves for hooks on tensors of many shapes. A DTensor's statistics are those of this
+    rank's local shard.
     """
     add = ctx.stats_sink()
     inf = float("inf")
 
     def fn(t: Tensor) -> None:
         x = t.detach()
+        if type(x) is not Tensor and is_dtensor(x):  # rows hold plain numbers: the rank's shard, no collective
+            x = x.to_local()  # type: ignore[attr-defined]
         if x.dtype != torch.float32:
             x = x.float()  # no copy for float32; half precision would lose the sums
         n = x.numel()

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
+from ..dtensors import is_dtensor, plain_tensor
 from ..dtypes import DTYPES
 from ..errors import HookGraphError
 from ..points import HookPoint
@@ -168,6 +169,7 @@ def record(
     reduce: str | None = None,
     dims: int | list | None = None,
     topk: int | None = None,
+    shard: str = "local",
 ):
     """Keep the value (detached) in ``graph.records[spec][target]``, one entry per call.
 
@@ -186,13 +188,24 @@ def record(
     dtype cast; topk: the k elements of largest absolute value along ``dim`` for every
     sample (as ``torch.topk(value.abs(), k, dim)``), kept as
     ``{"values": signed values, "indices": their indices along dim}``.
+
+    shard: how a DTensor (tensor parallel outputs, hand-made DTensors) is kept, always as a
+    plain tensor: "local" (the default: this rank's shard, no communication) or "full" (the
+    whole tensor, gathered by a collective that every rank must reach at the same call).
+    Parameter points on FSDP2 models hand over the unsharded parameter or gradient already.
+    Parameter points always copy (param_value, param_accumulated, and param_grad, whose
+    tensor DDP and autograd may reuse: DDP writes the all-reduced bucket back into it), so a
+    param_grad record holds this rank's gradient before the all-reduce.
     """
     dims = _check(keep, dtype, reduce, dims, topk)
+    if shard not in ("local", "full"):
+        raise ValueError(f"shard must be 'local' or 'full', got {shard!r}")
     device = _device(to)
     stages = _stages(select, dim, reduce, dims, dtype, topk)
-    # A parameter (edited in place) and an accumulated .grad (updated in place by the next
-    # backward) are rewritten by design: always copy them.
-    clone = clone or ctx.at in (HookPoint.param_value, HookPoint.param_accumulated)
+    # A parameter (edited in place), an accumulated .grad (updated in place by the next
+    # backward) and a gradient (AccumulateGrad may keep it as .grad, which DDP overwrites
+    # with the all-reduced bucket) are rewritten by design: always copy them.
+    clone = clone or ctx.at in (HookPoint.param_value, HookPoint.param_grad, HookPoint.param_accumulated)
     slot = ctx.record_slot()
     slot.last_only = keep == "last"
     if clone:
@@ -201,6 +214,8 @@ def record(
 
     def one(t: Tensor) -> Any:
         t = t.detach()
+        if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
+            t = plain_tensor(t, shard)
         x: Any = t
         for label, stage in stages:
             try:
