@@ -235,3 +235,50 @@ def test_a_submitit_local_sweep_with_jobs_in_another_folder_lands_in_the_sweep_f
         assert r["job_id"] and r["host"]
     assert rows[0]["job_id"] != rows[1]["job_id"]
     assert (sweep / RETURNS / "1.json").is_file() and (sweep / "report.html").is_file()
+
+
+SELF_TERM = '''
+import os
+import signal
+
+from torch import nn
+
+
+class SelfTerm(nn.Module):
+    """Sends itself SIGTERM in its first forward pass, as scancel or a preemption would."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.fc(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_submitit_job_stopped_by_a_signal_is_a_row_and_the_table_is_written(tmp_path):
+    pytest.importorskip(SUBMITIT)
+    (tmp_path / "self_term.py").write_text(SELF_TERM)
+    args = [
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=3",
+        "model=custom",
+        "model._target_=self_term.SelfTerm",
+        "data=random",
+        "data.shape=[4]",
+        "hooks=[]",
+    ]
+    proc = run_cli(args, cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"})
+    # Before, the job exited, submitit had no result, the launcher raised: no table at all.
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "1 sweep job(s) did not complete: 0 (interrupted)" in proc.stderr
+    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
+    with open(sweep / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"], r["steps"], r["error"]) for r in rows] == [
+        ("0", "interrupted", "0", "stopped by SIGTERM")
+    ]
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"

@@ -55,6 +55,7 @@ __all__ = [
     "failed_jobs",
     "sweep_error",
     "created_by_this_run",
+    "in_command_line_process",
     "reset",
 ]
 
@@ -62,13 +63,21 @@ log = logging.getLogger("hookgraph")
 
 # What this process learned about its run: set by the callbacks, read by the command line
 # (callbacks run in the process that launched the jobs, the command line's own).
-_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None}
+_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None, "command_line_pid": None}
 
 
 def reset() -> None:
+    """Called by the command line before Hydra starts: also marks this process as its own."""
     _state["fresh"] = set()
     _state["failed"] = []
     _state["sweep_error"] = None
+    _state["command_line_pid"] = os.getpid()
+
+
+def in_command_line_process() -> bool:
+    """Whether this is the command line's process, not a job process a launcher started
+    (submitit, Ray, joblib import hookgraph afresh and never call :func:`reset`)."""
+    return _state["command_line_pid"] == os.getpid()
 
 
 def created_by_this_run(path: str | Path) -> bool:
