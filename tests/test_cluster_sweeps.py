@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,9 @@ def test_rows_come_back_from_jobs_whose_folders_the_driver_cannot_see(tmp_path):
         out = node_disk / str(num)
         out.mkdir(parents=True)
         (out / "summary.json").write_text(
-            json.dumps({"status": "completed", "steps": steps, "loss": 0.25 * steps, "specs": {"acts": {"records": steps}}})
+            json.dumps(
+                {"status": "completed", "steps": steps, "loss": 0.25 * steps, "specs": {"acts": {"records": steps}}}
+            )
         )
         config = _job_config(sweep, out, num)
         ret = JobReturn(overrides=[f"runner.steps={steps}"], status=JobStatus.COMPLETED, _return_value=0.25 * steps)
@@ -171,7 +174,7 @@ def test_the_slurm_launcher_config_becomes_these_sbatch_lines(tmp_path, monkeypa
     fake.mkdir()
     (fake / "srun").write_text("#!/bin/sh\nexit 1\n")
     (fake / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     executor = submitit.AutoExecutor(
         cluster="slurm", folder=params.pop("submitit_folder"), slurm_max_num_timeout=params.pop("max_num_timeout")
     )
@@ -237,6 +240,10 @@ def test_a_submitit_local_sweep_with_jobs_in_another_folder_lands_in_the_sweep_f
     assert (sweep / RETURNS / "1.json").is_file() and (sweep / "report.html").is_file()
 
 
+def _on_path(folder: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+
+
 SELF_TERM = '''
 import os
 import signal
@@ -271,7 +278,7 @@ def test_a_submitit_job_stopped_by_a_signal_is_a_row_and_the_table_is_written(tm
         "data.shape=[4]",
         "hooks=[]",
     ]
-    proc = run_cli(args, cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"})
+    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
     # Before, the job exited, submitit had no result, the launcher raised: no table at all.
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "1 sweep job(s) did not complete: 0 (interrupted)" in proc.stderr
@@ -282,3 +289,22 @@ def test_a_submitit_job_stopped_by_a_signal_is_a_row_and_the_table_is_written(tm
         ("0", "interrupted", "0", "stopped by SIGTERM")
     ]
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_sweep(tmp_path):
+    (tmp_path / "self_term.py").write_text(SELF_TERM)
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "model=custom",
+        "model._target_=self_term.SelfTerm",
+        "data=random",
+        "data.shape=[4]",
+        "hooks=[]",
+        "runner.steps=1,2",
+    ]
+    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
