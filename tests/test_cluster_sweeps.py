@@ -124,6 +124,8 @@ def test_rows_come_back_from_jobs_whose_folders_the_driver_cannot_see(tmp_path):
     assert rows[0]["acts.records"] == "3" and rows[0]["folder"] == str(node_disk / "0")
     assert rows[2]["error"] == "RuntimeError: boom"
     assert callbacks.failed_jobs() == [(2, "failed")] and app._sweep_verdict() == 1
+    html = (sweep / "report.html").read_text()
+    assert "RuntimeError: boom" in html and "4242_1" in html  # the page shows the returned rows
     page = read_sweep_page(sweep)
     assert [(j["job"], j["row"]["status"], j["overrides"]) for j in page["jobs"]] == [
         ("0", "completed", {"runner.steps": "3"}),
