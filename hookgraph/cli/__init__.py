@@ -1,1 +1,5 @@
 """The command line: ``python -m hookgraph`` (Hydra). Public names: main."""
+
+from .resolvers import register_resolvers
+
+register_resolvers()

@@ -9,6 +9,8 @@ and turns hookgraph's errors into one clear message and a non-zero exit:
   (130 for Ctrl-C, 143 for SIGTERM);
 - in a sweep (``-m``) a job's error is recorded in its summary and the next job runs;
   the sweep exits 1 at the end when any job failed or is missing (see ``sweep.csv``);
+  a signal stops the whole sweep, except in a job that a launcher runs in a process of
+  its own (submitit, Ray): that job ends ``interrupted`` and the others go on;
 - a YAML syntax error in a ``--config-dir`` file is one line with the file, line and column.
 
 Each message reaches the terminal once (on stderr); the log file gets it too.
@@ -128,7 +130,12 @@ def _app(cfg: DictConfig) -> float | None:
         for level, line in closing_lines(summary):
             _say(level, line)
         _error(f"{where}interrupted ({exc or 'SIGINT'}); what was recorded so far is in {out_dir}")
-        sys.exit(128 + signum)  # a sweep stops too: the signal was meant for all of it
+        if sweep and not callbacks.in_command_line_process():
+            # A job in a process of its own (SLURM's scancel or a preemption, through submitit):
+            # the signal was for this job. Exiting would cost the launcher its result and the
+            # sweep its table; the row says interrupted and the sweep exits 1 at the end.
+            return None
+        sys.exit(128 + signum)  # a sweep in this process stops too: the signal was meant for all of it
     except Exception as exc:
         for level, line in closing_lines(summary):
             _say(level, line)

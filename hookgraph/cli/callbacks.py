@@ -1,4 +1,5 @@
-"""Hydra callbacks. Public names: RunDirGuard, SweepTable, sweep_rows, job_folders.
+"""Hydra callbacks. Public names: RunDirGuard, SweepTable, sweep_rows, job_folders, returned_rows,
+job_return_row, write_job_return, RETURNS.
 
 RunDirGuard refuses a run folder that holds an earlier hookgraph run before Hydra writes
 anything into it: Hydra saves ``.hydra/`` and opens the log in ``run_job``, after
@@ -14,6 +15,17 @@ when the table could not be written (:func:`sweep_error`).
 A job folder is a subfolder of the sweep folder that holds Hydra's ``.hydra/`` (its number
 is ``hydra.job.num`` in ``.hydra/hydra.yaml``) or is named with a number: ``hydra.sweep.subdir``
 need not be ``${hydra.job.num}``.
+
+The rows come from the jobs' returned results. Hydra hands a launcher's ``JobReturn``s to the
+sweeper and no further: ``on_multirun_end`` sees none of them, and a custom sweeper would
+replace the user's (optuna, ...). What every launcher does run is ``on_job_end(job_return)``
+in the job's own process (the driver for the basic launcher, a SLURM node for submitit, a Ray
+worker). So each job writes its row there, built from its ``JobReturn`` (status, overrides,
+the value the task returned, Hydra's job id) and its own run folder, into the sweep folder:
+``job_returns/<num>.json``. The sweep folder is absolute (``${hookgraph.launch_dir:}``), so the
+driver finds every row where the jobs wrote it, whatever working directory each job had; a
+job that wrote no row (killed, or its process died) is read from its folder, or is
+``missing``.
 """
 
 from __future__ import annotations
@@ -21,11 +33,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 __all__ = [
@@ -33,9 +48,14 @@ __all__ = [
     "SweepTable",
     "sweep_rows",
     "job_folders",
+    "returned_rows",
+    "job_return_row",
+    "write_job_return",
+    "RETURNS",
     "failed_jobs",
     "sweep_error",
     "created_by_this_run",
+    "in_command_line_process",
     "reset",
 ]
 
@@ -43,13 +63,21 @@ log = logging.getLogger("hookgraph")
 
 # What this process learned about its run: set by the callbacks, read by the command line
 # (callbacks run in the process that launched the jobs, the command line's own).
-_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None}
+_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None, "command_line_pid": None}
 
 
 def reset() -> None:
+    """Called by the command line before Hydra starts: also marks this process as its own."""
     _state["fresh"] = set()
     _state["failed"] = []
     _state["sweep_error"] = None
+    _state["command_line_pid"] = os.getpid()
+
+
+def in_command_line_process() -> bool:
+    """Whether this is the command line's process, not a job process a launcher started
+    (submitit, Ray, joblib import hookgraph afresh and never call :func:`reset`)."""
+    return _state["command_line_pid"] == os.getpid()
 
 
 def created_by_this_run(path: str | Path) -> bool:
@@ -97,12 +125,31 @@ class RunDirGuard(Callback):
             sweep_dir = Path(str(config.hydra.sweep.dir))
         except Exception:
             return
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        if not sweep_dir.is_absolute() and launcher and not launcher.endswith(_IN_PLACE_LAUNCHERS):
+            # Each job resolves the folder again in its own working directory: the jobs would
+            # land somewhere else, each its own somewhere.
+            name = launcher.rsplit(".", 1)[-1]
+            _refuse(
+                f"hydra.sweep.dir: {sweep_dir} is relative, and the {name} runs jobs in their own working "
+                f"directory (on another machine, for SLURM or Ray): give an absolute folder, e.g. "
+                f"hydra.sweep.dir=$PWD/{sweep_dir}, or leave the default "
+                "(${hookgraph.launch_dir:}/runs/multirun/<date_time>)"
+            )
         numbered, unnumbered = job_folders(sweep_dir)
-        if (sweep_dir / "sweep.csv").exists() or numbered or unnumbered:
+        if (sweep_dir / "sweep.csv").exists() or (sweep_dir / RETURNS).exists() or numbered or unnumbered:
             _refuse(
                 f"hydra.sweep.dir: {sweep_dir} holds an earlier sweep; choose a new folder (the default "
                 "runs/multirun/<date_time> is new for every sweep)"
             )
+
+
+# Launchers that run every job in the driver's working directory, where a relative
+# hydra.sweep.dir still means one folder.
+_IN_PLACE_LAUNCHERS = ("basic_launcher.BasicLauncher", "joblib_launcher.JoblibLauncher")
+
+# The folder in a sweep folder where each job writes its row (job_returns/<num>.json).
+RETURNS = "job_returns"
 
 
 def _job_num(folder: Path) -> int | None:
@@ -147,20 +194,27 @@ def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[
     numbered folders, and a gap in the numbers is a missing job. A job folder whose number
     cannot be read is a row of its own (``status: unreadable``) after the numbered ones.
     """
+    returned = returned_rows(sweep_dir)
     found, unnumbered = job_folders(sweep_dir)
-    count = max(len(expected or []), max(found, default=-1) + 1)
+    count = max(len(expected or []), max(found, default=-1) + 1, max(returned, default=-1) + 1)
     rows = []
     for num in range(count):
         row: dict[str, Any] = {"job": num}
         if expected and num < len(expected):
             row["overrides"] = expected[num]
+        if num in returned:
+            rows.append({**row, **returned[num]})
+            continue
         job = found.get(num)
         if job is None:
             row.update(status="missing", error="no job folder")
             rows.append(row)
             continue
         rows.append(_job_row(job, row))
+    reported = {str(r.get("folder")) for r in returned.values()}
     for job in unnumbered:
+        if job.relative_to(sweep_dir).as_posix() in reported:
+            continue
         rows.append(
             {
                 "job": job.relative_to(sweep_dir).as_posix(),
@@ -169,6 +223,67 @@ def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[
             }
         )
     return rows
+
+
+def returned_rows(sweep_dir: Path) -> dict[int, dict[str, Any]]:
+    """{job number: row} of the rows the jobs wrote when they ended (``job_returns/<num>.json``).
+    An unreadable file is a row saying so: the job ran, its table row is damaged."""
+    rows: dict[int, dict[str, Any]] = {}
+    folder = Path(sweep_dir) / RETURNS
+    if not folder.is_dir():
+        return rows
+    for path in sorted(folder.glob("*.json")):
+        if not path.stem.isdigit():
+            continue
+        num = int(path.stem)
+        try:
+            row = json.loads(path.read_text())
+            if not isinstance(row, dict):
+                raise ValueError(f"a JSON object expected, got {type(row).__name__}")
+        except (OSError, ValueError) as exc:
+            row = {"status": "unreadable", "error": f"{RETURNS}/{path.name}: {exc}"[:200]}
+        row["job"] = num
+        rows[num] = row
+    return rows
+
+
+def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
+    """A job's row of sweep.csv, in the job's process: what its launcher returns (status,
+    overrides, the task's return value, Hydra's job id) and its run folder's headlines."""
+    hc = config.hydra
+    num = int(hc.job.num)
+    out_dir = Path(str(hc.runtime.output_dir))
+    row: dict[str, Any] = {"job": num, "overrides": " ".join(str(o) for o in job_return.overrides or [])}
+    row = _job_row(out_dir, row)
+    # JobReturn.return_value re-raises a failed job's exception; the field holds it.
+    value = job_return._return_value
+    if job_return.status == JobStatus.FAILED:
+        if row.get("status") in (None, "missing", "completed"):  # the summary does not say why
+            row["status"] = "failed"
+            row["error"] = f"{type(value).__name__}: {value}"[:200]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        row["objective"] = float(value)  # what the task returned: a sweeper's objective
+    row["job_id"] = str(OmegaConf.select(config, "hydra.job.id", default="") or "")
+    row["host"] = socket.gethostname()
+    try:
+        folder = out_dir.relative_to(Path(str(hc.sweep.dir))).as_posix()
+    except ValueError:  # hydra.sweep.subdir may be absolute
+        folder = str(out_dir)
+    if folder != str(num):
+        row["folder"] = folder
+    return row
+
+
+def write_job_return(config: DictConfig, job_return: JobReturn) -> Path:
+    """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically."""
+    from ..runs.writer import atomic_write
+
+    row = job_return_row(config, job_return)
+    folder = Path(str(config.hydra.sweep.dir)) / RETURNS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{row['job']}.json"
+    atomic_write(path, json.dumps(row, indent=1, default=str).encode())
+    return path
 
 
 def _job_row(job: Path, row: dict[str, Any]) -> dict[str, Any]:
@@ -243,6 +358,15 @@ def _stat_headlines(job: Path) -> dict[str, float]:
 
 
 class SweepTable(Callback):
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        # Runs in the job's process, wherever the launcher put it (see the module's docstring).
+        if OmegaConf.select(config, "hydra.mode") != RunMode.MULTIRUN:
+            return
+        try:
+            write_job_return(config, job_return)
+        except Exception as exc:  # the driver still reads the job's folder, or says missing
+            log.warning("job %s: its sweep row was not written: %s: %s", config.hydra.job.num, type(exc).__name__, exc)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra turns a callback's exception into a warning: the sweep fails unless the table is written.
         _state["sweep_error"] = "the sweep table was not written"

@@ -49,6 +49,8 @@ def _csv(path: Path) -> list[dict]:
         return []
     for r in rows:
         for k, v in r.items():
+            if isinstance(v, str) and "_" in v:
+                continue  # int("4242_0") is 42420: a SLURM array job id is a name, not a number
             for cast in (int, float):
                 try:
                     r[k] = cast(v)

@@ -77,17 +77,31 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         rows = sweep_rows(root)
         notes.append("no sweep.csv: the table was rebuilt from the job folders")
     by_job = {str(r.get("job")): r for r in rows}
+    # Every job the table names (its row came back from the job, wherever it ran), and every
+    # numbered folder the table does not name; a row's folder is in its `folder` column.
+    folders = {j.name: j for j in _jobs(root)}
+    for name, r in by_job.items():
+        if name.isdigit():
+            folders.setdefault(name, root / name)
+            if r.get("folder"):
+                folders[name] = root / str(r["folder"])  # an absolute folder stays absolute
     jobs: list[dict[str, Any]] = []
-    for job in _jobs(root):
-        row = by_job.get(job.name) or {"job": int(job.name), "status": "missing from sweep.csv"}
+    for name in sorted(folders, key=int):
+        job = folders[name]
+        row = by_job.get(name) or {"job": int(name), "status": "missing from sweep.csv"}
         report = job / "report.html"
         if build_jobs and not report.is_file() and ((job / "summary.json").is_file() or (job / "plan.json").is_file()):
             try:
                 write_report(job)
             except Exception as exc:  # one broken job must not hide the others
-                notes.append(f"job {job.name}: no report ({type(exc).__name__}: {exc})")
-        jobs.append({"job": job.name, "row": row, "overrides": _overrides(job, row),
-                     "report": f"{job.name}/report.html" if report.is_file() else None})
+                notes.append(f"job {name}: no report ({type(exc).__name__}: {exc})")
+        link = None
+        if report.is_file():
+            try:
+                link = report.relative_to(root).as_posix()
+            except ValueError:
+                link = report.resolve().as_uri()
+        jobs.append({"job": name, "row": row, "overrides": _overrides(job, row), "report": link})
     keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
     axes = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
     sweep_png = root / "sweep.png"

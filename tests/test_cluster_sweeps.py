@@ -1,0 +1,312 @@
+"""Cluster sweeps: an absolute sweep folder that jobs running in another working directory
+still write into, sweep.csv built from the rows the jobs return, hydra/launcher=submitit_local
+end to end, and the SLURM and Ray launcher configs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+import hookgraph as hg
+from hookgraph.cli import app, callbacks
+from hookgraph.cli.app import CONFIG_DIR
+from hookgraph.cli.callbacks import RETURNS, RunDirGuard, SweepTable, sweep_rows
+from hookgraph.report.sweep import read_sweep_page
+from hookgraph.runner import register_configs
+from tests.cli_helpers import run_cli
+
+SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
+
+
+def _compose(overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_the_sweep_folder_is_absolute_and_a_job_elsewhere_resolves_the_same(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    driver = _compose([])
+    sweep = Path(str(driver.hydra.sweep.dir))
+    assert sweep.parent == tmp_path / "runs" / "multirun"
+    # A job composes its config again in its own working directory and gets the driver's
+    # resolver cache (Hydra's load_sweep_config): the same folder, not one under its cwd.
+    node = tmp_path / "node"
+    node.mkdir()
+    monkeypatch.chdir(node)
+    job = _compose(["runner.steps=2"])
+    OmegaConf.copy_cache(from_config=driver, to_config=job)
+    assert Path(str(job.hydra.sweep.dir)) == sweep
+    assert Path(str(_compose([]).hydra.sweep.dir)).parent == node / "runs" / "multirun"  # a new sweep here
+
+
+@pytest.mark.parametrize(
+    "launcher, refused",
+    [
+        (f"{SUBMITIT}.SlurmLauncher", True),
+        (f"{SUBMITIT}.LocalLauncher", True),
+        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", True),
+        ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", False),
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", False),
+    ],
+)
+def test_a_relative_sweep_folder_is_refused_for_launchers_that_run_jobs_elsewhere(
+    tmp_path, monkeypatch, capsys, launcher, refused
+):
+    monkeypatch.chdir(tmp_path)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": "mine"}, "launcher": {"_target_": launcher}}})
+    if not refused:
+        RunDirGuard().on_multirun_start(config)
+        return
+    with pytest.raises(SystemExit) as stop:
+        RunDirGuard().on_multirun_start(config)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "hydra.sweep.dir: mine is relative" in err and "hydra.sweep.dir=$PWD/mine" in err
+
+
+def _job_config(sweep: Path, out_dir: Path, num: int) -> OmegaConf:
+    return OmegaConf.create(
+        {
+            "hydra": {
+                "mode": RunMode.MULTIRUN,
+                "job": {"num": num, "id": f"4242_{num}"},
+                "runtime": {"output_dir": str(out_dir)},
+                "sweep": {"dir": str(sweep)},
+                "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None},
+                "overrides": {"task": ["runner.steps=3,5"]},
+            }
+        }
+    )
+
+
+def test_rows_come_back_from_jobs_whose_folders_the_driver_cannot_see(tmp_path):
+    sweep = tmp_path / "sweep"
+    node_disk = tmp_path / "node-local"  # hydra.sweep.subdir absolute: a folder only the node sees
+    for num, steps in enumerate((3, 5)):
+        out = node_disk / str(num)
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(
+            json.dumps(
+                {"status": "completed", "steps": steps, "loss": 0.25 * steps, "specs": {"acts": {"records": steps}}}
+            )
+        )
+        config = _job_config(sweep, out, num)
+        ret = JobReturn(overrides=[f"runner.steps={steps}"], status=JobStatus.COMPLETED, _return_value=0.25 * steps)
+        SweepTable().on_job_end(config, ret)  # in the job's process
+    failed = _job_config(sweep, node_disk / "2", 2)
+    SweepTable().on_job_end(
+        failed, JobReturn(overrides=["runner.steps=7"], status=JobStatus.FAILED, _return_value=RuntimeError("boom"))
+    )
+    assert sorted(p.name for p in (sweep / RETURNS).iterdir()) == ["0.json", "1.json", "2.json"]
+    import shutil
+
+    shutil.rmtree(node_disk)  # the driver runs elsewhere
+    callbacks.reset()
+    SweepTable().on_multirun_end(_job_config(sweep, sweep / "0", 0))
+    with open(sweep / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    got = [(r["job"], r["overrides"], r["status"], r["steps"], r["loss"], r["objective"], r["job_id"]) for r in rows]
+    assert got == [
+        ("0", "runner.steps=3", "completed", "3", "0.75", "0.75", "4242_0"),
+        ("1", "runner.steps=5", "completed", "5", "1.25", "1.25", "4242_1"),
+        ("2", "runner.steps=7", "failed", "", "", "", "4242_2"),
+    ]
+    assert rows[0]["acts.records"] == "3" and rows[0]["folder"] == str(node_disk / "0")
+    assert rows[2]["error"] == "RuntimeError: boom"
+    assert callbacks.failed_jobs() == [(2, "failed")] and app._sweep_verdict() == 1
+    html = (sweep / "report.html").read_text()
+    assert "RuntimeError: boom" in html and "4242_1" in html  # the page shows the returned rows
+    page = read_sweep_page(sweep)
+    assert [(j["job"], j["row"]["status"], j["overrides"]) for j in page["jobs"]] == [
+        ("0", "completed", {"runner.steps": "3"}),
+        ("1", "completed", {"runner.steps": "5"}),
+        ("2", "failed", {"runner.steps": "7"}),
+    ]
+    callbacks.reset()
+
+
+def test_a_single_run_writes_no_job_return(tmp_path):
+    config = _job_config(tmp_path, tmp_path / "run", 0)
+    config.hydra.mode = RunMode.RUN
+    SweepTable().on_job_end(config, JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=1.0))
+    assert not (tmp_path / RETURNS).exists()
+
+
+def test_an_earlier_sweeps_job_returns_are_refused(tmp_path):
+    (tmp_path / RETURNS).mkdir()
+    with pytest.raises(SystemExit):
+        RunDirGuard().on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+
+
+def test_a_damaged_job_return_is_a_row_naming_it(tmp_path):
+    (tmp_path / RETURNS).mkdir()
+    (tmp_path / RETURNS / "0.json").write_text("{not json")
+    rows = sweep_rows(tmp_path, expected=["m=a"])
+    assert [(r["job"], r["status"], r["overrides"]) for r in rows] == [(0, "unreadable", "m=a")]
+    assert rows[0]["error"].startswith(f"{RETURNS}/0.json: ")
+
+
+def test_the_slurm_launcher_config_becomes_these_sbatch_lines(tmp_path, monkeypatch):
+    pytest.importorskip(SUBMITIT)
+    import submitit
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    monkeypatch.chdir(tmp_path)
+    cfg = _compose(["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=30"])
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == f"{SUBMITIT}.SlurmLauncher"
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.cpus_per_task, launcher.mem_gb) == (1, 1, 8, 32)
+    params = dict(instantiate(launcher).params)
+    sweep = Path(str(cfg.hydra.sweep.dir))
+    assert params["submitit_folder"] == f"{sweep}/.submitit/%j" and sweep.is_absolute()
+    # No SLURM here: build the sbatch file the launcher would submit (submitit only checks
+    # that srun exists), mapping the fields as hydra-submitit-launcher's launch() does.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    executor = submitit.AutoExecutor(
+        cluster="slurm", folder=params.pop("submitit_folder"), slurm_max_num_timeout=params.pop("max_num_timeout")
+    )
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+    lines = set(executor._executor._make_submission_file_text("python -m hookgraph", "uid").splitlines())
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=30",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=32GB",
+        "#SBATCH --job-name=hookgraph",
+        f"#SBATCH --output={sweep}/.submitit/%j/%j_0_log.out",
+    ):
+        assert line in lines
+
+
+def test_the_ray_launcher_config_binds_to_localhost_only():
+    conf = yaml.safe_load((Path(CONFIG_DIR) / "hydra" / "launcher" / "ray_localhost.yaml").read_text())
+    assert conf["defaults"] == ["ray"]  # hydra-ray-launcher's RayLauncher (not installed here)
+    init = conf["ray"]["init"]
+    assert (init["address"], init["_node_ip_address"], init["include_dashboard"]) == (None, "127.0.0.1", False)
+
+
+@pytest.mark.slow
+def test_a_submitit_local_sweep_with_jobs_in_another_folder_lands_in_the_sweep_folder(tmp_path):
+    pytest.importorskip(SUBMITIT)
+    node = tmp_path / "node"  # where each job starts, as on a SLURM node with a setup line
+    node.mkdir()
+    args = [
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=3",  # submitit kills a job after this
+        f'+hydra.launcher.setup=["cd {node}"]',
+        "runner.steps=1,2",
+        "sink.figures=false",
+    ]
+    proc = run_cli(args, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (node / "runs").exists()
+    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
+    for num, steps in ((0, 1), (1, 2)):
+        job = sweep / str(num)
+        for part in (".hydra/config.yaml", ".hydra/overrides.yaml", "summary.json", "plan.json", "stats.csv"):
+            assert (job / part).is_file(), f"{job}/{part}"
+        summary = json.loads((job / "summary.json").read_text())
+        assert (summary["status"], summary["steps"]) == ("completed", steps)
+        assert len(hg.load_run(job).records["record_convs"]["conv"]) == steps
+    with open(sweep / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["overrides"], r["status"], r["steps"], r["record_convs.records"]) for r in rows] == [
+        ("0", "runner.steps=1 sink.figures=False", "completed", "1", "1"),
+        ("1", "runner.steps=2 sink.figures=False", "completed", "2", "2"),
+    ]
+    for r in rows:
+        summary = json.loads((sweep / r["job"] / "summary.json").read_text())
+        assert float(r["loss"]) == summary["loss"] == float(r["objective"])  # the value the job returned
+        assert float(r["grad_stats.max"]) == 1.0  # d(sum of the outputs)/d(output)
+        assert r["job_id"] and r["host"]
+    assert rows[0]["job_id"] != rows[1]["job_id"]
+    assert (sweep / RETURNS / "1.json").is_file() and (sweep / "report.html").is_file()
+
+
+def _on_path(folder: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+
+
+SELF_TERM = '''
+import os
+import signal
+
+from torch import nn
+
+
+class SelfTerm(nn.Module):
+    """Sends itself SIGTERM in its first forward pass, as scancel or a preemption would."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.fc(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_submitit_job_stopped_by_a_signal_is_a_row_and_the_table_is_written(tmp_path):
+    pytest.importorskip(SUBMITIT)
+    (tmp_path / "self_term.py").write_text(SELF_TERM)
+    args = [
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=3",
+        "model=custom",
+        "model._target_=self_term.SelfTerm",
+        "data=random",
+        "data.shape=[4]",
+        "hooks=[]",
+    ]
+    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
+    # Before, the job exited, submitit had no result, the launcher raised: no table at all.
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "1 sweep job(s) did not complete: 0 (interrupted)" in proc.stderr
+    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
+    with open(sweep / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"], r["steps"], r["error"]) for r in rows] == [
+        ("0", "interrupted", "0", "stopped by SIGTERM")
+    ]
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_sweep(tmp_path):
+    (tmp_path / "self_term.py").write_text(SELF_TERM)
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "model=custom",
+        "model._target_=self_term.SelfTerm",
+        "data=random",
+        "data.shape=[4]",
+        "hooks=[]",
+        "runner.steps=1,2",
+    ]
+    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
