@@ -77,7 +77,9 @@ def _env_int(name: str, default: int | None) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(name, f"the environment variable must be an integer (as torchrun sets it), got {text!r}") from None
+        raise ConfigError(
+            name, f"the environment variable must be an integer (as torchrun sets it), got {text!r}"
+        ) from None
 
 
 def world_from_env() -> World:
@@ -110,7 +112,10 @@ def check_distributed(r: Any) -> list[str]:
     if not isinstance(shard, list) or not all(isinstance(s, str) and s for s in shard):
         raise ConfigError("runner.shard", f"must be a list of module class names (e.g. [BasicBlock]), got {shard!r}")
     if shard and r.distributed != "fsdp":
-        raise ConfigError("runner.shard", f"names the modules fully_shard wraps; set runner.distributed=fsdp (it is {r.distributed!r})")
+        raise ConfigError(
+            "runner.shard",
+            f"names the modules fully_shard wraps; set runner.distributed=fsdp (it is {r.distributed!r})",
+        )
     if not (isinstance(r.dist_timeout_s, (int, float)) and r.dist_timeout_s > 0):
         raise ConfigError("runner.dist_timeout_s", f"must be a positive number of seconds, got {r.dist_timeout_s!r}")
     return shard

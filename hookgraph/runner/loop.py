@@ -66,6 +66,7 @@ __all__ = ["run", "build_from_config", "LOSSES"]
 
 log = logging.getLogger("hookgraph")
 
+_ONE = World()  # a single process
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _GRADCAM_KEYS = ("activations", "gradients", "target")
 
@@ -260,7 +261,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World) -> _Run:
+def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE) -> _Run:
     """Refuse an earlier run's folder, then mark this one as ours before anything else.
 
     With several ranks, rank 0 claims the folder and every other rank learns it from rank 0
@@ -329,7 +330,7 @@ def _prepare(st: _Run) -> None:
 
 
 def _list(st: _Run) -> dict[str, Any]:
-    assert st.model is not None
+    assert st.bare is not None
     rows = list_targets(st.bare, st.cfg.list_targets, params=st.cfg.list_params, require_match=True)
     if st.world.main:
         print(format_targets(rows))

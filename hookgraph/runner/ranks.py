@@ -64,14 +64,25 @@ def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]
     """Rank 0's summary becomes the run's: ``world_size``, ``ranks`` (each rank's status and
     error) and ``failed_ranks``. The run completed only when every rank did; otherwise the
     error is that of the rank that failed first in its own right (not one stopped by another)."""
-    ranks = []
+    ranks: list[dict[str, Any]] = []
     for k in sorted(found):
         s = found[k]
         if s is None:
-            ranks.append({"rank": k, "status": "unknown", "error": {"type": "NoSummary", "message": (
-                f"rank {k} wrote no summary (killed, or still waiting on a collective)")}})
+            ranks.append(
+                {
+                    "rank": k,
+                    "status": "unknown",
+                    "error": {
+                        "type": "NoSummary",
+                        "message": (f"rank {k} wrote no summary (killed, or still waiting on a collective)"),
+                    },
+                }
+            )
             continue
-        entry = {"rank": k, "status": "ok" if s.get("status") == "completed" else s.get("status", "unknown")}
+        entry: dict[str, Any] = {
+            "rank": k,
+            "status": "ok" if s.get("status") == "completed" else s.get("status", "unknown"),
+        }
         for key, out in (("error", "error"), ("steps", "steps"), ("loss_rank", "loss"), ("device", "device")):
             if key in s:
                 entry[out] = s[key]
