@@ -44,6 +44,11 @@ def _override(name: str, spec: dict) -> str:
     return f"+hooks.{name}={text(spec)}"
 
 
+needs_gloo = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="no gloo backend"
+)
+
+
 def torchrun(out: Path, *args: str) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 -m hookgraph`` in its own process group, bounded by TIMEOUT;
     the rendezvous listens on 127.0.0.1 only. Afterwards no process of the group may be left."""
@@ -92,6 +97,7 @@ def single(tmp_path: Path, batch_size: int, **runner) -> hg.runs.Run:
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@needs_gloo
 def test_ddp_two_ranks_write_their_parts_and_match_a_single_process(tmp_path):
     out = tmp_path / "ddp"
     proc = torchrun(out, "runner.distributed=ddp", "runner.batch_size=2", "sink.figures=false")
@@ -131,6 +137,7 @@ def test_ddp_two_ranks_write_their_parts_and_match_a_single_process(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@needs_gloo
 def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
     out = tmp_path / "fail"
     boom = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.dist_helpers.fail_on_rank",
@@ -147,6 +154,7 @@ def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@needs_gloo
 def test_fsdp_two_ranks_record_what_the_bare_model_does(tmp_path):
     out = tmp_path / "fsdp"
     proc = torchrun(
@@ -166,6 +174,7 @@ def test_fsdp_two_ranks_record_what_the_bare_model_does(tmp_path):
 # ---------------------------------------------------------------- in this process (world of one)
 
 
+@needs_gloo
 def test_ddp_without_torchrun_is_a_world_of_one_with_the_flat_layout(tmp_path, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
@@ -183,6 +192,7 @@ def test_ddp_without_torchrun_is_a_world_of_one_with_the_flat_layout(tmp_path, m
     torch.testing.assert_close(r.records["weights"]["fc1.weight"][0], ref.records["weights"]["fc1.weight"][0])
 
 
+@needs_gloo
 def test_fsdp_shard_names_a_class_of_the_model(tmp_path):
     with pytest.raises(ConfigError, match=r"runner.shard: no module of class 'Conv2D'.*'Conv2d'"):
         run({"runner": {**RUNNER, "distributed": "fsdp", "shard": ["Conv2D"]}, "hooks": SPECS}, tmp_path / "a")
