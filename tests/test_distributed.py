@@ -17,9 +17,11 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.data import build_data
+from hookgraph.data.shard import rank_slices
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
-from hookgraph.runner.distributed import World, rank_batches, rank_overrides
+from hookgraph.runner.distributed import rank_overrides
 from hookgraph.runner.ranks import merge_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,10 +219,48 @@ def test_distributed_settings_are_checked(tmp_path, runner, match):
 
 def test_each_rank_keeps_its_slice_of_the_global_batch():
     x, y = torch.arange(12.0).reshape(6, 2), torch.arange(6)
-    got = list(rank_batches([((x,), y)], World(rank=1, size=3, launched=True), per_rank=2))
+    got = list(rank_slices([((x,), y)], rank=1, world_size=3, batch_size=2))
     assert torch.equal(got[0][0][0], x[2:4]) and torch.equal(got[0][1], y[2:4])
     with pytest.raises(ConfigError, match=r"runner.batch_size: is per rank: 3 ranks x 2 need batches of 6 samples"):
-        list(rank_batches([((x[:5],), None)], World(rank=0, size=3, launched=True), per_rank=2))
+        list(rank_slices([((x[:5],), None)], rank=0, world_size=3, batch_size=2))
+
+
+@pytest.mark.parametrize("kind", ["random", "fake", "tokens"])
+def test_generated_and_fake_data_split_the_single_process_batch(kind):
+    args = {"shape": [3, 4, 4], "size": 16, "vocab_size": 50, "seed": 3}
+    whole = build_data(kind, batch_size=4, **args).take(3)
+    parts = [build_data(kind, batch_size=2, rank=k, world_size=2, **args).take(3) for k in (0, 1)]
+    for step in range(3):
+        for a, b, w in zip(*(_tensors(p[step]) for p in parts), _tensors(whole[step]), strict=True):
+            assert torch.equal(torch.cat([a, b]), w)
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    inputs, labels = batch
+    found = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+    return found + ([] if labels is None else [labels])
+
+
+def test_a_dataset_is_read_only_for_each_rank_s_samples_in_the_single_process_order():
+    from tests.dist_helpers import Counted
+
+    custom = {"target": "tests.dist_helpers.Counted", "kwargs": {"n": 12}, "shuffle": True, "seed": 5}
+    whole = build_data("custom", batch_size=4, **custom).take(4)  # 3 batches per epoch, then a new order
+    Counted.READ.clear()
+    parts = [build_data("custom", batch_size=2, rank=k, world_size=2, **custom).take(4) for k in (0, 1)]
+    # Each rank read only its 2 samples per batch (take reads one batch ahead: 5 batches):
+    # 2 ranks x 5 x 2 = 20, where reading the global batch and slicing it would read 40.
+    assert len(Counted.READ) == 20
+    for step in range(4):
+        torch.testing.assert_close(torch.cat([parts[0][step][1], parts[1][step][1]]), whole[step][1])
+    assert whole[0][1].tolist() != [0, 1, 2, 3]  # shuffled
+    with pytest.raises(ConfigError, match="runner.batch_size: is per rank: 2 ranks x 8 need batches of 16"):
+        build_data("custom", batch_size=8, rank=0, world_size=2, **custom)
+    stream = {"target": "tests.dist_helpers.Stream", "kwargs": {"n": 8}}
+    whole = build_data("custom", batch_size=4, **stream).take(2)
+    part = build_data("custom", batch_size=2, rank=1, world_size=2, **stream).take(2)
+    assert [p[0][0].flatten().tolist() for p in part] == [[2.0, 3.0], [6.0, 7.0]]
+    assert torch.equal(part[1][0][0], whole[1][0][0][2:4])
 
 
 def test_the_summary_names_the_rank_that_failed_first():

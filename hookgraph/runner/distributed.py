@@ -1,7 +1,7 @@
-"""More than one process: the process group, the wrapped model and each rank's slice of the batch.
+"""More than one process: the process group and the wrapped model.
 
 Public names: DISTRIBUTED, World, world_from_env, check_distributed, pick_device, process_group,
-wrap_model, rank_batches, rank_overrides.
+broadcast, wrap_model, rank_overrides.
 
 Under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in the environment) a run joins the
 default process group (gloo on the CPU, ``cpu:gloo,cuda:nccl`` on GPUs, so small objects can
@@ -12,9 +12,9 @@ listens), so the same wrapping runs on a laptop. A group the caller already join
 its own under torchrun) is used as it is and left to the caller.
 
 ``runner.batch_size`` is per rank (PyTorch's convention): the global batch is
-``batch_size * world_size``. Every rank builds the data with the global batch and keeps its own
-slice of each batch (rank r: samples ``[r*b, (r+1)*b)``), so the ranks' batches together are
-exactly the batch a single process with ``batch_size * world_size`` sees, for every data kind.
+``batch_size * world_size``, and rank r takes samples ``[r*b, (r+1)*b)`` of it, so the ranks'
+batches together are exactly what one process with ``batch_size * world_size`` sees, for every
+data kind (see :mod:`hookgraph.data.shard`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from torch import nn
 
 from ..errors import ConfigError, did_you_mean
 from ..plain import to_plain
-from ..tree import tree_map
 from .device import resolve_device
 
 __all__ = [
@@ -42,8 +41,8 @@ __all__ = [
     "check_distributed",
     "pick_device",
     "process_group",
+    "broadcast",
     "wrap_model",
-    "rank_batches",
     "rank_overrides",
 ]
 
@@ -197,26 +196,6 @@ def wrap_model(model: nn.Module, mode: str, shard: list[str], device: torch.devi
         fully_shard(m)
     fully_shard(model)
     return model
-
-
-def rank_batches(batches: Any, world: World, per_rank: int) -> Iterator[Any]:
-    """This rank's slice of every global batch (``per_rank`` samples, at ``rank * per_rank``)."""
-    lo, hi = world.rank * per_rank, (world.rank + 1) * per_rank
-    want = per_rank * world.size
-
-    def cut(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 0:
-            return t
-        if t.shape[0] != want:
-            raise ConfigError(
-                "runner.batch_size",
-                f"is per rank: {world.size} ranks x {per_rank} need batches of {want} samples, and the data gave "
-                f"{t.shape[0]} (a dataset smaller than the global batch?); lower runner.batch_size or add data",
-            )
-        return t[lo:hi]
-
-    for inputs, labels in batches:
-        yield tree_map(cut, inputs), (None if labels is None else tree_map(cut, labels))
 
 
 def rank_overrides(argv: list[str]) -> list[str]:

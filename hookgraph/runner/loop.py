@@ -54,7 +54,6 @@ from .distributed import (
     check_distributed,
     pick_device,
     process_group,
-    rank_batches,
     world_from_env,
     wrap_model,
 )
@@ -189,7 +188,7 @@ def _check_forward_only(graph: HookGraph) -> None:
 # ---------------------------------------------------------------- one step
 
 
-def _data(cfg: DictConfig, model: torch.nn.Module, batch_size: int):
+def _data(cfg: DictConfig, model: torch.nn.Module, world: World):
     d = cfg.data
     kind = d.kind
     # build_data converts OmegaConf containers itself.
@@ -209,7 +208,8 @@ def _data(cfg: DictConfig, model: torch.nn.Module, batch_size: int):
         default = default_data(model)
         kind = default.pop("kind")
         params.update(default)
-    return build_data(kind, batch_size=batch_size, **params)
+    # runner.batch_size is per rank: each rank gets its slice of the global batch.
+    return build_data(kind, batch_size=cfg.runner.batch_size, rank=world.rank, world_size=world.size, **params)
 
 
 # ---------------------------------------------------------------- the run's state
@@ -369,8 +369,7 @@ def _steps(st: _Run) -> None:
     cfg, r, graph, model = st.cfg, st.cfg.runner, st.graph, st.model
     assert graph is not None and model is not None and st.device is not None and st.bare is not None
     world = st.world
-    batches = _data(cfg, st.bare, r.batch_size * world.size)  # the global batch; each rank keeps its slice
-    data = iter(rank_batches(batches, world, r.batch_size) if world.ranked else batches)
+    data = iter(_data(cfg, st.bare, world))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
     autocast = (
