@@ -280,10 +280,11 @@ def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world:
         except Exception as exc:
             error = exc
     if world.ranked:
-        shared = broadcast(str(writer.dir.resolve()) if writer is not None else f"error: {error}", world)
+        mine = (str(writer.dir.resolve()) if writer else None, str(error) if error else None)
+        shared, refused = broadcast(mine, world)  # rank 0's folder, or why it has none
         if not world.main:
-            if shared.startswith("error: "):
-                raise RunFolderError(f"rank 0 could not claim the run folder: {shared[7:]}")
+            if refused is not None:
+                raise RunFolderError(f"rank 0 could not claim the run folder: {refused}")
             own = Path(out_dir)
             if own.resolve() != Path(shared):
                 with contextlib.suppress(OSError):
@@ -505,7 +506,6 @@ def _close(st: _Run, failing: bool) -> None:
     s["shards"] = st.writer.shards
     if st.warnings:
         s["warnings"] = st.warnings
-    name = "summary.json"
     if st.world.ranked:
         own = st.own_losses or st.losses  # a failed run never averaged its losses
         if own:
@@ -524,7 +524,7 @@ def _close(st: _Run, failing: bool) -> None:
         except OSError as exc:
             s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
     try:
-        st.writer.json(name, s)
+        st.writer.json("summary.json", s)
     except OSError as exc:
         msg = f"could not write summary.json into {st.writer.dir}: {exc}"
         s.setdefault("warnings", []).append(msg)
