@@ -59,7 +59,7 @@ from .distributed import (
 )
 from .lifecycle import RunFolderError, RunInterrupted, check_run_dir, claim_run_dir, signals_as_interrupts
 from .metrics import check_metric, compute_metric
-from .ranks import merge_ranks, merge_tables, rank_summaries
+from .ranks import RankFailedError, merge_ranks, merge_tables, rank_summaries
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
@@ -602,9 +602,13 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
         if not world.main:
             quiet.setLevel(logging.WARNING)  # progress and information on rank 0 only
         try:
-            return _run(cfg, out_dir, summary, world)
+            result = _run(cfg, out_dir, summary, world)
         finally:
             quiet.setLevel(level)
+    if result.get("failed_ranks") and result.get("status") != "completed":
+        # Rank 0 itself completed, another rank did not: the job failed, and says which rank.
+        raise RankFailedError(str((result.get("error") or {}).get("message", "a rank failed")))
+    return result
 
 
 def _run(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Rank 0 gathers the ranks of a run: their summaries into summary.json, their tables into one.
 
-Public names: rank_summaries, merge_ranks, merge_tables.
+Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables.
 
 Every rank writes its own ``ranks/rank-N/summary.json`` (its status, error, steps, losses) when
 it ends, failed or not, and never waits on another rank to do so. Rank 0 reads them through the
@@ -16,10 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import HookGraphError
 from ..runs.reader import _read_csv  # one CSV reading for runs and their ranks
 from ..runs.writer import RunWriter
 
-__all__ = ["rank_summaries", "merge_ranks", "merge_tables"]
+__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables"]
+
+
+class RankFailedError(HookGraphError):
+    """Rank 0 completed, and another rank of the run did not; the message names it."""
 
 
 def _summary(path: Path) -> dict[str, Any] | None:
@@ -96,6 +101,8 @@ def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]
         return
     summary["failed_ranks"] = [r["rank"] for r in bad]
     cause = next((r for r in bad if not _collateral(r)), bad[0])
+    if cause["rank"] == 0 and isinstance(summary.get("error"), dict):
+        summary["error"]["rank"] = 0
     if summary.get("status") in ("completed", "listed", "planned") or cause["rank"] != 0:
         err = cause.get("error") or {}
         summary["status"] = "failed" if cause["status"] != "interrupted" else "interrupted"
