@@ -195,6 +195,23 @@ def test_ddp_without_torchrun_is_a_world_of_one_with_the_flat_layout(tmp_path, m
 
 
 @needs_gloo
+def test_fsdp_without_torchrun_records_what_the_bare_model_does(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    specs = {k: SPECS[k] for k in ("acts", "grads")}
+    got, ref = tmp_path / "fsdp", tmp_path / "bare"
+    fsdp = {**RUNNER, "distributed": "fsdp", "shard": ["Conv2d"]}
+    run({"runner": fsdp, "hooks": specs, "sink": {"figures": False}}, got)
+    run({"runner": RUNNER, "hooks": specs, "sink": {"figures": False}}, ref)
+    assert not torch.distributed.is_initialized()
+    a, b = hg.load_run(got), hg.load_run(ref)
+    for step in range(3):  # steps 1 and 2 run on the weights the sharded optimizer step left
+        torch.testing.assert_close(a.records["acts"].entry("conv", step), b.records["acts"].entry("conv", step))
+    assert a.summary["losses"] == pytest.approx(b.summary["losses"], rel=1e-6)
+    assert a.summary["losses"][0] != a.summary["losses"][2]
+
+
+@needs_gloo
 def test_fsdp_shard_names_a_class_of_the_model(tmp_path):
     with pytest.raises(ConfigError, match=r"runner.shard: no module of class 'Conv2D'.*'Conv2d'"):
         run({"runner": {**RUNNER, "distributed": "fsdp", "shard": ["Conv2D"]}, "hooks": SPECS}, tmp_path / "a")

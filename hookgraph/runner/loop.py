@@ -594,17 +594,22 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
     world = world_from_env()
     if not world.ranked and cfg.runner.distributed == "none":
         return _run(cfg, out_dir, summary, world)
-    # Joined before the folder is claimed: the other ranks learn rank 0's folder through the group.
-    check_distributed(cfg.runner)
-    with process_group(cfg.runner, pick_device(cfg.runner.device, world)) as world:
-        quiet = logging.getLogger("hookgraph")
-        level = quiet.level
-        if not world.main:
-            quiet.setLevel(logging.WARNING)  # progress and information on rank 0 only
-        try:
+    quiet = logging.getLogger("hookgraph")
+    level = quiet.level
+    try:
+        # Joined before the folder is claimed: the other ranks learn rank 0's folder through the group.
+        check_distributed(cfg.runner)
+        with process_group(cfg.runner, pick_device(cfg.runner.device, world)) as world:
+            if not world.main:
+                quiet.setLevel(logging.WARNING)  # progress and information on rank 0 only
             result = _run(cfg, out_dir, summary, world)
-        finally:
-            quiet.setLevel(level)
+    except BaseException:
+        if not world.main:  # the empty folder Hydra made for this rank, when the run never got to rank 0's
+            with contextlib.suppress(OSError):
+                Path(out_dir).rmdir()
+        raise
+    finally:
+        quiet.setLevel(level)
     if result.get("failed_ranks") and result.get("status") != "completed":
         # Rank 0 itself completed, another rank did not: the job failed, and says which rank.
         raise RankFailedError(str((result.get("error") or {}).get("message", "a rank failed")))
