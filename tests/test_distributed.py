@@ -51,13 +51,14 @@ needs_gloo = pytest.mark.skipif(
 )
 
 
-def torchrun(out: Path, *args: str) -> subprocess.CompletedProcess:
+def torchrun(out: Path | None, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 -m hookgraph`` in its own process group, bounded by TIMEOUT;
-    the rendezvous listens on 127.0.0.1 only. Afterwards no process of the group may be left."""
+    the rendezvous listens on 127.0.0.1 only. Afterwards no process of the group may be left.
+    ``out``: hydra.run.dir (None: the default runs/<date>/<time> under ``cwd``)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0",
-        "-m", "hookgraph", f"hydra.run.dir={out}", "hooks=[]",
+        "-m", "hookgraph", *([f"hydra.run.dir={out}"] if out else []), "hooks=[]",
         *[f"runner.{k}={v}" for k, v in RUNNER.items()],
         *[_override(k, v) for k, v in SPECS.items()],
         *args,
@@ -65,14 +66,17 @@ def torchrun(out: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "0"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=TIMEOUT)
-    finally:
-        left = _alive(proc.pid)
-        if left:
-            os.killpg(proc.pid, signal.SIGKILL)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun did not end within {TIMEOUT} s")
+    left = _alive(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
     assert not left, f"processes left behind by torchrun: {left}"
     return subprocess.CompletedProcess(cmd, proc.returncode, output, "")
 
@@ -158,12 +162,17 @@ def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
 @pytest.mark.slow
 @needs_gloo
 def test_fsdp_two_ranks_record_what_the_bare_model_does(tmp_path):
-    out = tmp_path / "fsdp"
     proc = torchrun(
-        out, "runner.distributed=fsdp", "runner.shard=[Conv2d]", "runner.batch_size=2", "sink.figures=false",
-        "~hooks.weights",
+        None, "runner.distributed=fsdp", "runner.shard=[Conv2d]", "runner.batch_size=2", "sink.figures=false",
+        "~hooks.weights", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
+    # The default runs/<date>/<time> differs per rank by when it started: one folder is left, rank 0's.
+    (out,) = (tmp_path / "runs").glob("*/*")
+    assert (out / ".hydra" / "config.yaml").is_file() and (out / "records" / "rank-1").is_dir()
+    # Information is logged by rank 0 only, to the terminal and its log file.
+    assert proc.stdout.count("completed 3 step(s)") == 1
+    assert (out / "hookgraph.log").read_text().count("completed 3 step(s)") == 1
     r, r1 = hg.load_run(out), hg.load_run(out, rank=1)
     assert r.summary["status"] == "completed" and r.ranks == [0, 1]
     ref = single(tmp_path, batch_size=4)
