@@ -55,8 +55,9 @@ __all__ = [
 ]
 
 
-def load_run(path):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
-    """Read a run folder back (records, stats, plan, summary). See hookgraph.runs.load_run."""
+def load_run(path, rank=None):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
+    """Read a run folder back (records, stats, plan, summary; ``rank``: whose records, for a run
+    of several processes). See hookgraph.runs.load_run."""
     from .runs import load_run as _load_run
 
-    return _load_run(path)
+    return _load_run(path, rank)

@@ -34,6 +34,7 @@ from ..errors import ConfigError, HookGraphError, SpecError
 from ..hooksets import packaged_conf_dir
 from ..instantiate import quiet_logger
 from ..runner import register_configs, run
+from ..runner.distributed import rank_overrides
 from ..runner.lifecycle import RunInterrupted
 from ..runner.messages import closing_lines
 from . import callbacks
@@ -197,6 +198,7 @@ def main() -> None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)
     callbacks.reset()
+    sys.argv[1:] = rank_overrides(sys.argv[1:])  # under torchrun, ranks other than 0 write only their part
     _app()
     code = _sweep_verdict()
     if code:

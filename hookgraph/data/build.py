@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import ConfigError, did_you_mean
 from ..plain import to_plain
+from .shard import rank_loader, rank_slices
 from .sources import custom_batches, text_batches, token_batches, torchvision_batches
 
 __all__ = [
@@ -184,17 +185,23 @@ def _collate(key: str, labelled: bool) -> Callable[[list[Any]], Batch]:
     return collate
 
 
-def _loader(dataset: Dataset, batch_size: int, collate: Callable[[list[Any]], Batch]) -> DataLoader:
+def _loader(
+    dataset: Dataset, batch_size: int, collate: Callable[[list[Any]], Batch], ranks: tuple[int, int] | None = None
+) -> DataLoader:
     # shuffle=False and no workers: the same batches every run, in every process.
     # drop_last keeps every step's batch the same size (a short last batch would change
     # recorded shapes and statistics), unless the data is smaller than one batch.
+    if ranks is not None:  # this rank's part of every global batch, read alone
+        return rank_loader(dataset, batch_size, *ranks, num_workers=0, collate_fn=collate)
     drop_last = len(dataset) >= batch_size  # type: ignore[arg-type]
     return DataLoader(
         dataset, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=collate, drop_last=drop_last
     )
 
 
-def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size: int, key: str) -> Batches:
+def _images(
+    root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size: int, key: str, ranks: tuple[int, int] | None
+) -> Batches:
     if root is None:
         raise ConfigError(f"{key}.root", "kind 'images' needs root: a folder of images (or of class folders)")
     path = Path(str(root)).expanduser()
@@ -223,7 +230,7 @@ def _images(root: Any, image_size: tuple[int, int] | None, norm: Any, batch_size
         dataset = _ImageFiles(files, transform)
         labelled = False
         desc = f"images: {len(files)} files in {str(path)!r}"
-    loader = _loader(dataset, batch_size, _collate(key, labelled))
+    loader = _loader(dataset, batch_size, _collate(key, labelled), ranks)
     return Batches("images", lambda: loader, batch_size=batch_size, epoch_length=len(loader), description=desc)
 
 
@@ -248,8 +255,15 @@ def build_data(
     path: str | None = None,
     tokenizer: str | None = None,
     key: str = "data",
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Batches:
     """The batches a data config describes.
+
+    ``rank`` of ``world_size`` (a run of several processes): ``batch_size`` is per rank, and
+    the batches are this rank's slices of the global batches (``batch_size * world_size``)
+    one process would see; a map-style dataset is read only for this rank's samples (see
+    :mod:`hookgraph.data.shard`).
 
     - ``none``: ``inputs = ()`` and no labels, for models without inputs.
     - ``random``: ``randn(batch_size, *shape)`` and labels in ``[0, num_classes)`` from a
@@ -279,7 +293,55 @@ def build_data(
     batch_size = _positive_int(batch_size, f"{key}.batch_size")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"{key}.seed", f"must be an integer, got {seed!r}")
+    world_size = _positive_int(world_size, "WORLD_SIZE")
+    if not 0 <= rank < world_size:
+        raise ConfigError("RANK", f"rank {rank} is not in a world of {world_size}")
+    args: dict[str, Any] = {
+        "shape": shape, "num_classes": num_classes, "size": size, "root": root, "image_size": image_size,
+        "normalize": normalize, "seed": seed, "target": target, "kwargs": kwargs, "name": name,
+        "num_workers": num_workers, "shuffle": shuffle, "vocab_size": vocab_size, "seq_len": seq_len,
+        "path": path, "tokenizer": tokenizer, "key": key,
+    }  # fmt: skip
+    if world_size == 1:
+        return _build(kind, batch_size=batch_size, ranks=None, **args)
+    if kind in ("fake", "images", "custom", "torchvision"):
+        # Loaders read this rank's samples only (an IterableDataset is cut after loading, in sources).
+        return _build(kind, batch_size=batch_size, ranks=(rank, world_size), **args)
+    # Generated data: the global batch from the one seed, then this rank's slice.
+    whole = _build(kind, batch_size=batch_size * world_size, ranks=None, **args)
+    return Batches(
+        whole.kind,
+        lambda: rank_slices(whole._make_epoch(), rank, world_size, batch_size),
+        batch_size=batch_size,
+        epoch_length=whole.epoch_length,
+        description=f"{whole.description}, rank {rank} of {world_size}",
+    )
 
+
+def _build(
+    kind: str,
+    *,
+    shape: Any,
+    num_classes: Any,
+    size: Any,
+    root: Any,
+    image_size: Any,
+    normalize: Any,
+    batch_size: int,
+    seed: int,
+    target: Any,
+    kwargs: Any,
+    name: Any,
+    num_workers: Any,
+    shuffle: Any,
+    vocab_size: Any,
+    seq_len: Any,
+    path: Any,
+    tokenizer: Any,
+    key: str,
+    ranks: tuple[int, int] | None,
+) -> Batches:
+    """One process's batches of ``batch_size`` (with ``ranks``: a loader reads only that rank's part)."""
     if kind == "none":
         return Batches(
             "none", lambda: iter((((), None),)), batch_size=batch_size, epoch_length=1, description="none (no inputs)"
@@ -312,6 +374,7 @@ def build_data(
             "shuffle": bool(shuffle),
             "seed": seed,
             "key": key,
+            "ranks": ranks,
         }
         if kind == "custom":
             return custom_batches(target, {str(k): v for k, v in kwargs.items()}, **loader_args)
@@ -347,7 +410,7 @@ def build_data(
             transform=_transform(size_hw, norm),
             random_offset=seed,
         )
-        loader = _loader(dataset, batch_size, _collate(key, labelled=True))
+        loader = _loader(dataset, batch_size, _collate(key, labelled=True), ranks)
         return Batches(
             "fake",
             lambda: loader,
@@ -356,4 +419,4 @@ def build_data(
             description=f"fake {list(dims)} x {size}, seed {seed}",
         )
 
-    return _images(root, size_hw, norm, batch_size, key)
+    return _images(root, size_hw, norm, batch_size, key, ranks)

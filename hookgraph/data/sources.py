@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from ..errors import ConfigError, did_you_mean
 from ..instantiate import import_target, instantiate_nested, missing_extra
+from .shard import rank_loader, rank_slices
 
 __all__ = [
     "custom_batches",
@@ -58,8 +59,8 @@ def _collate(key: str, items: list[Any]) -> tuple[Any, Any]:
 
 
 def _loader(
-    dataset: Any, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str
-) -> tuple[DataLoader, int | None]:
+    dataset: Any, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str, ranks: tuple[int, int] | None
+) -> tuple[Any, int | None]:
     iterable = isinstance(dataset, IterableDataset)
     if shuffle and iterable:
         raise ConfigError(
@@ -77,6 +78,14 @@ def _loader(
             raise ConfigError(f"{key}._target_", f"{type(dataset).__name__} has __getitem__ but no __len__") from None
         if length == 0:
             raise ConfigError(f"{key}._target_", f"{type(dataset).__name__} is empty")
+    collate = functools.partial(_collate, f"{key}._target_")
+    if ranks is not None and not iterable:  # this rank's part of every global batch, read alone
+        loader = rank_loader(dataset, batch_size, *ranks, shuffle=shuffle, seed=seed, num_workers=num_workers,
+                             collate_fn=collate)  # fmt: skip
+        return loader, len(loader)
+    if ranks is not None:  # a stream: loaded whole, then cut
+        whole, _ = _loader(dataset, batch_size * ranks[1], num_workers, shuffle, seed, key, None)
+        return _Cut(whole, ranks, batch_size), None
     # Same order every run: a seeded generator drives shuffling. A short last batch is
     # dropped (it would change recorded shapes), unless the data is smaller than a batch.
     drop_last = length is not None and length >= batch_size
@@ -86,20 +95,38 @@ def _loader(
         shuffle=shuffle,
         num_workers=num_workers,
         drop_last=drop_last,
-        collate_fn=functools.partial(_collate, f"{key}._target_"),
+        collate_fn=collate,
         generator=torch.Generator().manual_seed(seed) if shuffle else None,
     )
     return loader, (len(loader) if length is not None else None)
 
 
-def _batches(kind: str, loader: DataLoader, batch_size: int, epoch_length: int | None, desc: str) -> Any:
+class _Cut:
+    """An iterable of this rank's slices of a loader's global batches (each ``iter`` restarts)."""
+
+    def __init__(self, loader: DataLoader, ranks: tuple[int, int], batch_size: int):
+        self.loader, self.ranks, self.batch_size = loader, ranks, batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return rank_slices(self.loader, self.ranks[0], self.ranks[1], self.batch_size)
+
+
+def _batches(kind: str, loader: Any, batch_size: int, epoch_length: int | None, desc: str) -> Any:
     from .build import Batches
 
     return Batches(kind, lambda: loader, batch_size=batch_size, epoch_length=epoch_length, description=desc)
 
 
 def custom_batches(
-    target: Any, kwargs: dict[str, Any], *, batch_size: int, num_workers: int, shuffle: bool, seed: int, key: str
+    target: Any,
+    kwargs: dict[str, Any],
+    *,
+    batch_size: int,
+    num_workers: int,
+    shuffle: bool,
+    seed: int,
+    key: str,
+    ranks: tuple[int, int] | None = None,
 ) -> Any:
     """``data._target_(**data.kwargs)``: a Dataset class or factory, batched by a DataLoader."""
     if not target:
@@ -114,7 +141,7 @@ def custom_batches(
         raise ConfigError(
             f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {err}{missing_extra(err)}"
         ) from err
-    loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key)
+    loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key, ranks)
     return _batches("custom", loader, batch_size, n, f"{target} ({n if n is not None else 'iterable'} batches)")
 
 
@@ -136,6 +163,7 @@ def torchvision_batches(
     shuffle: bool,
     seed: int,
     key: str,
+    ranks: tuple[int, int] | None = None,
 ) -> Any:
     """``torchvision.datasets.<name>(root, download=False, transform=..., **kwargs)``."""
     import torchvision.datasets as tvd
@@ -173,7 +201,7 @@ def torchvision_batches(
             f"{name} found no usable files under {str(path)!r} ({err}); "
             f"it expects: {_root_doc(cls)} (downloads are off)",
         ) from err
-    loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key)
+    loader, n = _loader(dataset, batch_size, num_workers, shuffle, seed, key, ranks)
     return _batches("torchvision", loader, batch_size, n, f"torchvision {name}: {len(dataset)} under {str(path)!r}")
 
 

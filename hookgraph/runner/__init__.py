@@ -4,7 +4,8 @@ Public names: run, build_from_config, HookgraphConfig, register_configs, RunFold
 RunInterrupted, closing_lines.
 
 Modules: config (the schema), loop (run's steps), lifecycle (the folder claim and signals),
-messages (what a run's end says), device.
+messages (what a run's end says), device, distributed (the process group and the wrapped
+model under torchrun), ranks (rank 0 gathering the ranks' summaries and tables).
 """
 
 from .config import HookgraphConfig, register_configs

@@ -64,7 +64,7 @@ class RunnerConfig:
     autocast: str | None = None  # null, bf16 or fp16: mixed precision via torch.autocast
     seed: int = 0  # torch.manual_seed before the model is built
     steps: int = 1  # forward(/backward) passes
-    batch_size: int = 1
+    batch_size: int = 1  # per rank under torchrun: the global batch is batch_size * world size
     mode: str = "eval"  # eval (default: BatchNorm statistics stay as they are, any batch size works) or train
     backward: bool = True  # false: forward only, under torch.no_grad()
     # sum, mean (of the logits), cross_entropy (needs labels), target_class, model (its .loss), lm (next token)
@@ -77,6 +77,9 @@ class RunnerConfig:
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
     compile: bool = False  # run the model under torch.compile; hooks run eagerly beside it
     compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
+    distributed: str = "none"  # none, ddp (DistributedDataParallel) or fsdp (fully_shard); see the README
+    shard: list = field(default_factory=list)  # fsdp: module class names fully_shard wraps, e.g. [BasicBlock]
+    dist_timeout_s: float = 300.0  # process group timeout: no rank waits longer on a collective
 
 
 @dataclass

@@ -62,8 +62,20 @@ def _earlier_run(root: Path, found: list[str]) -> ConfigError:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class _Signals:
+    """What :func:`signals_as_interrupts` yields: ``hold()`` makes any later signal ignored
+    (the run is stopping and writing what it has: a signal must not cut that short)."""
+
+    def __init__(self, fired: list[int]):
+        self._fired = fired
+
+    def hold(self) -> None:
+        if not self._fired:
+            self._fired.append(0)
+
+
 @contextlib.contextmanager
-def signals_as_interrupts() -> Iterator[None]:
+def signals_as_interrupts() -> Iterator[_Signals]:
     """While the run lasts, SIGINT and SIGTERM stop it with :class:`RunInterrupted`.
 
     Only the first signal raises; any later one arrives while the run is writing its partial
@@ -71,10 +83,10 @@ def signals_as_interrupts() -> Iterator[None]:
     stopping). The previous handlers come back after. Only the main thread can set handlers;
     elsewhere (a launcher's worker thread) nothing changes.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     fired: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield _Signals(fired)
+        return
 
     def handler(signum: int, frame: Any) -> None:
         if fired:  # the summary is being written: a second signal must not cut it short
@@ -87,7 +99,7 @@ def signals_as_interrupts() -> Iterator[None]:
         for signum in _SIGNALS:
             if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. nohup: an ignored signal stays ignored
                 previous[signum] = signal.signal(signum, handler)
-        yield
+        yield _Signals(fired)
     finally:
         for number, old in previous.items():
             # None: a handler installed from C, which Python cannot put back; the default is closest.

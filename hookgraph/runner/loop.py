@@ -47,14 +47,25 @@ from ..points import POINTS, HookPoint
 from ..report import module_tree, write_plan_svg, write_report
 from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 from .batches import LOSSES, call_model, compute_loss, to_device
-from .device import resolve_device, resolve_dtype
+from .device import resolve_dtype
+from .distributed import (
+    World,
+    broadcast,
+    check_distributed,
+    pick_device,
+    process_group,
+    world_from_env,
+    wrap_model,
+)
 from .lifecycle import RunFolderError, RunInterrupted, check_run_dir, claim_run_dir, signals_as_interrupts
 from .metrics import check_metric, compute_metric
+from .ranks import RankFailedError, merge_ranks, merge_tables, rank_summaries
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
 log = logging.getLogger("hookgraph")
 
+_ONE = World()  # a single process
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 _GRADCAM_KEYS = ("activations", "gradients", "target")
 
@@ -99,6 +110,7 @@ def _validate_runner(r: DictConfig) -> None:
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
     if r.metric is not None:
         check_metric(r.metric)
+    check_distributed(r)
 
 
 def _validate_sink(sink: DictConfig) -> dict[str, str] | None:
@@ -176,7 +188,7 @@ def _check_forward_only(graph: HookGraph) -> None:
 # ---------------------------------------------------------------- one step
 
 
-def _data(cfg: DictConfig, model: torch.nn.Module):
+def _data(cfg: DictConfig, model: torch.nn.Module, world: World):
     d = cfg.data
     kind = d.kind
     # build_data converts OmegaConf containers itself.
@@ -196,7 +208,8 @@ def _data(cfg: DictConfig, model: torch.nn.Module):
         default = default_data(model)
         kind = default.pop("kind")
         params.update(default)
-    return build_data(kind, batch_size=cfg.runner.batch_size, **params)
+    # runner.batch_size is per rank: each rank gets its slice of the global batch.
+    return build_data(kind, batch_size=cfg.runner.batch_size, rank=world.rank, world_size=world.size, **params)
 
 
 # ---------------------------------------------------------------- the run's state
@@ -214,7 +227,10 @@ class _Run:
     metrics: list[float] = field(default_factory=list)  # runner.metric per step
     graph: HookGraph | None = None
     tb: TensorBoardSink | None = None
-    model: torch.nn.Module | None = None
+    model: torch.nn.Module | None = None  # as it runs: wrapped by DDP or sharded by fully_shard when asked
+    bare: torch.nn.Module | None = None  # the model as built, before any wrapper
+    world: World = field(default_factory=World)
+    own_losses: list[float] = field(default_factory=list)  # this rank's; ``losses`` is the mean over ranks
     device: torch.device | None = None
     dtype: torch.dtype | None = None
     gradcam: dict[str, str] | None = None
@@ -245,41 +261,80 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any]) -> _Run:
-    """Refuse an earlier run's folder, then mark this one as ours before anything else."""
-    check_run_dir(out_dir)
-    marker = json.dumps({"hookgraph": _versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
-    try:
-        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes)
-        claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
-    except OSError as exc:
-        raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
+def _claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE) -> _Run:
+    """Refuse an earlier run's folder, then mark this one as ours before anything else.
+
+    With several ranks, rank 0 claims the folder and every other rank learns it from rank 0
+    (their own Hydra folders differ by the time they started) and writes only its own part."""
+    rank = world.rank if world.ranked else None
+    writer = error = None
+    if world.main:
+        try:
+            check_run_dir(out_dir)
+            marker = json.dumps({"hookgraph": _versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
+            try:
+                writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank)
+                claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
+            except OSError as exc:
+                raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
+        except Exception as exc:
+            error = exc
+    if world.ranked:
+        mine = (str(writer.dir.resolve()) if writer else None, str(error) if error else None)
+        shared, refused = broadcast(mine, world)  # rank 0's folder, or why it has none
+        if not world.main:
+            if refused is not None:
+                raise RunFolderError(f"rank 0 could not claim the run folder: {refused}")
+            own = Path(out_dir)
+            if own.resolve() != Path(shared):
+                with contextlib.suppress(OSError):
+                    own.rmdir()  # the empty folder Hydra made for this rank: the run lives in rank 0's
+            try:
+                writer = RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=rank)
+            except OSError as exc:
+                raise RunFolderError(f"rank {world.rank} cannot write the run folder {shared}: {exc}") from exc
+    if error is not None:
+        raise error
+    assert writer is not None
     summary.update(status="running", steps=0, steps_requested=cfg.runner.steps, versions=_versions())
-    return _Run(cfg, writer, summary)
+    if world.ranked:
+        summary.update(rank=world.rank, world_size=world.size)
+    return _Run(cfg, writer, summary, world=world)
 
 
 def _prepare(st: _Run) -> None:
     """Validate the settings, then build the model on its device."""
     cfg, r = st.cfg, st.cfg.runner
     _validate_runner(r)
+    shard = check_distributed(r)
+    if st.world.ranked and r.distributed == "none" and r.optimizer is not None:
+        raise ConfigError(
+            "runner.distributed",
+            f"none with runner.optimizer={r.optimizer} on {st.world.size} ranks: nothing would keep the ranks' "
+            "weights equal; set runner.distributed=ddp or fsdp",
+        )
     st.gradcam = _validate_sink(cfg.sink)
-    if cfg.sink.tensorboard:
+    if cfg.sink.tensorboard and st.world.main:  # rank 0's histograms and scalars only
         st.tb = TensorBoardSink(st.writer.dir)  # before the model is built: a missing package fails fast
-    st.device = resolve_device(r.device)
+    st.device = pick_device(r.device, st.world)
     st.dtype = resolve_dtype(r.dtype)
     st.summary["device"] = str(st.device)
-    st.model = build_from_config(cfg).to(device=st.device, dtype=st.dtype)
-    st.model.train(r.mode == "train")
+    st.bare = build_from_config(cfg).to(device=st.device, dtype=st.dtype)
+    st.bare.train(r.mode == "train")
     st.lap("build_s", st.t0)
     # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
-    st.modules = module_tree(st.model)
-    _write(st.writer.json, "modules.json", st.modules)
+    st.modules = module_tree(st.bare)
+    if st.world.main:
+        _write(st.writer.json, "modules.json", st.modules)
+    # Wrapped before compiling: the specs bind to the modules the wrapped model runs.
+    st.model = wrap_model(st.bare, r.distributed, shard, st.device)
 
 
 def _list(st: _Run) -> dict[str, Any]:
-    assert st.model is not None
-    rows = list_targets(st.model, st.cfg.list_targets, params=st.cfg.list_params, require_match=True)
-    print(format_targets(rows))
+    assert st.bare is not None
+    rows = list_targets(st.bare, st.cfg.list_targets, params=st.cfg.list_params, require_match=True)
+    if st.world.main:
+        print(format_targets(rows))
     st.summary.update(status="listed", targets=len(rows))
     return st.summary
 
@@ -295,15 +350,17 @@ def _compile(st: _Run) -> None:
         _check_gradcam(st.gradcam, st.cfg, st.graph)
     if not st.cfg.runner.backward:
         _check_forward_only(st.graph)
-    plan = st.graph.plan()
-    _write(st.writer.json, "plan.json", list(plan))
-    _write(write_plan_svg, plan, st.modules, st.writer.dir / "plan.svg")
+    if st.world.main:
+        plan = st.graph.plan()
+        _write(st.writer.json, "plan.json", list(plan))
+        _write(write_plan_svg, plan, st.modules, st.writer.dir / "plan.svg")
 
 
 def _plan_only(st: _Run) -> dict[str, Any]:
     assert st.graph is not None
     plan = st.graph.plan()
-    print(plan)
+    if st.world.main:
+        print(plan)
     st.summary.update(status="planned", bindings=len(plan))
     return st.summary
 
@@ -311,8 +368,9 @@ def _plan_only(st: _Run) -> dict[str, Any]:
 def _steps(st: _Run) -> None:
     """The forward/backward passes with the hooks attached; one shard per step."""
     cfg, r, graph, model = st.cfg, st.cfg.runner, st.graph, st.model
-    assert graph is not None and model is not None and st.device is not None
-    data = iter(_data(cfg, model))
+    assert graph is not None and model is not None and st.device is not None and st.bare is not None
+    world = st.world
+    data = iter(_data(cfg, st.bare, world))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
     autocast = (
@@ -326,7 +384,8 @@ def _steps(st: _Run) -> None:
     forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
     t = time.perf_counter()
     with graph.attach(compiled=r.compile):
-        for step in tqdm(range(r.steps), desc="hookgraph", disable=not r.progress or None, leave=False):
+        hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
+        for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
             graph.set_step(step)
             inputs, labels = next(data)
             if step == 0 and st.gradcam is not None and isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
@@ -352,6 +411,12 @@ def _steps(st: _Run) -> None:
                 st.tb.histograms(graph.records, step)  # before the flush empties the slots
             _write(st.writer.flush_records, graph.records, step)
             st.summary["steps"] = step + 1
+    st.own_losses = list(st.losses)
+    if world.ranked and st.losses:
+        # The job's loss: the mean over ranks (with a mean loss, the loss of the global batch).
+        total = torch.tensor(st.losses, dtype=torch.float64)
+        torch.distributed.all_reduce(total)
+        st.losses = (total / world.size).tolist()
     st.lap("run_s", t)
 
 
@@ -360,7 +425,7 @@ def _outputs(st: _Run) -> None:
     assert st.graph is not None
     t = time.perf_counter()
     _write(_write_tables, st.writer, st.graph, st.tb)
-    if st.cfg.sink.figures:
+    if st.cfg.sink.figures and st.world.main:  # rank 0's records
         try:
             from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
 
@@ -441,6 +506,23 @@ def _close(st: _Run, failing: bool) -> None:
     s["shards"] = st.writer.shards
     if st.warnings:
         s["warnings"] = st.warnings
+    if st.world.ranked:
+        own = st.own_losses or st.losses  # a failed run never averaged its losses
+        if own:
+            s["loss_rank"] = _finite(own[-1])  # this rank's own; ``loss`` is the mean over ranks
+        try:  # this rank's own summary, which rank 0 gathers; written whatever happened
+            st.writer.json(st.writer.rank_path("summary.json"), s)
+        except OSError as exc:
+            log.error("rank %d: could not write its summary into %s: %s", st.world.rank, st.writer.dir, exc)
+        if not st.world.main:
+            return
+        # Every rank ends on its own; a failing run waits only briefly for ranks that may be stuck.
+        wait = float(st.cfg.runner.dist_timeout_s) if not failing else min(10.0, float(st.cfg.runner.dist_timeout_s))
+        merge_ranks(s, rank_summaries(st.writer.dir, st.world.size, wait))
+        try:
+            merge_tables(st.writer, st.world.size)
+        except OSError as exc:
+            s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
     try:
         st.writer.json("summary.json", s)
     except OSError as exc:
@@ -509,9 +591,35 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
     when ``run`` raises (it is also in ``summary.json``, when the folder is writable).
     """
     cfg = _cfg(cfg)
-    st = _claim(cfg, out_dir, {} if summary is None else summary)
+    world = world_from_env()
+    if not world.ranked and cfg.runner.distributed == "none":
+        return _run(cfg, out_dir, summary, world)
+    quiet = logging.getLogger("hookgraph")
+    level = quiet.level
+    try:
+        # Joined before the folder is claimed: the other ranks learn rank 0's folder through the group.
+        check_distributed(cfg.runner)
+        with process_group(cfg.runner, pick_device(cfg.runner.device, world)) as world:
+            if not world.main:
+                quiet.setLevel(logging.WARNING)  # progress and information on rank 0 only
+            result = _run(cfg, out_dir, summary, world)
+    except BaseException:
+        if not world.main:  # the empty folder Hydra made for this rank, when the run never got to rank 0's
+            with contextlib.suppress(OSError):
+                Path(out_dir).rmdir()
+        raise
+    finally:
+        quiet.setLevel(level)
+    if result.get("failed_ranks") and result.get("status") != "completed":
+        # Rank 0 itself completed, another rank did not: the job failed, and says which rank.
+        raise RankFailedError(str((result.get("error") or {}).get("message", "a rank failed")))
+    return result
+
+
+def _run(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:
+    st = _claim(cfg, out_dir, {} if summary is None else summary, world)
     failing = True
-    with signals_as_interrupts():
+    with signals_as_interrupts() as signals:
         try:
             _prepare(st)
             if cfg.list_targets is not None:
@@ -527,9 +635,11 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
             failing = False
             return st.summary
         except KeyboardInterrupt as exc:
+            signals.hold()  # what was recorded gets written, whatever signal follows
             _fail(st, exc if isinstance(exc, RunInterrupted) else RunInterrupted(signal.SIGINT))
             raise
         except BaseException as exc:
+            signals.hold()
             _fail(st, exc)
             raise
         finally:
@@ -540,9 +650,14 @@ def _trace_rows(graph: HookGraph) -> list[dict]:
     return list(rows_with_spec(graph.rows))
 
 
+def _ranked(rows: list[dict], rank: int | None) -> list[dict]:
+    return rows if rank is None else [{"rank": rank, **r} for r in rows]
+
+
 def _write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None = None) -> None:
+    """stats.csv and trace.csv; with several ranks, this rank's (with a rank column) in ranks/rank-N/."""
     stats = graph.stats
-    writer.csv("stats.csv", stats)
+    writer.csv(writer.rank_path("stats.csv"), _ranked(stats, writer.rank))
     if tb is not None:
         tb.scalars(stats, graph.store.stats.names)
-    writer.csv("trace.csv", _trace_rows(graph))
+    writer.csv(writer.rank_path("trace.csv"), _ranked(_trace_rows(graph), writer.rank))

@@ -1,6 +1,6 @@
 """Reading a run folder back.
 
-Public names: Run, load_run, load_records, run_content.
+Public names: Run, load_run, load_records, run_content, run_ranks.
 
 Each shard is indexed once: safetensors' ``safe_open`` validates it and gives its metadata
 and keys, and its header (the documented 8-byte length + JSON) gives where each tensor's
@@ -40,7 +40,7 @@ from ..gcpause import gc_paused
 from ..tree import rebuild
 from .writer import FORMAT, shard_key
 
-__all__ = ["Run", "load_run", "load_records", "run_content"]
+__all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
 
 class _Tensor(NamedTuple):
@@ -416,16 +416,60 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
     return out
 
 
-def load_records(root: str | Path) -> _Records:
+def run_ranks(root: str | Path) -> list[int]:
+    """The ranks a run folder holds parts of: ``[0, 1, ...]`` for a run of several processes
+    (``records/rank-N/``, ``ranks/rank-N/``), ``[0]`` for a single process."""
+    found: set[int] = set()
+    for sub in ("records", "ranks"):
+        folder = Path(root) / sub
+        try:
+            names = [p.name for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+        except OSError:
+            names = []
+        for name in names:
+            if name.startswith("rank-") and name[5:].isdigit():
+                found.add(int(name[5:]))
+    return sorted(found) or [0]
+
+
+def _ranked(root: Path) -> bool:
+    return _exists(root / "ranks") or any(
+        p.name.startswith("rank-") for p in _listed(root / "records") if p.is_dir()
+    )
+
+
+def _listed(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return []
+
+
+def _check_rank(root: Path, rank: Any, ranks: list[int]) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank not in ranks:
+        raise HookGraphError(
+            f"{root} holds no rank {rank!r}; valid ranks: {', '.join(map(str, ranks))}"
+        )
+    return rank
+
+
+def load_records(root: str | Path, rank: int | None = None) -> _Records:
     """``records[spec][target]`` of a run folder, indexed from the shard headers only.
 
-    Damaged shards are skipped with a warning and listed in ``.damaged``."""
+    A run of several processes keeps each rank's records in ``records/rank-N/``: ``rank``
+    picks one (default 0). Damaged shards are skipped with a warning and listed in ``.damaged``."""
     index: dict[str, dict[str, list[_Entry]]] = {}
     damaged: list[str] = []
-    shard_dir = Path(root) / "records"
+    root = Path(root)
+    sub = "records"
+    if _ranked(root):
+        sub = f"records/rank-{_check_rank(root, 0 if rank is None else rank, run_ranks(root))}"
+    elif rank is not None:
+        _check_rank(root, rank, [0])
+    shard_dir = root / sub
     with gc_paused():
         for path in _shard_paths(shard_dir):
-            shard = _Shard(path, f"records/{path.name}")
+            shard = _Shard(path, f"{sub}/{path.name}")
             try:
                 _index_shard(shard, index)
             except _Damaged as exc:
@@ -543,7 +587,12 @@ class Run:
 
     ``damaged`` names the record shards that could not be read (relative to ``path``).
     A folder without summary.json (a run killed before it could write one) reads with
-    ``summary == {"status": "incomplete", ...}``."""
+    ``summary == {"status": "incomplete", ...}``.
+
+    A run of several processes (torchrun): ``ranks`` lists them; ``records`` are those of
+    ``rank`` (0 unless :func:`load_run` was given another); ``stats`` and ``trace`` hold every
+    rank's rows, each with its ``rank``, or only ``rank``'s when one was asked for. A single
+    process reads as ``ranks == [0]``."""
 
     path: Path
     records: Mapping
@@ -553,6 +602,8 @@ class Run:
     summary: dict = field(default_factory=dict)
     config: Any | None = None
     damaged: list = field(default_factory=list)
+    ranks: list = field(default_factory=lambda: [0])  # the ranks whose parts the folder holds
+    rank: int = 0  # whose records ``records`` holds
 
     @property
     def status(self) -> str:
@@ -568,7 +619,7 @@ MARKER = ".hookgraph"  # written first by the runner: a folder holding it belong
 # current run's log into the folder before the runner looks at it.
 _CONTENT = (
     MARKER, "summary.json", "plan.json", "records", "stats.csv", "trace.csv",
-    "modules.json", "plan.svg", "report.html", "figures", "tensorboard",
+    "modules.json", "plan.svg", "report.html", "figures", "tensorboard", "ranks",
 )
 
 
@@ -578,8 +629,21 @@ def run_content(path: str | Path) -> list[str]:
     return [name for name in _CONTENT if _exists(root / name)]
 
 
-def load_run(path: str | Path) -> Run:
-    """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`."""
+def _rank_rows(root: Path, name: str, ranks: list[int], rank: int | None) -> list[dict]:
+    """A table of a run of several processes: read from each rank's own file (so a run whose
+    rank 0 died before merging them still reads), every row with its rank."""
+    rows: list[dict] = []
+    for k in ranks if rank is None else [rank]:
+        rows += _read_csv(root / "ranks" / f"rank-{k}" / name)
+    return rows
+
+
+def load_run(path: str | Path, rank: int | None = None) -> Run:
+    """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`.
+
+    ``rank``: for a run of several processes, whose records to read (default 0) and whose
+    table rows to keep (default: every rank's). A rank the folder does not hold is a
+    HookGraphError naming the valid ranks."""
     root = Path(path)
     if not root.is_dir():
         raise HookGraphError(
@@ -596,14 +660,21 @@ def load_run(path: str | Path) -> Run:
         summary = {"status": "incomplete", "note": "no summary.json: the run ended before writing one (killed?); "
                    f"read what it left: {', '.join(present)}"}
         warnings.warn(f"{root}: no summary.json; reading an incomplete run", stacklevel=2)
-    records = load_records(root)
+    records = load_records(root, rank)
+    ranks = run_ranks(root)
+    if _ranked(root):
+        stats, trace = _rank_rows(root, "stats.csv", ranks, rank), _rank_rows(root, "trace.csv", ranks, rank)
+    else:
+        stats, trace = _read_csv(root / "stats.csv"), _read_csv(root / "trace.csv")
     return Run(
         path=root,
         records=records,
-        stats=_read_csv(root / "stats.csv"),
-        trace=_read_csv(root / "trace.csv"),
+        stats=stats,
+        trace=trace,
         plan=_json(root / "plan.json", list) or [],
         summary=summary,
         config=_config(root / ".hydra" / "config.yaml"),
         damaged=list(records.damaged),
+        ranks=ranks,
+        rank=0 if rank is None else rank,
     )

@@ -112,12 +112,17 @@ def strict_json(obj: Any, found: list[str] | None = None, path: str = "") -> Any
 
 
 class RunWriter:
-    """Writes one run folder. ``max_bytes`` bounds the records written in total."""
+    """Writes one run folder. ``max_bytes`` bounds the records written in total (per rank).
 
-    def __init__(self, out_dir: str | os.PathLike, max_bytes: int | None = None):
+    ``rank``: one rank of a run of several processes: its shards go to ``records/rank-N/``
+    and its own tables and summary to ``ranks/rank-N/`` (:meth:`rank_path`); None (a single
+    process) keeps the flat layout."""
+
+    def __init__(self, out_dir: str | os.PathLike, max_bytes: int | None = None, rank: int | None = None):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.records_dir = self.dir / "records"
+        self.rank = rank
+        self.records_dir = self.dir / "records" if rank is None else self.dir / "records" / f"rank-{rank}"
         self.max_bytes = max_bytes
         self.bytes_written = 0
         self.shards: list[str] = []
@@ -127,6 +132,8 @@ class RunWriter:
         """Strict JSON: a NaN or infinite number is written as null, and a dict says which
         values were (``non_finite``: ``[".loss: nan"]``), since strict parsers refuse NaN."""
         path = self.dir / name
+        if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
+            path.parent.mkdir(parents=True, exist_ok=True)
         found: list[str] = []
         clean = strict_json(obj, found)
         if found and isinstance(clean, dict):
@@ -144,8 +151,14 @@ class RunWriter:
         for r in rows:
             writer.writerow({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
         path = self.dir / name
+        if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
+            path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, buf.getvalue().encode())
         return path
+
+    def rank_path(self, name: str) -> str:
+        """``name`` inside this rank's own folder (``ranks/rank-N/name``), relative to the run."""
+        return name if self.rank is None else f"ranks/rank-{self.rank}/{name}"
 
     def flush_records(self, records: dict[str, Any], step: int) -> int:
         """Write what ``records`` (``records[spec][target]``: a list of values, one per call)
@@ -183,6 +196,8 @@ class RunWriter:
                 f"{self.max_bytes:,}; record less (types/target filters, when.every, args.keep=last, "
                 f"args.dtype=bf16) or raise sink.max_bytes. {len(self.shards)} shard(s) already written stay readable."
             )
+        if self.rank is not None:
+            self.records_dir.parent.mkdir(exist_ok=True)  # records/, then records/rank-N
         self.records_dir.mkdir(exist_ok=True)
         name = f"step-{step:06d}.safetensors"
         compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}

@@ -1,0 +1,125 @@
+"""Rank 0 gathers the ranks of a run: their summaries into summary.json, their tables into one.
+
+Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables.
+
+Every rank writes its own ``ranks/rank-N/summary.json`` (its status, error, steps, losses) when
+it ends, failed or not, and never waits on another rank to do so. Rank 0 reads them through the
+file system, not a collective: a rank that died cannot answer a collective, and a collective
+after a failure would pair with the wrong call on the others. So the run folder must be on a
+file system every rank sees (one machine, or a shared file system across nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import HookGraphError
+from ..runs.reader import _read_csv  # one CSV reading for runs and their ranks
+from ..runs.writer import RunWriter
+
+__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables"]
+
+
+class RankFailedError(HookGraphError):
+    """Rank 0 completed, and another rank of the run did not; the message names it."""
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not there yet (files are written whole, by rename)
+    return value if isinstance(value, dict) else None
+
+
+def rank_summaries(run_dir: Path, size: int, wait_s: float) -> dict[int, dict[str, Any] | None]:
+    """Each rank's own summary, waiting up to ``wait_s`` for the ranks that have not written
+    one yet; None for a rank that did not (killed, or still stuck). A signal stops the wait."""
+    found: dict[int, dict[str, Any] | None] = {}
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            for k in range(size):
+                if found.get(k) is None:
+                    found[k] = _summary(run_dir / "ranks" / f"rank-{k}" / "summary.json")
+            if all(v is not None for v in found.values()) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # asked to stop: report the ranks heard from so far
+        pass
+    return found
+
+
+def _collateral(s: dict[str, Any]) -> bool:
+    """A rank that stopped because another one did: interrupted (torchrun stops the others when
+    one fails) or a collective that broke under it (gloo: the peer closed the connection)."""
+    if s.get("status") == "interrupted":
+        return True
+    err = s.get("error") or {}
+    text = f"{err.get('type', '')} {err.get('message', '')}"
+    return str(err.get("type", "")).startswith("Dist") or any(
+        w in text for w in ("gloo", "NCCL", "nccl", "Connection closed", "Connection reset", "timed out", "Timed out")
+    )
+
+
+def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]) -> None:
+    """Rank 0's summary becomes the run's: ``world_size``, ``ranks`` (each rank's status and
+    error) and ``failed_ranks``. The run completed only when every rank did; otherwise the
+    error is that of the rank that failed first in its own right (not one stopped by another)."""
+    ranks: list[dict[str, Any]] = []
+    for k in sorted(found):
+        s = found[k]
+        if s is None:
+            ranks.append(
+                {
+                    "rank": k,
+                    "status": "unknown",
+                    "error": {
+                        "type": "NoSummary",
+                        "message": (f"rank {k} wrote no summary (killed, or still waiting on a collective)"),
+                    },
+                }
+            )
+            continue
+        entry: dict[str, Any] = {
+            "rank": k,
+            "status": "ok" if s.get("status") == "completed" else s.get("status", "unknown"),
+        }
+        for key, out in (("error", "error"), ("steps", "steps"), ("loss_rank", "loss"), ("device", "device")):
+            if key in s:
+                entry[out] = s[key]
+        ranks.append(entry)
+    summary["world_size"] = len(found)
+    summary["ranks"] = ranks
+    summary.pop("rank", None)
+    summary.pop("loss_rank", None)
+    bad = [r for r in ranks if r["status"] not in ("ok", "listed", "planned")]
+    if not bad:
+        return
+    summary["failed_ranks"] = [r["rank"] for r in bad]
+    cause = next((r for r in bad if not _collateral(r)), bad[0])
+    if cause["rank"] == 0 and isinstance(summary.get("error"), dict):
+        summary["error"]["rank"] = 0
+    if summary.get("status") in ("completed", "listed", "planned") or cause["rank"] != 0:
+        err = cause.get("error") or {}
+        summary["status"] = "failed" if cause["status"] != "interrupted" else "interrupted"
+        summary["error"] = {
+            "type": err.get("type", "Error"),
+            "message": f"rank {cause['rank']}: {err.get('message', cause['status'])}",
+            "rank": cause["rank"],
+        }
+
+
+def merge_tables(writer: RunWriter, size: int) -> None:
+    """``stats.csv`` and ``trace.csv`` of the run: every rank's rows (each with its ``rank``)."""
+    for name in ("stats.csv", "trace.csv"):
+        rows: list[dict] = []
+        for k in range(size):
+            try:
+                rows += _read_csv(writer.dir / "ranks" / f"rank-{k}" / name)
+            except Exception:  # a damaged rank table: the others still merge; load_run names it
+                continue
+        writer.csv(name, rows)

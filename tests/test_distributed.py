@@ -1,0 +1,321 @@
+"""More than one process: torchrun on the CPU with gloo, DDP and FSDP2, one run folder with a part per rank.
+
+The torchrun launches (marked ``distributed``, run by ``make test``) are few and small: the
+default conv_net, a few steps, every subprocess bounded by a timeout so no CI job hangs.
+Listening sockets bind to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookgraph as hg
+from hookgraph.data import build_data
+from hookgraph.data.shard import rank_slices
+from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.runner import run
+from hookgraph.runner.distributed import rank_overrides
+from hookgraph.runner.ranks import merge_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 120  # seconds per torchrun launch; the process-group timeout below is far shorter
+
+# Recorded in every launch: the conv output (forward) and, at step 2, fc1.weight as the
+# third forward sees it, i.e. after two optimizer steps.
+SPECS = {
+    "acts": {"target": "conv", "at": "forward", "action": "record"},
+    "weights": {"target": "fc1.weight", "at": "param_value", "action": "record", "when": {"steps": "2:3"}},
+    "grads": {"target": "fc1", "at": "output_grad", "action": "stats"},
+}
+RUNNER = {"steps": 3, "optimizer": "sgd", "lr": 0.5, "loss": "mean", "progress": False, "dist_timeout_s": 30}
+
+
+def _override(name: str, spec: dict) -> str:
+    def text(v):
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{k}:{text(x)}" for k, x in v.items()) + "}"
+        return f'"{v}"' if isinstance(v, str) and ":" in v else str(v)
+
+    return f"+hooks.{name}={text(spec)}"
+
+
+needs_gloo = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="no gloo backend"
+)
+
+
+def torchrun(out: Path | None, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=2 -m hookgraph`` in its own process group, bounded by TIMEOUT;
+    the rendezvous listens on 127.0.0.1 only. Afterwards no process of the group may be left.
+    ``out``: hydra.run.dir (None: the default runs/<date>/<time> under ``cwd``)."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0",
+        "-m", "hookgraph", *([f"hydra.run.dir={out}"] if out else []), "hooks=[]",
+        *[f"runner.{k}={v}" for k, v in RUNNER.items()],
+        *[_override(k, v) for k, v in SPECS.items()],
+        *args,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "0"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun did not end within {TIMEOUT} s")
+    left = _alive(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, f"processes left behind by torchrun: {left}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, output, "")
+
+
+def _alive(pgid: int) -> list[int]:
+    """The live processes (not zombies) of process group ``pgid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def single(tmp_path: Path, batch_size: int, **runner) -> hg.runs.Run:
+    """The same job in this process: one rank with the whole global batch."""
+    out = tmp_path / "single"
+    run({"runner": {**RUNNER, "batch_size": batch_size, **runner}, "hooks": SPECS, "sink": {"figures": False}}, out)
+    return hg.load_run(out)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_ddp_two_ranks_write_their_parts_and_match_a_single_process(tmp_path):
+    out = tmp_path / "ddp"
+    proc = torchrun(out, "runner.distributed=ddp", "runner.batch_size=2", "sink.figures=false")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    r = hg.load_run(out)
+    assert r.ranks == [0, 1] and r.rank == 0
+    assert r.summary["status"] == "completed" and r.summary["world_size"] == 2
+    assert [x["status"] for x in r.summary["ranks"]] == ["ok", "ok"]
+    assert (out / "records" / "rank-1" / "step-000000.safetensors").is_file()
+    assert not (out / "ranks" / "rank-1" / ".hydra").exists() and (out / ".hydra" / "config.yaml").is_file()
+    r1 = hg.load_run(out, rank=1)
+    # Each rank saw its half of the global batch: together, the single run's 4 samples.
+    ref = single(tmp_path, batch_size=4)
+    for step in range(3):
+        both = torch.cat([r.records["acts"].entry("conv", step), r1.records["acts"].entry("conv", step)])
+        torch.testing.assert_close(both, ref.records["acts"].entry("conv", step))
+    # Gradients were averaged: after two SGD steps the ranks hold the same weights, the single run's.
+    w0, w1 = r.records["weights"]["fc1.weight"][0], r1.records["weights"]["fc1.weight"][0]
+    assert torch.equal(w0, w1)
+    torch.testing.assert_close(w0, ref.records["weights"]["fc1.weight"][0])
+    assert not torch.equal(w0, hg.load_run(out).records["weights"]["fc1.weight"][0] * 0)  # not a zero record
+    # The job's loss is the mean over ranks: with a mean loss, the single run's loss.
+    assert r.summary["losses"] == pytest.approx(ref.summary["losses"], rel=1e-5)
+    assert r.summary["losses"][0] != r.summary["losses"][2]  # the optimizer moved the weights
+    # Stats rows carry their rank: both ranks' by default, one rank's when asked for.
+    assert sorted((row["rank"], row["step"]) for row in r.stats) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [row["rank"] for row in r1.stats] == [1, 1, 1]
+    assert [row["step"] for row in hg.load_run(out, rank=1).stats] == [0, 1, 2]
+    assert (out / "stats.csv").read_text().startswith("rank,spec,target")  # merged by rank 0, for other readers
+    # Hooks see each rank's own backward: loss=mean over its 2 samples x 5 logits gives output
+    # gradients of 1/10 (the single run's 4 samples give 1/20); DDP averages the parameters' after.
+    assert [row["max"] for row in r.stats] == pytest.approx([0.1] * 6)
+    assert [row["max"] for row in ref.stats] == pytest.approx([0.05] * 3)
+    with pytest.raises(HookGraphError, match="valid ranks: 0, 1"):
+        hg.load_run(out, rank=2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
+    out = tmp_path / "fail"
+    boom = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.dist_helpers.fail_on_rank",
+                                                         "replaces": False}, "args": {"rank": 1}}  # fmt: skip
+    proc = torchrun(out, "runner.distributed=ddp", "sink.figures=false", _override("boom", boom))
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    s = hg.load_run(out).summary
+    assert s["status"] == "failed" and s["world_size"] == 2, s
+    assert 1 in s["failed_ranks"], s
+    assert s["error"]["rank"] == 1 and "injected failure on rank 1" in s["error"]["message"], s
+    rank1 = next(x for x in s["ranks"] if x["rank"] == 1)
+    assert rank1["status"] == "failed" and "injected failure on rank 1" in rank1["error"]["message"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_fsdp_two_ranks_record_what_the_bare_model_does(tmp_path):
+    proc = torchrun(
+        None, "runner.distributed=fsdp", "runner.shard=[Conv2d]", "runner.batch_size=2", "sink.figures=false",
+        "~hooks.weights", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    # The default runs/<date>/<time> differs per rank by when it started: one folder is left, rank 0's.
+    (out,) = (tmp_path / "runs").glob("*/*")
+    assert (out / ".hydra" / "config.yaml").is_file() and (out / "records" / "rank-1").is_dir()
+    # Information is logged by rank 0 only, to the terminal and its log file.
+    assert proc.stdout.count("completed 3 step(s)") == 1
+    assert (out / "hookgraph.log").read_text().count("completed 3 step(s)") == 1
+    r, r1 = hg.load_run(out), hg.load_run(out, rank=1)
+    assert r.summary["status"] == "completed" and r.ranks == [0, 1]
+    ref = single(tmp_path, batch_size=4)
+    for step in range(3):  # steps 1 and 2 also check that the sharded gradients were averaged
+        both = torch.cat([r.records["acts"].entry("conv", step), r1.records["acts"].entry("conv", step)])
+        torch.testing.assert_close(both, ref.records["acts"].entry("conv", step))
+    assert r.summary["losses"] == pytest.approx(ref.summary["losses"], rel=1e-5)
+
+
+# ---------------------------------------------------------------- in this process (world of one)
+
+
+@needs_gloo
+def test_ddp_without_torchrun_is_a_world_of_one_with_the_flat_layout(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    out = tmp_path / "one"
+    s = run({"runner": {**RUNNER, "distributed": "ddp"}, "hooks": SPECS, "sink": {"figures": False}}, out)
+    assert s["status"] == "completed" and "world_size" not in s
+    assert (out / "records" / "step-000000.safetensors").is_file() and not (out / "ranks").exists()
+    assert not torch.distributed.is_initialized()  # the single-process group was left
+    r = hg.load_run(out)
+    assert r.ranks == [0] and hg.load_run(out, rank=0).records["acts"].calls("conv") == [(0, 0), (1, 0), (2, 0)]
+    with pytest.raises(HookGraphError, match="holds no rank 1; valid ranks: 0"):
+        hg.load_run(out, rank=1)
+    # Same numbers as no wrapper at all: DDP on one rank averages over one.
+    ref = single(tmp_path, batch_size=1)
+    torch.testing.assert_close(r.records["weights"]["fc1.weight"][0], ref.records["weights"]["fc1.weight"][0])
+
+
+@needs_gloo
+def test_fsdp_without_torchrun_records_what_the_bare_model_does(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    specs = {k: SPECS[k] for k in ("acts", "grads")}
+    got, ref = tmp_path / "fsdp", tmp_path / "bare"
+    fsdp = {**RUNNER, "distributed": "fsdp", "shard": ["Conv2d"]}
+    run({"runner": fsdp, "hooks": specs, "sink": {"figures": False}}, got)
+    run({"runner": RUNNER, "hooks": specs, "sink": {"figures": False}}, ref)
+    assert not torch.distributed.is_initialized()
+    a, b = hg.load_run(got), hg.load_run(ref)
+    for step in range(3):  # steps 1 and 2 run on the weights the sharded optimizer step left
+        torch.testing.assert_close(a.records["acts"].entry("conv", step), b.records["acts"].entry("conv", step))
+    assert a.summary["losses"] == pytest.approx(b.summary["losses"], rel=1e-6)
+    assert a.summary["losses"][0] != a.summary["losses"][2]
+
+
+@needs_gloo
+def test_fsdp_shard_names_a_class_of_the_model(tmp_path):
+    with pytest.raises(ConfigError, match=r"runner.shard: no module of class 'Conv2D'.*'Conv2d'"):
+        run({"runner": {**RUNNER, "distributed": "fsdp", "shard": ["Conv2D"]}, "hooks": SPECS}, tmp_path / "a")
+    assert not torch.distributed.is_initialized()
+    s = hg.load_run(tmp_path / "a").summary
+    assert s["status"] == "failed" and s["error"]["type"] == "ConfigError"
+
+
+@pytest.mark.parametrize(
+    ("runner", "match"),
+    [
+        ({"distributed": "dpp"}, r"runner.distributed: unknown mode 'dpp'; valid: none, ddp, fsdp"),
+        ({"shard": ["Linear"]}, r"runner.shard: names the modules fully_shard wraps; set runner.distributed=fsdp"),
+        ({"distributed": "ddp", "dist_timeout_s": 0}, r"runner.dist_timeout_s: must be a positive number"),
+    ],
+)
+def test_distributed_settings_are_checked(tmp_path, runner, match):
+    with pytest.raises(ConfigError, match=match):
+        run({"runner": {**RUNNER, **runner}, "hooks": SPECS}, tmp_path / "bad")
+    assert not torch.distributed.is_initialized()
+
+
+def test_each_rank_keeps_its_slice_of_the_global_batch():
+    x, y = torch.arange(12.0).reshape(6, 2), torch.arange(6)
+    got = list(rank_slices([((x,), y)], rank=1, world_size=3, batch_size=2))
+    assert torch.equal(got[0][0][0], x[2:4]) and torch.equal(got[0][1], y[2:4])
+    with pytest.raises(ConfigError, match=r"runner.batch_size: is per rank: 3 ranks x 2 need batches of 6 samples"):
+        list(rank_slices([((x[:5],), None)], rank=0, world_size=3, batch_size=2))
+
+
+@pytest.mark.parametrize("kind", ["random", "fake", "tokens"])
+def test_generated_and_fake_data_split_the_single_process_batch(kind):
+    args = {"shape": [3, 4, 4], "size": 16, "vocab_size": 50, "seed": 3}
+    whole = build_data(kind, batch_size=4, **args).take(3)
+    parts = [build_data(kind, batch_size=2, rank=k, world_size=2, **args).take(3) for k in (0, 1)]
+    for step in range(3):
+        for a, b, w in zip(*(_tensors(p[step]) for p in parts), _tensors(whole[step]), strict=True):
+            assert torch.equal(torch.cat([a, b]), w)
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    inputs, labels = batch
+    found = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+    return found + ([] if labels is None else [labels])
+
+
+def test_a_dataset_is_read_only_for_each_rank_s_samples_in_the_single_process_order():
+    from tests.dist_helpers import Counted
+
+    custom = {"target": "tests.dist_helpers.Counted", "kwargs": {"n": 12}, "shuffle": True, "seed": 5}
+    whole = build_data("custom", batch_size=4, **custom).take(4)  # 3 batches per epoch, then a new order
+    Counted.READ.clear()
+    parts = [build_data("custom", batch_size=2, rank=k, world_size=2, **custom).take(4) for k in (0, 1)]
+    # Each rank read only its 2 samples per batch (take reads one batch ahead: 5 batches):
+    # 2 ranks x 5 x 2 = 20, where reading the global batch and slicing it would read 40.
+    assert len(Counted.READ) == 20
+    for step in range(4):
+        torch.testing.assert_close(torch.cat([parts[0][step][1], parts[1][step][1]]), whole[step][1])
+    assert whole[0][1].tolist() != [0, 1, 2, 3]  # shuffled
+    with pytest.raises(ConfigError, match="runner.batch_size: is per rank: 2 ranks x 8 need batches of 16"):
+        build_data("custom", batch_size=8, rank=0, world_size=2, **custom)
+    stream = {"target": "tests.dist_helpers.Stream", "kwargs": {"n": 8}}
+    whole = build_data("custom", batch_size=4, **stream).take(2)
+    part = build_data("custom", batch_size=2, rank=1, world_size=2, **stream).take(2)
+    assert [p[0][0].flatten().tolist() for p in part] == [[2.0, 3.0], [6.0, 7.0]]
+    assert torch.equal(part[1][0][0], whole[1][0][0][2:4])
+
+
+def test_the_summary_names_the_rank_that_failed_first():
+    summary = {"status": "interrupted", "error": {"type": "RunInterrupted", "message": "stopped by SIGTERM"}}
+    merge_ranks(summary, {
+        0: {"status": "interrupted", "error": {"type": "RunInterrupted", "message": "stopped by SIGTERM"}},
+        1: {"status": "failed", "error": {"type": "ActionError", "message": "boom at fc1"}, "steps": 0},
+        2: None,
+    })  # fmt: skip
+    assert summary["status"] == "failed" and summary["failed_ranks"] == [0, 1, 2]
+    assert summary["error"] == {"type": "ActionError", "message": "rank 1: boom at fc1", "rank": 1}
+    assert summary["ranks"][2]["status"] == "unknown" and summary["world_size"] == 3
+    # Rank 0 completed, rank 1 did not: the job failed, by rank 1.
+    done = {"status": "completed", "loss": 0.5}
+    merge_ranks(done, {0: {"status": "completed", "loss_rank": 0.4}, 1: {"status": "failed", "error": {"type": "X"}}})
+    assert done["status"] == "failed" and done["error"] == {"type": "X", "message": "rank 1: failed", "rank": 1}
+    assert done["ranks"][0] == {"rank": 0, "status": "ok", "loss": 0.4}
+    # Rank 0 failed in its own right: its error stays, now with its rank.
+    own = {"status": "failed", "error": {"type": "SpecError", "message": "bad spec"}}
+    merge_ranks(own, {0: dict(own), 1: {"status": "failed", "error": {"type": "SpecError", "message": "bad spec"}}})
+    assert own["error"] == {"type": "SpecError", "message": "bad spec", "rank": 0} and own["failed_ranks"] == [0, 1]
+
+
+def test_ranks_other_than_0_write_nothing_of_their_own(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert rank_overrides(["runner.steps=2"]) == [
+        "runner.steps=2", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none",
+        "~hydra.callbacks.run_dir_guard",
+    ]  # fmt: skip
+    monkeypatch.setenv("RANK", "0")
+    assert rank_overrides(["runner.steps=2"]) == ["runner.steps=2"]
