@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..runs.reader import number_or_text
 from .modules import hooks_by_module, merge_missing, tree_from_plan
 
 __all__ = ["read_run_page", "LIMITS", "STAT_PLOTS"]
@@ -49,14 +50,8 @@ def _csv(path: Path) -> list[dict]:
         return []
     for r in rows:
         for k, v in r.items():
-            if isinstance(v, str) and "_" in v:
-                continue  # int("4242_0") is 42420: a SLURM array job id is a name, not a number
-            for cast in (int, float):
-                try:
-                    r[k] = cast(v)
-                    break
-                except (TypeError, ValueError):
-                    continue
+            if isinstance(v, str):
+                r[k] = number_or_text(v)
     return rows
 
 

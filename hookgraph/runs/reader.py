@@ -547,13 +547,16 @@ def _read_csv(path: Path) -> list[dict]:
             raise HookGraphError(f"{path} is damaged: row {rows.index(r) + 2} does not have the header's columns")
         for k, v in r.items():
             try:
-                r[k] = json.loads(v) if v and v[0] in "[{" else _number(v)
+                r[k] = json.loads(v) if v and v[0] in "[{" else number_or_text(v)
             except ValueError:
                 pass
     return rows
 
 
-def _number(v: str) -> Any:
+def number_or_text(v: str) -> Any:
+    """A CSV cell as int, float or the text itself."""
+    if "_" in v:
+        return v  # int("4242_0") is 42420: a SLURM array job id is a name, not a number
     for cast in (int, float):
         try:
             return cast(v)
