@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -197,12 +198,24 @@ def main() -> None:
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)
+    if _multirun(sys.argv[1:]) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # every rank would run its own sweep with its own job folders: refuse, do not guess
+        print(
+            "hookgraph: error: -m/--multirun under torchrun is not supported: run the sweep from one process "
+            "and let each job start torchrun (or use runner.distributed in a single run)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     callbacks.reset()
     sys.argv[1:] = rank_overrides(sys.argv[1:])  # under torchrun, ranks other than 0 write only their part
     _app()
     code = _sweep_verdict()
     if code:
         sys.exit(code)
+
+
+def _multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.startswith("hydra.mode=MULTIRUN") for a in argv)
 
 
 def _sweep_verdict() -> int:
