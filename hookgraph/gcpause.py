@@ -7,6 +7,13 @@ the model's (and torch's) own objects are alive; the full collections those allo
 trigger cost more than the work itself (attach at 100k modules: 7.7 s with the collector,
 about 2 s without; indexing a 100k-entry run: 10x). The state is restored in ``finally``,
 and a collector the caller had switched off stays off.
+
+What the block built lives as long as its graph (bindings, action closures, hook handles),
+so when it ends without error those objects move straight to the oldest generation
+(``gc.freeze()`` then ``gc.unfreeze()``: two list splices) instead of waiting for the next
+young collection to walk every one of them (160 ms after compiling 28,000 bindings).
+Nothing is frozen for good: full collections still see them. Where the caller froze
+objects itself, unfreezing would undo that, so nothing is moved then.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ def gc_paused() -> Iterator[None]:
     gc.disable()
     try:
         yield
+        if was_enabled and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
     finally:
         if was_enabled:
             gc.enable()
