@@ -280,7 +280,10 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     problems += _conflicts(bindings, prefix)
     if problems:
         raise SpecError(problems)
-    bindings.sort(key=lambda b: b.rank)
+    # Bindings come in (spec, target) order already, so ranks differ only by ``order``: a
+    # stable sort on it is the full rank order, and with one order for all there is none to do.
+    if len({b.rank[0] for b in bindings}) > 1:
+        bindings.sort(key=lambda b: b.rank[0])
     return HookGraph(model, bindings, store, unmatched=unmatched)
 
 
