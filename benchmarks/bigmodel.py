@@ -7,7 +7,9 @@ The model is ``layers``: a ModuleList of blocks, each an ``attn`` (Linear) and a
 record specs use the mix of globs issue 13 names (``layers.*.attn``, ``**.1``, ...). For each
 size: ``hg.compile`` and ``graph.attach()`` (registering every hook; ``remove()`` is not in
 the timing), medians of ``--repeat`` runs after one warm-up, the ratio attach / compile, and
-the cost per module, which stays flat where costs are linear. Prints a markdown table.
+the cost per module, which stays flat where costs are linear. Times are the process's CPU
+time (``time.process_time``): on a shared machine, wall time also counts the other jobs'
+turns on the cores, and it moved by 1.5x between identical runs. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 
 from torch import nn
@@ -56,11 +59,11 @@ def measure(blocks: int, repeat: int) -> dict:
     bindings = 0
     for i in range(repeat + 1):
         gc.collect()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         graph = hg.compile(model, SPECS)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         handle = graph.attach()
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         handle.remove()
         bindings = len(graph)
         del graph, handle
@@ -77,7 +80,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     rows = [
-        "| modules | bindings | compile ms | attach ms | attach / compile | compile µs/module | attach µs/module |",
+        "| modules | bindings | compile ms (CPU) | attach ms (CPU) | attach / compile | compile µs/module | "
+        "attach µs/module |",
         "|---|---|---|---|---|---|---|",
     ]
     for size in (int(s) for s in args.modules.split(",")):
@@ -87,7 +91,7 @@ def main() -> None:
             f"| {m:,} | {r['bindings']:,} | {r['compile'] * 1e3:,.1f} | {r['attach'] * 1e3:,.1f} | "
             f"{r['attach'] / r['compile']:.2f} | {r['compile'] * 1e6 / m:.2f} | {r['attach'] * 1e6 / m:.2f} |"
         )
-        print(rows[-1], flush=True)
+        print(rows[-1], file=sys.stderr, flush=True)  # progress; the table goes to stdout at the end
     print("\n".join(rows))
 
 
