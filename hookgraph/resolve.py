@@ -147,7 +147,9 @@ class NameIndex:
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
         self._vocabulary: dict[str, None] | None = None
         self._depths: dict[int, list[str]] | None = None
-        self._by_key: dict[tuple[int, str], list[int]] | None = None  # see _candidates
+        # Positions of names by last segment and by number of dots: see _candidates.
+        self._by_tail: dict[str, list[int]] | None = None
+        self._by_dots: dict[int, list[int]] = {}
 
     @property
     def vocabulary(self) -> dict[str, None]:
@@ -183,13 +185,18 @@ class NameIndex:
         literal = not any(c in last for c in "*?[")
         if not depth and not literal:
             return None
-        if self._by_key is None:
-            self._by_key = {}
+        if self._by_tail is None:
+            self._by_tail, self._by_dots = {}, {}
             for i, n in enumerate(self.nonroot):
-                d, tail = n.count(".") + 1, n.rpartition(".")[2]
-                for key in ((d, tail), (d, ""), (0, tail)):
-                    self._by_key.setdefault(key, []).append(i)
-        return self._by_key.get((depth, last if literal else ""), [])
+                self._by_tail.setdefault(n.rpartition(".")[2], []).append(i)
+                self._by_dots.setdefault(n.count("."), []).append(i)
+        if not literal:
+            return self._by_dots.get(depth - 1, [])
+        tail = self._by_tail.get(last, [])
+        if not depth:
+            return tail
+        nonroot, dots = self.nonroot, depth - 1
+        return [i for i in tail if nonroot[i].count(".") == dots]
 
     def match(self, patterns: Sequence[str]) -> list[str]:
         """Names matched by any pattern, in index order. Raises re.error for a bad regex."""

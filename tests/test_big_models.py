@@ -80,6 +80,7 @@ def test_a_callers_frozen_objects_stay_frozen():
         graph = hg.compile(model, {"r": {"target": "*", "action": "record"}})
         with graph.attach():
             pass
-        assert gc.get_freeze_count() == frozen
+        # Unfreezing would have emptied the permanent generation; a few of its objects may be freed meanwhile.
+        assert gc.get_freeze_count() > 0.9 * frozen > 0
     finally:
         gc.unfreeze()
