@@ -12,8 +12,11 @@ What the block built lives as long as its graph (bindings, action closures, hook
 so when it ends without error those objects move straight to the oldest generation
 (``gc.freeze()`` then ``gc.unfreeze()``: two list splices) instead of waiting for the next
 young collection to walk every one of them (160 ms after compiling 28,000 bindings).
-Nothing is frozen for good: full collections still see them. Where the caller froze
-objects itself, unfreezing would undo that, so nothing is moved then.
+Nothing is frozen for good: full collections still see them. The caller's own young objects
+move too, so a reference cycle among them that is already garbage waits for the next full
+collection instead of the next young one (graphs, their stores and records are freed by
+reference counting, not by the collector). Where the caller froze objects itself,
+unfreezing would undo that, so nothing is moved then.
 """
 
 from __future__ import annotations
