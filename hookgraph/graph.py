@@ -24,6 +24,7 @@ from .transfer import HostCopier
 __all__ = ["HookGraph", "Plan", "Attachment"]
 
 _PLAN_COLUMNS = ("spec", "target", "type", "at", "action", "order")
+_FULL_BACKWARD = frozenset(at for at, info in POINTS.items() if info.full_backward)
 
 # register_full_backward_hook sets a module's _is_full_backward_hook for good, and several
 # attachments (of one or more graphs) may hold full hooks on one module at once, removed in
@@ -105,10 +106,12 @@ class Attachment:
         """Make the registered hooks match the schedules at ``step``."""
         graph = self._graph
         for b in graph.bindings:
-            b.update(step)
+            b.active = b.scheduled(step)  # Binding.update, without a call per binding
         want = [b for b in graph.bindings if b.active or self._compiled]
-        wanted = set(want)
-        changed = {b.module for b in graph.bindings if (b in self._handles) != (b in wanted)}
+        wanted, handles = set(want), self._handles
+        # Modules with a binding to register, or a registered one no longer wanted.
+        changed = {b.module for b in want if b not in handles}
+        changed.update(b.module for b in handles if b not in wanted)
         if not changed:
             return
         sync_compiled_code()  # dynamo may have been loaded since attach
@@ -123,13 +126,15 @@ class Attachment:
                 for b in carried:
                     self._handles[b] = [h for h in self._handles[b] if not isinstance(h, Switch)]
                 self._drop(dropped)
+                register = self._register
                 for b in want:
                     if b.module in changed:
-                        self._handles[b] = carried.get(b, [])
-                        if POINTS[b.at].full_backward:
+                        # Listed before registering: a refused hook still has its switches removed.
+                        handles[b] = kept = carried.get(b, [])
+                        if b.at in _FULL_BACKWARD:
                             _claim_full_backward(b.module)
                             self._full.add(b)
-                        self._handles[b].extend(self._register(b))
+                        kept.extend(register(b))
         except BaseException:
             self.remove()
             raise

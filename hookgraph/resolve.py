@@ -147,6 +147,9 @@ class NameIndex:
         self.short_kinds = sorted(k for k in self.all_kinds if "." not in k)
         self._vocabulary: dict[str, None] | None = None
         self._depths: dict[int, list[str]] | None = None
+        # Positions of names by last segment and by number of dots: see _candidates.
+        self._by_tail: dict[str, list[int]] | None = None
+        self._by_dots: dict[int, list[int]] = {}
 
     @property
     def vocabulary(self) -> dict[str, None]:
@@ -171,13 +174,43 @@ class NameIndex:
                 self._depths.setdefault(n.count(".") + 1, []).append(n)
         return self._depths.get(segments, [])
 
+    def _candidates(self, glob: str) -> list[int] | None:
+        """Positions in ``nonroot`` of the only names ``glob`` can match, in order, or None
+        for every name: a glob fixes its last segment where that is literal, and its depth
+        where it has no ``**``, so ``layers.*.attn`` runs its regex over the names of 3
+        segments ending in ``attn`` only (a fifth of a transformer's modules)."""
+        segs = glob.split(".")
+        last = segs[-1]
+        depth = 0 if "**" in segs else len(segs)
+        literal = not any(c in last for c in "*?[")
+        if not depth and not literal:
+            return None
+        if self._by_tail is None:
+            self._by_tail, self._by_dots = {}, {}
+            for i, n in enumerate(self.nonroot):
+                self._by_tail.setdefault(n.rpartition(".")[2], []).append(i)
+                self._by_dots.setdefault(n.count("."), []).append(i)
+        if not literal:
+            return self._by_dots.get(depth - 1, [])
+        tail = self._by_tail.get(last, [])
+        if not depth:
+            return tail
+        nonroot, dots = self.nonroot, depth - 1
+        return [i for i in tail if nonroot[i].count(".") == dots]
+
     def match(self, patterns: Sequence[str]) -> list[str]:
         """Names matched by any pattern, in index order. Raises re.error for a bad regex."""
         hits = {p for p in patterns if _is_literal(p) and p in self.position}
         globs = [p for p in patterns if not _is_literal(p) and not p.startswith("re:")]
         if globs:
             fullmatch = re.compile("|".join(f"(?:{_glob_regex(p)})" for p in globs)).fullmatch
-            in_order = [n for n, d in zip(self.nonroot, self.dotted, strict=True) if fullmatch(d)]
+            each = [c for c in map(self._candidates, globs) if c is not None]
+            nonroot, dotted = self.nonroot, self.dotted
+            if len(each) < len(globs):  # a glob that may match any name: every name is tried
+                in_order = [n for n, d in zip(nonroot, dotted, strict=True) if fullmatch(d)]
+            else:
+                where = each[0] if len(each) == 1 else sorted(set().union(*each))
+                in_order = [nonroot[i] for i in where if fullmatch(dotted[i])]
             if not hits and len(globs) == len(patterns):
                 return in_order  # already in index order: no sort over what may be every name
             hits.update(in_order)

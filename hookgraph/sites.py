@@ -70,7 +70,8 @@ class Binding:
     @property
     def label(self) -> str:
         """``hookgraph[spec|target|at]``: the name its hooks carry."""
-        return f"hookgraph[{self.spec.name}|{self.target}|{self.at}]"
+        # join reads the point's text as a str: no Enum.__format__ call per hook registered.
+        return "".join(("hookgraph[", self.spec.name, "|", self.target, "|", self.at, "]"))
 
     def plan_row(self) -> dict:
         return {

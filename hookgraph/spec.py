@@ -10,15 +10,17 @@ key (``hooks.<name>.<field>``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+if TYPE_CHECKING:  # imported where used: `import hookgraph` does not load OmegaConf (~100 ms)
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
 from .errors import Problem, SpecError, did_you_mean
 from .points import HookPoint
@@ -89,15 +91,25 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
 
 
 _FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
-_SCHEMA = OmegaConf.structured(HookSpec)
-# Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
-OmegaConf.set_readonly(_SCHEMA, False)
-for _k in ("when", "expect"):
-    OmegaConf.set_readonly(_SCHEMA._get_node(_k), False)
+
+
+@functools.cache
+def _schema() -> Any:
+    """HookSpec as an OmegaConf schema, built on the first compile."""
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(HookSpec)
+    # Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
+    OmegaConf.set_readonly(schema, False)
+    for k in ("when", "expect"):
+        OmegaConf.set_readonly(schema._get_node(k), False)
+    return schema
 
 
 def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     """Any accepted input form -> a mapping of spec name -> spec body."""
+    from omegaconf import DictConfig, OmegaConf
+
     if specs is None:
         return {}
     if isinstance(specs, (str, os.PathLike)):
@@ -142,6 +154,9 @@ def _first_line(exc: OmegaConfBaseException) -> str:
 def _resolved(container: Any, key: str) -> tuple[Any, list[Problem]]:
     """OmegaConf containers -> plain ones. A value whose interpolation cannot be resolved is
     left out and reported under its full key, so the rest of the spec is still checked."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     if not isinstance(container, (DictConfig, ListConfig)):
         return container, []
     node: Any = container  # indexed by keys or positions alike below
@@ -178,8 +193,12 @@ def _merge_problem(exc: OmegaConfBaseException, key: str) -> Problem:
 def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
     """The fields merged onto the schema. Where that fails, each field (and each field of
     ``when`` and ``expect``) is merged alone, so every bad one is reported and dropped."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = _schema()
     try:
-        return OmegaConf.merge(_SCHEMA, clean), []
+        return OmegaConf.merge(schema, clean), []
     except OmegaConfBaseException:
         pass
     problems: list[Problem] = []
@@ -189,18 +208,18 @@ def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
             value = clean[k] = dict(value)
             for sub in list(value):
                 try:
-                    OmegaConf.merge(_SCHEMA, {k: {sub: value[sub]}})
+                    OmegaConf.merge(schema, {k: {sub: value[sub]}})
                 except OmegaConfBaseException as exc:
                     problems.append(_merge_problem(exc, key))
                     del value[sub]
             continue
         try:
-            OmegaConf.merge(_SCHEMA, {k: value})
+            OmegaConf.merge(schema, {k: value})
         except OmegaConfBaseException as exc:
             problems.append(_merge_problem(exc, key))
             del clean[k]
     try:
-        return OmegaConf.merge(_SCHEMA, clean), problems
+        return OmegaConf.merge(schema, clean), problems
     except OmegaConfBaseException as exc:  # fields that are fine alone but not together
         return None, [*problems, _merge_problem(exc, key)]
 
@@ -211,6 +230,9 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     Returning a partial spec lets the compiler go on to check names and arguments, so one
     run reports everything wrong at once.
     """
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     problems: list[Problem] = []
     if isinstance(body, HookSpec):
         # Objects built in Python go through the same checks as YAML: enums, bounds, types.

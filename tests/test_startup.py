@@ -1,0 +1,69 @@
+"""Start-up (issue 13): ``import hookgraph`` loads torch and hookgraph, nothing heavier.
+
+The CLI, reports, figures, run folders and model zoos import what they need when they run;
+``python -c "import hookgraph"`` must not pay for them (benchmarks/startup.py times it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Each costs from ~50 ms (yaml) to seconds (torchvision and torch._dynamo: ~4 s on 2 cores).
+HEAVY = ("matplotlib", "transformers", "timm", "torchvision", "safetensors", "tqdm", "hydra", "omegaconf",
+         "yaml", "torch._dynamo", "sympy", "PIL", "pandas", "tensorboard", "transformer_lens")
+
+
+def _loaded_after(code: str) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        env=env, cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def _heavy(loaded: set[str]) -> list[str]:
+    """The heavy packages in ``loaded`` that ``import torch`` alone does not load (it loads tqdm)."""
+    by_torch = _loaded_after("import torch")
+    return sorted(m for m in HEAVY if m in loaded and m not in by_torch)
+
+
+def test_import_hookgraph_loads_nothing_heavy():
+    loaded = _loaded_after("import hookgraph")
+    assert "hookgraph.compiler" in loaded and "torch" in loaded
+    assert _heavy(loaded) == []
+
+
+def test_the_public_api_is_there_without_the_heavy_imports():
+    code = (
+        "import torch, hookgraph as hg\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())\n"
+        "g = hg.compile(m, {'r': {'target': '*', 'action': 'record'}})\n"
+        "with g.attach():\n"
+        "    m(torch.ones(1, 2))\n"
+        "assert [len(v) for v in g.records['r'].values()] == [1, 1]\n"
+        "assert callable(hg.load_run) and callable(hg.list_targets) and hg.SpecError and hg.ACTIONS['record']\n"
+    )
+    loaded = _loaded_after(code)
+    # Compiling a spec reads it through OmegaConf's schema; nothing else heavy comes with it.
+    assert "omegaconf" in loaded
+    assert [m for m in _heavy(loaded) if m not in ("omegaconf", "yaml")] == []
+
+
+def test_a_run_reads_torchvisions_version_without_importing_it():
+    # Importing torchvision pulls in torch._dynamo: 4 of the 5 s a dry run took on 2 cores.
+    code = (
+        "import sys\n"
+        "from hookgraph.runner.loop import _versions\n"
+        "version = _versions()['torchvision']\n"
+        "assert 'torchvision' not in sys.modules\n"
+        "import torchvision\n"
+        "assert version == torchvision.__version__, (version, torchvision.__version__)\n"
+    )
+    assert "torchvision" in _loaded_after(code)
