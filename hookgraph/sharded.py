@@ -266,7 +266,8 @@ def registrar(b: Binding) -> Callable[[Binding], list[Any]] | None:
     if b.shard is not None:
         return REGISTRARS[b.at]
     if b.param is not None:
-        now = b.module._parameters.get(b.target.rpartition(".")[2])
+        params, name = b.module._parameters, b.target.rpartition(".")[2]
+        now = params[name] if name in params else None  # a scripted module's wrapper has no .get
         if now is not b.param and is_dtensor(now):
             raise HookGraphError(
                 f"{b.key}: {b.target!r} was sharded by fully_shard after hookgraph.compile(), so hooks on the "
