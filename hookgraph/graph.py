@@ -58,7 +58,12 @@ class Plan(list):
         def line(cells: Iterable[str]) -> str:
             return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-        return "\n".join([line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)])
+        table = [line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)]
+        breaks = [r for r in self if str(r.get("compiled", "")).startswith("graph break")]
+        if breaks:
+            table += ["", "under torch.compile these bindings break the graph (their hooks run eagerly):"]
+            table += [f"  {r['spec']} at {r['target']!r}: {r['compiled']}" for r in breaks]
+        return "\n".join(table)
 
     def to_json(self) -> str:
         return json.dumps(list(self), indent=2)
@@ -84,8 +89,9 @@ class Attachment:
         # Code torch.compile cached without hook guards would silently skip our hooks.
         sync_compiled_code()
         self._compiled = compiled
+        log = graph.store.log if compiled else None  # traced hooks keep results there
         for b in graph.bindings:
-            b.eager = compiled
+            b.eager, b.log = compiled, log
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
@@ -162,6 +168,7 @@ class Attachment:
         self._live = False
         with gc_paused():
             self._drop(list(self._handles))
+        self._graph.store.log.drain()  # traced calls are counted and kept before the bindings go off
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.
         for b in self._graph.bindings:
@@ -250,10 +257,15 @@ class HookGraph:
         """Register the hooks of every binding live at the current step.
 
         Args:
-            compiled: the model runs under ``torch.compile``: module hooks are then excluded
-                from tracing (``torch._dynamo.disable``) and run eagerly, so records and
-                replacements are the same as in eager mode at the cost of a graph break per
-                hooked module. Tensor and parameter gradient hooks run in autograd as usual.
+            compiled: the model runs under ``torch.compile``. Every binding is registered at
+                attach and switched by its schedule (a change recompiles once). Forward and
+                forward_pre hooks of traceable actions (record, stats, edits, patch) are
+                traced into the compiled graph and keep their results in the store's trace
+                log until a reader (``records``, ``stats``, ``calls``, ``set_step``) empties
+                it; the others run eagerly beside the compiled code, one graph break per
+                hooked module (``plan()``'s ``compiled`` column says which). Records and
+                replacements are the same as in eager mode. Tensor and parameter gradient
+                hooks run in autograd as usual.
 
         Returns:
             The :class:`Attachment`: a context manager whose exit (also on error) removes
@@ -305,6 +317,7 @@ class HookGraph:
     @property
     def calls(self) -> dict[str, int]:
         """spec -> how many times its action ran (0: the spec never fired)."""
+        self.store.log.drain()
         out: dict[str, int] = {}
         for b in self.bindings:
             out[b.spec.name] = out.get(b.spec.name, 0) + b.calls
@@ -324,6 +337,7 @@ class HookGraph:
     @property
     def stats(self) -> list[dict]:
         """Rows of statistics; reading them synchronises with the device once."""
+        self.store.log.drain()
         return self.store.stats.rows()
 
     def clear(self) -> None:

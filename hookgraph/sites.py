@@ -25,6 +25,7 @@ from .actions.registry import ActionDef
 from .errors import ActionError, HookGraphError, full_key
 from .points import HookPoint
 from .spec import HookSpec
+from .store import TraceLog
 from .tree import set_item, tensors, tree_replace
 
 __all__ = ["Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
@@ -50,7 +51,9 @@ class Binding:
     stop: int | None = None  # end of ``when.steps`` (exclusive); None: no end
     active: bool = True  # the schedule includes the current step (the graph sets it)
     want_training: bool | None = None  # ``when.mode``: True train, False eval, None any
-    eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
+    eager: bool = False  # the model runs under torch.compile (attach(compiled=True))
+    log: TraceLog | None = None  # under torch.compile: where traced hooks keep results (the graph's store's)
+    sink_id: int = -1  # this binding's sink in ``log`` (registered once, at its first compiled attach)
     lock: threading.RLock | None = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
     recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
@@ -80,7 +83,31 @@ class Binding:
             "action": self.action.name,
             "order": self.spec.order if self.spec.order is not None else 0,
             "when": {"steps": self.spec.when.steps, "every": self.spec.when.every, "mode": self.spec.when.mode.value},
+            "compiled": self.compiled_mode(),
         }
+
+    @property
+    def traced(self) -> bool:
+        """Under torch.compile, dynamo traces this binding's hooks into the graph.
+
+        True for forward and forward_pre hooks of traceable actions; the others run
+        eagerly beside the compiled code (see :meth:`compiled_mode`).
+        """
+        return not self.compiled_mode().startswith("graph break")
+
+    def compiled_mode(self) -> str:
+        """How the binding's hooks run under torch.compile, as the plan shows it:
+        ``traced``, ``autograd`` (gradient hooks that autograd runs beside the compiled
+        graph) or ``graph break (why)``: the hook runs eagerly, splitting the graph there."""
+        if self.at in (HookPoint.param_grad, HookPoint.param_accumulated):
+            return "autograd"
+        if self.at not in (HookPoint.forward, HookPoint.forward_pre):
+            return f"graph break ({self.at} hooks run eagerly)"
+        if not (self.action.traceable and getattr(self.fn, "traceable", True)):
+            return f"graph break (action {self.action.name!r} is not traceable)"
+        if self.lock is not None:
+            return "graph break (replicas run hooks in threads)"
+        return "traced"
 
     def scheduled(self, step: int) -> bool:
         """Whether the spec's schedule includes ``step``."""
@@ -168,7 +195,9 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
 
 def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable[..., Any]:
     """The hook as registered: named after its binding; serialised where replicas run hooks
-    in threads; a module hook is kept out of dynamo's trace under torch.compile."""
+    in threads; under torch.compile, a module hook dynamo cannot trace is kept out of the
+    trace (it runs eagerly: a graph break), and an eager hook first empties the trace log, so
+    results keep the order in which the calls happened."""
     if b.lock is not None:
         lock, inner = b.lock, hook
 
@@ -176,14 +205,65 @@ def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable
             with lock:
                 return inner(*args)
 
+    if b.eager and b.log is not None:
+        drain, unlogged = b.log.drain, hook
+
+        def hook(*args: Any) -> Any:
+            drain()  # traced calls before this one land first
+            return unlogged(*args)
+
     hook.__name__ = hook.__qualname__ = b.label
     if b.eager and module:
-        # Under torch.compile, module hooks run eagerly: one graph break per hooked module
-        # instead of dynamo tracing (and recompiling for) every hook closure.
         import torch._dynamo
 
         return torch._dynamo.disable(hook)
     return hook
+
+
+def _traced_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A module hook dynamo traces into the compiled graph (see ``Binding.traced``)."""
+    hook.__name__ = hook.__qualname__ = b.label
+    return hook
+
+
+def _sink_id(b: Binding, log: TraceLog) -> int:
+    """The number ``b``'s traced hooks name their sink by: the sink counts the call and keeps
+    what the action's ``pure`` returned, outside the trace."""
+    if b.sink_id < 0:
+        pair = getattr(b.fn, "traced", None)
+        keep = pair[1] if pair is not None else None
+        if keep is not None and b.action.per_tensor:
+            one = keep
+
+            def keep(kept: Any) -> None:
+                for k in kept if isinstance(kept, list) else (kept,):
+                    one(k)
+
+        def sink(kept: Any) -> None:
+            b.calls += 1
+            if keep is not None:
+                keep(kept)
+
+        b.sink_id = log.register(sink)
+    return b.sink_id
+
+
+def _traced_caller(b: Binding) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+    """``call(value, inputs, output) -> (new value or None, what to keep)`` for a traced hook."""
+    pair = getattr(b.fn, "traced", None)
+    if pair is None:  # an edit: what it returns replaces the value, nothing is kept
+        call = make_caller(b)
+        return lambda value, inputs, output: (call(value, inputs, output), None)
+    pure, index = pair[0], b.spec.index
+    if b.action.per_tensor:
+        one = pure
+
+        def pure(value: Any) -> Any:
+            return one(value) if type(value) is Tensor else [one(t) for t in tensors(value)]
+
+    if index is None:
+        return lambda value, inputs, output: (None, pure(value))
+    return lambda value, inputs, output: (None, pure(_pick(b, value, index)))
 
 
 def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -274,6 +354,8 @@ _backward = _tuple_point("register_full_backward_hook", lambda a: (a[0], a[0], a
 def _forward_pre(b: Binding) -> list[RemovableHandle]:
     # with_kwargs: modules called with keyword arguments (Hugging Face) expose them to
     # wants_io actions; the action's value stays the positional inputs.
+    if b.eager and b.log is not None and b.traced:
+        return _traced_forward_pre(b, b.log)
     call, want = make_caller(b), b.want_training
     unwrap, rewrap = _tuple_io(b)
     wants_io, replaces = b.action.wants_io, b.action.replaces
@@ -294,7 +376,45 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
     return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
+# Traced hooks (under torch.compile): every read below is a constant to dynamo, guarded
+# (b.active changes with the schedule: one recompile per change, the code for each state is
+# kept); the call is counted, and its results kept, through the trace log (see TraceLog).
+# Gradient checkpointing's recomputation is not told apart here: compiled code does not
+# re-run a forward through Python hooks.
+
+
+def _traced_forward_pre(b: Binding, log: TraceLog) -> list[RemovableHandle]:
+    call, want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    unwrap, rewrap = _tuple_io(b)
+    wants_io = b.action.wants_io
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        if b.active and (want is None or module.training is want):
+            new, kept = call(unwrap(args), Inputs(args, kwargs) if wants_io else args, None)
+            log.push(sid, kept)
+            if new is not None:
+                return rewrap(args, new), kwargs
+        return None
+
+    return [b.module.register_forward_pre_hook(_traced_hook(b, hook), with_kwargs=True)]
+
+
+def _traced_forward(b: Binding, log: TraceLog) -> list[RemovableHandle]:
+    call, want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        if b.active and (want is None or module.training is want):
+            new, kept = call(output, args, output)
+            log.push(sid, kept)
+            return new
+        return None
+
+    return [b.module.register_forward_hook(_traced_hook(b, hook))]
+
+
 def _forward(b: Binding) -> list[RemovableHandle]:
+    if b.eager and b.log is not None and b.traced:
+        return _traced_forward(b, b.log)
     direct, want, replaces = direct_caller(b), b.want_training, b.action.replaces
     if direct is None:
         call = make_caller(b)

@@ -1,6 +1,6 @@
 """The result store: where actions keep what they find. One per HookGraph.
 
-Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer.
+Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer, TraceLog.
 
 Actions reach the store only through their ``ActionContext``, which hands them one typed
 place each:
@@ -13,7 +13,8 @@ place each:
 - **the stats buffer** (:class:`StatsBuffer`), which owns ``STAT_NAMES`` and the row layout.
 
 The compiler builds the store, the actions' factories take their slots from it, and the
-graph is built last around both.
+graph is built last around both. Hooks traced by ``torch.compile`` keep what they find in
+the store's :class:`TraceLog` first; every reader empties it into the places above.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor
 from .errors import HookGraphError
 from .transfer import HostCopier
 
-__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer"]
+__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog"]
 
 STAT_NAMES = ("mean", "std", "min", "max", "absmax", "norm", "zero_frac", "nan", "inf")
 
@@ -159,6 +160,55 @@ class Entries(list):
         self._parts.clear()
 
 
+class _Call:
+    """One traced hook call: the call before it, its sink's number and what it kept."""
+
+    def __init__(self, prev: _Call | None, sink: int, kept: Any) -> None:
+        self.prev = prev
+        self.sink = sink
+        self.kept = kept
+
+
+class TraceLog:
+    """What hooks traced by ``torch.compile`` keep, in call order, until a reader drains it.
+
+    Dynamo guards on what traced code reads: a list's length, an int's value. A hook that
+    appended to a record list or counted its calls in an int would recompile at every call.
+    A traced hook instead does ``log.head = _Call(log.head, sink, kept)``: the previous head
+    is passed on unread, so the only guard is its type, and dynamo replays the new object
+    after the graph ran (one small object per hooked call, like a hand-written hook's
+    ``list.append``). ``drain()`` walks the chain back, then hands each call's ``kept`` to its
+    sink (the record slot, the stats buffer; the sink also counts the call), oldest first.
+    """
+
+    def __init__(self) -> None:
+        self.root = _Call(None, -1, None)  # the same type as every head: no recompile when drained
+        self.head = self.root
+        self.sinks: list[Callable[[Any], None]] = []
+
+    def register(self, sink: Callable[[Any], None]) -> int:
+        """The number a traced hook names ``sink`` by (an int is a constant in the trace)."""
+        self.sinks.append(sink)
+        return len(self.sinks) - 1
+
+    def push(self, sink: int, kept: Any) -> None:
+        """Called by a traced hook: one call of ``sink``'s binding, which kept ``kept``."""
+        self.head = _Call(self.head, sink, kept)
+
+    def drain(self) -> None:
+        head = self.head
+        if head is self.root:
+            return
+        self.head = self.root
+        calls = []
+        while head is not self.root and head is not None:
+            calls.append(head)
+            head = head.prev
+        sinks = self.sinks
+        for call in reversed(calls):
+            sinks[call.sink](call.kept)
+
+
 class StatsBuffer:
     """Statistics rows: ``(spec, target, point, step)`` plus one small device tensor of
     ``STAT_NAMES`` values per call, copied to the host once, when :meth:`rows` is read."""
@@ -236,6 +286,7 @@ class ResultStore:
         # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
         self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
+        self.log = TraceLog()  # what traced hooks kept, emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 
     # -- what actions get ---------------------------------------------------------
@@ -253,7 +304,9 @@ class ResultStore:
         self._deferred.append((values, check))
 
     def settle_checks(self) -> None:
-        """Run the checks deferred on the device (one synchronisation for all of them)."""
+        """Empty the trace log and run the checks deferred on the device (one
+        synchronisation for all of them)."""
+        self.log.drain()
         self._run_deferred()
 
     def _run_deferred(self) -> None:
@@ -279,6 +332,7 @@ class ResultStore:
         """Make the results complete and trustworthy before anyone reads them: wait for
         device-to-host copies, merge per-device entries, run deferred checks, and (with
         ``strict``) refuse records that an in-place op rewrote after they were kept."""
+        self.log.drain()
         self.host.synchronize()
         self._run_deferred()
         for spec, targets in self.records.items():
@@ -295,6 +349,7 @@ class ResultStore:
 
     def counts(self) -> dict[str, int]:
         """spec -> rows and statistics rows held now (records are counted when written)."""
+        self.log.drain()
         out = {spec: len(rows) for spec, rows in self.rows.items()}
         for spec, n in self.stats.counts().items():
             out[spec] = out.get(spec, 0) + n

@@ -76,7 +76,7 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
     return fn
 
 
-@register_action(replaces=True, per_tensor=False)
+@register_action(replaces=True, per_tensor=False, traceable=True)
 def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0):
     """Replace the value with the one recorded for the same target in another run
     (activation patching): ``run`` is that run's folder, ``spec`` the record spec there,
