@@ -16,7 +16,7 @@ from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .gcpause import gc_paused
 from .points import POINTS
-from .sites import REGISTRARS, Binding, Switch
+from .sites import REGISTRARS, Binding, Switch, block_hooks
 from .store import Entries, ResultStore
 from .transfer import HostCopier
 
@@ -95,8 +95,11 @@ class Attachment:
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
+        self._blocks: list[RemovableHandle] = []  # compiled: the model's trace-log block hooks
         graph._attachment = self
         try:
+            if compiled and any(b.traced for b in graph.bindings):
+                self._blocks = block_hooks(graph.model)
             graph.set_step(graph.step)  # registers the bindings live at the current step
         except BaseException:
             self.remove()  # a failed attach leaves the graph detached, not stuck half attached
@@ -168,6 +171,9 @@ class Attachment:
         self._live = False
         with gc_paused():
             self._drop(list(self._handles))
+        for h in self._blocks:
+            h.remove()
+        self._blocks = []
         self._graph.store.log.drain()  # traced calls are counted and kept before the bindings go off
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.

@@ -1,6 +1,6 @@
 """Registrars: how a binding becomes PyTorch hooks at its hook point.
 
-Public names: Binding, Inputs, make_caller, direct_caller, action_error, REGISTRARS.
+Public names: Binding, Inputs, make_caller, direct_caller, action_error, block_hooks, REGISTRARS.
 
 Everything a hook needs is prepared here, before registration: the closures below do no
 name lookups or matching. They allocate only what PyTorch asks for (a replaced tuple, an
@@ -25,10 +25,12 @@ from .actions.registry import ActionDef
 from .errors import ActionError, HookGraphError, full_key
 from .points import HookPoint
 from .spec import HookSpec
-from .store import TraceLog
+from .store import TRACE, TraceLog, _Call
 from .tree import set_item, tensors, tree_replace
 
-__all__ = ["Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
+__all__ = [
+    "Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "block_hooks", "REGISTRARS",
+]
 
 
 @dataclass(eq=False)
@@ -54,6 +56,7 @@ class Binding:
     eager: bool = False  # the model runs under torch.compile (attach(compiled=True))
     log: TraceLog | None = None  # under torch.compile: where traced hooks keep results (the graph's store's)
     sink_id: int = -1  # this binding's sink in ``log`` (registered once, at its first compiled attach)
+    sink: Callable[[Any], None] | None = None  # that sink, kept alive here (the log holds it weakly)
     lock: threading.RLock | None = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
     recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
@@ -244,16 +247,23 @@ def _sink_id(b: Binding, log: TraceLog) -> int:
             if keep is not None:
                 keep(kept)
 
-        b.sink_id = log.register(sink)
+        b.sink, b.sink_id = sink, log.register(sink)
     return b.sink_id
 
 
-def _traced_caller(b: Binding) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
-    """``call(value, inputs, output) -> (new value or None, what to keep)`` for a traced hook."""
+def _traced_caller(b: Binding) -> tuple[Callable[..., Any], bool]:
+    """For a traced hook: ``(fn, keeps)``. ``fn(value)`` returns what to keep when ``keeps``
+    (a record-like action's ``pure``), else the new value or None (an edit). Built flat: every
+    function and closure cell the hook reaches is one more guard dynamo checks per call."""
     pair = getattr(b.fn, "traced", None)
     if pair is None:  # an edit: what it returns replaces the value, nothing is kept
         call = make_caller(b)
-        return lambda value, inputs, output: (call(value, inputs, output), None)
+        if b.action.wants_io:
+            return call, False
+        direct = direct_caller(b)
+        if direct is not None:
+            return direct, False
+        return (lambda value: call(value, None, None)), False
     pure, index = pair[0], b.spec.index
     if b.action.per_tensor:
         one = pure
@@ -262,8 +272,8 @@ def _traced_caller(b: Binding) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
             return one(value) if type(value) is Tensor else [one(t) for t in tensors(value)]
 
     if index is None:
-        return lambda value, inputs, output: (None, pure(value))
-    return lambda value, inputs, output: (None, pure(_pick(b, value, index)))
+        return pure, True
+    return (lambda value: pure(_pick(b, value, index))), True
 
 
 def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -379,19 +389,60 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
 # Traced hooks (under torch.compile): every read below is a constant to dynamo, guarded
 # (b.active changes with the schedule: one recompile per change, the code for each state is
 # kept); the call is counted, and its results kept, through the trace log (see TraceLog).
+# ``sid + 0``: a computed int is written into the replayed code as a constant, where ``sid``
+# itself would be re-read through the hook's closure cell, a dozen lookups per call.
 # Gradient checkpointing's recomputation is not told apart here: compiled code does not
 # re-run a forward through Python hooks.
 
 
+def _log(sid: int, kept: Any) -> None:
+    """One traced call into the trace log: into the open block of the model's forward, else
+    linked on its own (see TraceLog). Inlined by dynamo: no frame at run time."""
+    head = TRACE.head
+    if head.open:
+        head.kept.append((sid, kept))
+    else:
+        TRACE.head = _Call(head, sid, kept)
+
+
+def _open_block(module: nn.Module, args: tuple) -> None:
+    TRACE.open_block()
+
+
+def _close_block(module: nn.Module, args: tuple, output: Any) -> None:
+    TRACE.close_block()
+
+
+def block_hooks(model: nn.Module) -> list[RemovableHandle]:
+    """Under torch.compile: the model's hooks that open and close a block of the trace log
+    per forward, so hooked calls inside cost a tuple each instead of an object. On the bare
+    model: hooks on a torch.compile wrapper would run outside the trace, and the traced
+    hooks would then read a block dynamo did not create (and guard on its length)."""
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        model = model._orig_mod
+    opened = model.register_forward_pre_hook(_open_block, prepend=True)
+    try:
+        return [opened, model.register_forward_hook(_close_block, always_call=True)]
+    except BaseException:
+        opened.remove()
+        raise
+
+
 def _traced_forward_pre(b: Binding, log: TraceLog) -> list[RemovableHandle]:
-    call, want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    (fn, keeps), want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
     unwrap, rewrap = _tuple_io(b)
     wants_io = b.action.wants_io
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if b.active and (want is None or module.training is want):
-            new, kept = call(unwrap(args), Inputs(args, kwargs) if wants_io else args, None)
-            log.push(sid, kept)
+            if keeps:
+                _log(sid + 0, fn(unwrap(args)))
+                return None
+            if wants_io:
+                new = fn(unwrap(args), Inputs(args, kwargs), None)
+            else:
+                new = fn(unwrap(args))
+            _log(sid + 0, None)
             if new is not None:
                 return rewrap(args, new), kwargs
         return None
@@ -400,14 +451,24 @@ def _traced_forward_pre(b: Binding, log: TraceLog) -> list[RemovableHandle]:
 
 
 def _traced_forward(b: Binding, log: TraceLog) -> list[RemovableHandle]:
-    call, want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    (fn, keeps), want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    wants_io = b.action.wants_io
 
-    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-        if b.active and (want is None or module.training is want):
-            new, kept = call(output, args, output)
-            log.push(sid, kept)
-            return new
-        return None
+    if keeps:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if b.active and (want is None or module.training is want):
+                _log(sid + 0, fn(output))
+            return None
+
+    else:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if b.active and (want is None or module.training is want):
+                new = fn(output, args, output) if wants_io else fn(output)
+                _log(sid + 0, None)
+                return new
+            return None
 
     return [b.module.register_forward_hook(_traced_hook(b, hook))]
 

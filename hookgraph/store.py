@@ -1,6 +1,6 @@
 """The result store: where actions keep what they find. One per HookGraph.
 
-Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer, TraceLog.
+Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer, TraceLog, TRACE.
 
 Actions reach the store only through their ``ActionContext``, which hands them one typed
 place each:
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ from torch import Tensor
 from .errors import HookGraphError
 from .transfer import HostCopier
 
-__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog"]
+__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog", "TRACE"]
 
 STAT_NAMES = ("mean", "std", "min", "max", "absmax", "norm", "zero_frac", "nan", "inf")
 
@@ -161,12 +162,18 @@ class Entries(list):
 
 
 class _Call:
-    """One traced hook call: the call before it, its sink's number and what it kept."""
+    """One traced hook call (the call before it, its sink's number and what it kept), or,
+    with ``sink == BLOCK``, one forward of a model: ``kept`` lists its calls as
+    ``(sink, kept)`` pairs, appended while ``open``."""
 
-    def __init__(self, prev: _Call | None, sink: int, kept: Any) -> None:
+    def __init__(self, prev: _Call | None, sink: int, kept: Any, open: bool = False) -> None:  # noqa: A002
         self.prev = prev
         self.sink = sink
         self.kept = kept
+        self.open = open
+
+
+BLOCK = -2  # the sink number of a forward's block of calls
 
 
 class TraceLog:
@@ -174,26 +181,35 @@ class TraceLog:
 
     Dynamo guards on what traced code reads: a list's length, an int's value. A hook that
     appended to a record list or counted its calls in an int would recompile at every call.
-    A traced hook instead does ``log.head = _Call(log.head, sink, kept)``: the previous head
-    is passed on unread, so the only guard is its type, and dynamo replays the new object
-    after the graph ran (one small object per hooked call, like a hand-written hook's
+    A traced hook instead does ``TRACE.head = _Call(TRACE.head, sink, kept)``: the previous
+    head is passed on unread, so the only guard is its type, and dynamo replays the new
+    object after the graph ran (one small object per hooked call, like a hand-written hook's
     ``list.append``). ``drain()`` walks the chain back, then hands each call's ``kept`` to its
     sink (the record slot, the stats buffer; the sink also counts the call), oldest first.
+
+    Cheaper still, where the compiled graph's model is the hooked model: a traced pre-hook on
+    the model opens a block (``_Call(head, BLOCK, [], open=True)``), the hooks append
+    ``(sink, kept)`` to the open block's list, created in the trace (replayed as one list of
+    tuples), and a traced hook after the model's forward closes it. A hook that finds the head
+    closed (a submodule called on its own) links its own ``_Call``.
+
+    There is one log per process (``TRACE``), read by traced hooks as a module global: dynamo
+    then guards it once per compiled frame, not once per hook. Draining it serves every graph;
+    sinks are held weakly (by number), so a graph that is gone leaves nothing behind.
     """
 
     def __init__(self) -> None:
         self.root = _Call(None, -1, None)  # the same type as every head: no recompile when drained
         self.head = self.root
-        self.sinks: list[Callable[[Any], None]] = []
+        self._sinks: weakref.WeakValueDictionary[int, Callable[[Any], None]] = weakref.WeakValueDictionary()
+        self._ids = itertools.count()
 
     def register(self, sink: Callable[[Any], None]) -> int:
-        """The number a traced hook names ``sink`` by (an int is a constant in the trace)."""
-        self.sinks.append(sink)
-        return len(self.sinks) - 1
-
-    def push(self, sink: int, kept: Any) -> None:
-        """Called by a traced hook: one call of ``sink``'s binding, which kept ``kept``."""
-        self.head = _Call(self.head, sink, kept)
+        """The number a traced hook names ``sink`` by (an int is a constant in the trace).
+        The caller keeps ``sink`` alive (the log holds it weakly)."""
+        sid = next(self._ids)
+        self._sinks[sid] = sink
+        return sid
 
     def drain(self) -> None:
         head = self.head
@@ -204,9 +220,24 @@ class TraceLog:
         while head is not self.root and head is not None:
             calls.append(head)
             head = head.prev
-        sinks = self.sinks
+        sinks = self._sinks
         for call in reversed(calls):
-            sinks[call.sink](call.kept)
+            for sid, kept in call.kept if call.sink == BLOCK else ((call.sink, call.kept),):
+                sink = sinks.get(sid)
+                if sink is not None:  # None: its graph is gone
+                    sink(kept)
+
+    def open_block(self) -> None:
+        """A forward of the model begins (a traced pre-hook on the model calls this)."""
+        self.head = _Call(self.head, BLOCK, [], True)
+
+    def close_block(self) -> None:
+        """The forward ended: later calls link on their own until the next one begins."""
+        if self.head.open:
+            self.head.open = False
+
+
+TRACE = TraceLog()
 
 
 class StatsBuffer:
@@ -286,7 +317,7 @@ class ResultStore:
         # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
         self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
-        self.log = TraceLog()  # what traced hooks kept, emptied by every reader below
+        self.log = TRACE  # what traced hooks kept (the process's one log), emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 
     # -- what actions get ---------------------------------------------------------

@@ -229,6 +229,14 @@ def _traced(
     where an in-place op follows, which is what eager mode's probe decides at run time.
     """
 
+    sink = slot.keep_last if slot.last_only else slot.append
+    if not stages and device is None:
+        # The common case, flat: every function the hook reaches is a guard dynamo checks.
+        def plain(value: Any) -> Any:
+            return value.detach().clone() if type(value) is Tensor else tree_map(_copy, value)
+
+        return plain, sink
+
     def keep(t: Tensor) -> Any:
         t = t.detach()
         x: Any = t
@@ -236,13 +244,16 @@ def _traced(
             x = stage(x)
         if device is not None:
             return tree_map(lambda leaf: leaf.to(device, copy=True), x)
-        return tree_map(lambda leaf: leaf.clone(), x)
+        return tree_map(_copy, x)
 
     def pure(value: Any) -> Any:
         return keep(value) if type(value) is Tensor else tree_map(keep, value)
 
-    sink = slot.keep_last if slot.last_only else slot.append
     return pure, sink
+
+
+def _copy(t: Tensor) -> Tensor:
+    return t.detach().clone()
 
 
 def _appender(
