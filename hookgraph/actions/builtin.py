@@ -174,6 +174,8 @@ def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0
     def fn(t: Tensor) -> Tensor:
         if t.dim() <= dim:
             raise IndexError(f"mask dim {dim} out of range for a tensor of shape {list(t.shape)} at {ctx.target}")
+        if torch.compiler.is_compiling():  # a constant of the graph; a cache would recompile once it fills
+            return t.index_fill(dim, torch.tensor(idx, device=t.device), value)
         where = cache.get(t.device)
         if where is None:
             where = cache[t.device] = torch.tensor(idx, device=t.device)
