@@ -454,10 +454,17 @@ def _traced_forward(b: Binding, log: TraceLog) -> list[RemovableHandle]:
     (fn, keeps), want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
     wants_io = b.action.wants_io
 
-    if keeps:
+    if keeps and want is None:  # the record and stats hot path: the fewest guards
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
-            if b.active and (want is None or module.training is want):
+            if b.active:
+                _log(sid + 0, fn(output))
+            return None
+
+    elif keeps:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if b.active and module.training is want:
                 _log(sid + 0, fn(output))
             return None
 

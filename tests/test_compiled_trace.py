@@ -43,6 +43,8 @@ SPECS = {
     "mask": {"target": "0", "action": "mask", "args": {"index": [1]}},
     "clip": {"target": "4", "action": "clip_norm", "args": {"max_norm": 1.0}},
     "inputs": {"target": "2", "at": "forward_pre", "action": "record"},
+    "train_only": {"target": "0", "action": "record", "when": {"mode": "train"}},
+    "eval_only": {"target": "4", "action": "stats", "when": {"mode": "eval"}},
 }
 
 
@@ -94,7 +96,7 @@ def test_traceable_actions_trace_into_one_graph_with_the_eager_results(eager_run
     # per state of the schedule, each compiled once), and no graph break inside either.
     assert graphs == 2
     assert graph.calls == {"acts": 24, "means": 8, "stats": 8, "double": 4, "clamp": 8, "shift": 8, "mask": 8,
-                           "clip": 8, "inputs": 8}
+                           "clip": 8, "inputs": 8, "train_only": 8, "eval_only": 0}
     assert len(graph.records["acts"]["0"]) == 8 and len(graph.records["means"]["2"]) == 1
     # The first Linear's records hold its own output (negative values too), not the ReLU's.
     assert min(float(t.min()) for t in graph.records["acts"]["0"]) < 0
