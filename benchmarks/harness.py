@@ -483,7 +483,9 @@ def render(args: argparse.Namespace, machine: list[tuple[str, str]], tables: lis
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.harness", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--workloads", default=DEFAULT_WORKLOADS, help=f"comma-separated, from W1..W5, W1C, W3C (default {DEFAULT_WORKLOADS})"
+        "--workloads",
+        default=DEFAULT_WORKLOADS,
+        help=f"comma-separated, from W1..W5, W1C, W3C (default {DEFAULT_WORKLOADS})",
     )
     p.add_argument("--rounds", type=int, default=20, help="timed rounds per workload (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warmup iterations per variant (default 3)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -402,7 +402,7 @@ def _compiled_workload(key: str, title: str, model: nn.Module, x: Tensor, kind: 
     spec = {"rec": {"target": "**", "types": [kind.__name__], "action": "record"}}
 
     def compiled(m: nn.Module) -> Callable[[], Tensor]:
-        return _forward(torch.compile(m, backend=backend), x)
+        return _forward(cast(nn.Module, torch.compile(m, backend=backend)), x)
 
     def hand(name: str) -> Variant:
         m = copy.deepcopy(model)
@@ -447,7 +447,8 @@ def w3c(use_peers: bool = True, backend: str = "inductor") -> Workload:
     torch.manual_seed(3)
     model, x = mlp(), torch.randn(4, 64)
     return _compiled_workload(
-        "W3C", "W3 under torch.compile: Sequential of 200 x (Linear(64,64) + ReLU), batch 4, record every Linear output",
+        "W3C",
+        "W3 under torch.compile: Sequential of 200 x (Linear(64,64) + ReLU), batch 4, record every Linear output",
         model, x, nn.Linear, backend,
     )
 

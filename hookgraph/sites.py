@@ -418,8 +418,9 @@ def block_hooks(model: nn.Module) -> list[RemovableHandle]:
     per forward, so hooked calls inside cost a tuple each instead of an object. On the bare
     model: hooks on a torch.compile wrapper would run outside the trace, and the traced
     hooks would then read a block dynamo did not create (and guard on its length)."""
-    while isinstance(getattr(model, "_orig_mod", None), nn.Module):
-        model = model._orig_mod
+    inner = getattr(model, "_orig_mod", None)
+    while isinstance(inner, nn.Module):
+        model, inner = inner, getattr(inner, "_orig_mod", None)
     opened = model.register_forward_pre_hook(_open_block, prepend=True)
     try:
         return [opened, model.register_forward_hook(_close_block, always_call=True)]

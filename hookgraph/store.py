@@ -212,7 +212,7 @@ class TraceLog:
         return sid
 
     def drain(self) -> None:
-        head = self.head
+        head: _Call | None = self.head
         if head is self.root:
             return
         self.head = self.root
