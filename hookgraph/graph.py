@@ -91,7 +91,7 @@ class Attachment:
         self._compiled = compiled
         log = graph.store.log if compiled else None  # traced hooks keep results there
         for b in graph.bindings:
-            b.eager, b.log = compiled, log
+            b.eager, b.log, b.switch = compiled, log, None
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
