@@ -45,6 +45,7 @@ SPECS = {
     "inputs": {"target": "2", "at": "forward_pre", "action": "record"},
     "train_only": {"target": "0", "action": "record", "when": {"mode": "train"}},
     "eval_only": {"target": "4", "action": "stats", "when": {"mode": "eval"}},
+    "late": {"target": "4", "action": "record", "when": {"steps": "1:"}},
 }
 
 
@@ -92,11 +93,12 @@ def test_traceable_actions_trace_into_one_graph_with_the_eager_results(eager_run
     compiled = run(SPECS, "aot_eager")
     assert_same(eager_run, compiled)
     _, graph, graphs = compiled
-    # 8 forwards over 4 steps: `double` is on at even steps only, so two graphs in all (one
-    # per state of the schedule, each compiled once), and no graph break inside either.
-    assert graphs == 2
+    # 8 forwards over 4 steps: `double` is on at even steps only and `late` from step 1, so
+    # three graphs in all (one per state of the schedules, each compiled once), and no graph
+    # break inside any.
+    assert graphs == 3
     assert graph.calls == {"acts": 24, "means": 8, "stats": 8, "double": 4, "clamp": 8, "shift": 8, "mask": 8,
-                           "clip": 8, "inputs": 8, "train_only": 8, "eval_only": 0}
+                           "clip": 8, "inputs": 8, "train_only": 8, "eval_only": 0, "late": 6}
     assert len(graph.records["acts"]["0"]) == 8 and len(graph.records["means"]["2"]) == 1
     # The first Linear's records hold its own output (negative values too), not the ReLU's.
     assert min(float(t.min()) for t in graph.records["acts"]["0"]) < 0
@@ -121,6 +123,13 @@ def test_forwards_without_reading_do_not_recompile():
     with torch.no_grad():
         expected = m[4](torch.tanh(2 * m[2](torch.relu(m[0](X)))))
     torch.testing.assert_close(graph.records["acts"]["4"][0], expected)
+
+
+def test_a_step_before_zero_is_refused_for_always_on_traced_hooks():
+    graph = hg.compile(net(), {"acts": SPECS["acts"]})
+    with graph.attach(compiled=True):
+        with pytest.raises(hg.HookGraphError, match=r"hooks\.acts: step -1 is before step 0"):
+            graph.set_step(-1)
 
 
 def test_print_breaks_the_graph_runs_eagerly_and_the_plan_names_it(eager_run, capsys):
