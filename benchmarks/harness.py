@@ -12,7 +12,8 @@ machine's state; ratios are medians of these per-pass ratios. GC is collected be
 (objects that exist after building the workload are frozen out of it) and disabled inside
 them. Each iteration is one ``time.perf_counter`` sample, after a CUDA synchronise on GPU.
 
-Workloads: W1-W4 in ``workloads.py``, W5 (GPU) in ``gpu.py``; peers in ``peers.py``.
+Workloads: W1-W4 in ``workloads.py``, and W1C/W3C (W1 and W3 under ``torch.compile``, not in
+the default set: compiling takes minutes), W5 (GPU) in ``gpu.py``; peers in ``peers.py``.
 """
 
 from __future__ import annotations
@@ -482,7 +483,9 @@ def render(args: argparse.Namespace, machine: list[tuple[str, str]], tables: lis
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.harness", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--workloads", default=DEFAULT_WORKLOADS, help=f"comma-separated, from W1..W5 (default {DEFAULT_WORKLOADS})"
+        "--workloads",
+        default=DEFAULT_WORKLOADS,
+        help=f"comma-separated, from W1..W5, W1C, W3C (default {DEFAULT_WORKLOADS})",
     )
     p.add_argument("--rounds", type=int, default=20, help="timed rounds per workload (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warmup iterations per variant (default 3)")
@@ -506,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--w5-smoke", action="store_true", help="run W5's code on CPU with a small model (plumbing check only)"
     )
+    p.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile backend of W1C/W3C (default inductor)"
+    )
     p.add_argument("--out", help="also write the markdown report to this file")
     p.add_argument("--json", help="write raw samples to this JSON file")
     args = p.parse_args(argv)
@@ -517,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
 
     factories = dict(workloads.WORKLOADS)
     factories["W5"] = lambda use_peers=True: gpu.w5(use_peers, smoke=args.w5_smoke)
+    for key in ("W1C", "W3C"):
+        factories[key] = lambda use_peers=True, build=factories[key]: build(use_peers, backend=args.compile_backend)
     keys = [k.strip().upper() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in keys if k not in factories]
     if unknown:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -109,12 +109,13 @@ class HandHooks(HandBase):
 class GraphHooks:
     """A compiled hookgraph, attached once, cleared with graph.clear() after every iteration."""
 
-    def __init__(self, model: nn.Module, specs: dict):
+    def __init__(self, model: nn.Module, specs: dict, *, compiled: bool = False):
         self.graph = hookgraph.compile(model, specs)
+        self.compiled = compiled  # attach(compiled=True): the model runs under torch.compile
         self.attachment: Any = None  # what graph.attach() returned, while attached
 
     def attach(self) -> None:
-        self.attachment = self.graph.attach()
+        self.attachment = self.graph.attach(compiled=self.compiled)
 
     def detach(self) -> None:
         if self.attachment is not None:
@@ -380,7 +381,79 @@ def w4(use_peers: bool = True) -> Workload:
     return wl
 
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+# -- W1C / W3C: W1 and W3 under torch.compile ---------------------------------------------------
+
+
+def _compiled_workload(key: str, title: str, model: nn.Module, x: Tensor, kind: type, backend: str) -> Workload:
+    """W1/W3 with every hooked variant compiled after its hooks are attached, as a user would.
+
+    ``hand`` registers its hooks before ``torch.compile`` (dynamo traces them into the graph):
+    the reference. ``hookgraph`` is ``attach(compiled=True)`` on the bare model, then the
+    compiled wrapper. Each variant compiles once, in the check pass; the hook guards that
+    hookgraph turns on for any compiled model are on from the start, so no variant runs code
+    compiled for another one's hooks.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+    torch._dynamo.reset()
+    names = names_of(model, kind)
+    last = names[-1]
+    spec = {"rec": {"target": "**", "types": [kind.__name__], "action": "record"}}
+
+    def compiled(m: nn.Module) -> Callable[[], Tensor]:
+        return _forward(cast(nn.Module, torch.compile(m, backend=backend)), x)
+
+    def hand(name: str) -> Variant:
+        m = copy.deepcopy(model)
+        h = HandHooks(m, names)
+        return Variant(name, compiled(m), setup=h.attach, teardown=h.detach, clear=h.clear, count=h.count,
+                       probe=lambda: h.records[last][0], note=f"hooks registered before torch.compile({backend})")
+
+    def graph(name: str, specs: dict, *, on: bool, note: str) -> Variant:
+        m = copy.deepcopy(model)
+        g = GraphHooks(m, specs, compiled=on)
+        step = compiled(m) if on else _forward(m, x)
+        return Variant(name, step, setup=g.attach, teardown=g.detach, clear=g.clear, count=g.count,
+                       probe=lambda: g.graph.records["rec"][last][0], note=note)
+
+    wl = Workload(key, title, hooked_calls=len(names))
+    wl.variants = [
+        Variant("none", compiled(copy.deepcopy(model)), note=f"torch.compile({backend}), no hooks"),
+        Variant("none_aa", compiled(copy.deepcopy(model)), note="A/A control: a second compiled copy"),
+        hand("hand"),
+        graph("hookgraph", spec, on=True, note="attach(compiled=True), then torch.compile"),
+        Variant("eager_none", _forward(copy.deepcopy(model), x), note="not compiled, no hooks"),
+        graph("eager_hookgraph", spec, on=False, note="not compiled, hookgraph record"),
+    ]
+    wl.targets = [Target("hookgraph", 1.05, against="hand")]
+    wl.notes.append(
+        f"{len(names)} hooked {kind.__name__} modules; forward under torch.no_grad(); backend {backend}, "
+        "compiled in the check pass (its compile time is not in the samples)."
+    )
+    return wl
+
+
+def w1c(use_peers: bool = True, backend: str = "inductor") -> Workload:
+    torch.manual_seed(1)
+    model, x = resnet18(train=False), torch.randn(8, 3, 64, 64)
+    return _compiled_workload(
+        "W1C", "W1 under torch.compile: resnet18, eval, batch 8 at 64x64, record every Conv2d output",
+        model, x, nn.Conv2d, backend,
+    )
+
+
+def w3c(use_peers: bool = True, backend: str = "inductor") -> Workload:
+    torch.manual_seed(3)
+    model, x = mlp(), torch.randn(4, 64)
+    return _compiled_workload(
+        "W3C",
+        "W3 under torch.compile: Sequential of 200 x (Linear(64,64) + ReLU), batch 4, record every Linear output",
+        model, x, nn.Linear, backend,
+    )
+
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W1C": w1c, "W3C": w3c}
 
 
 def probe_close(a: Tensor | None, b: Tensor | None) -> bool | None:

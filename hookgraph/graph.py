@@ -17,7 +17,7 @@ from .compiled import is_compiled, sync_compiled_code
 from .errors import HookGraphError, InplaceBackwardError, full_key
 from .gcpause import gc_paused
 from .points import POINTS
-from .sites import REGISTRARS, Binding, Switch
+from .sites import REGISTRARS, Binding, Switch, block_hooks
 from .store import Entries, ResultStore
 from .transfer import HostCopier
 
@@ -60,7 +60,12 @@ class Plan(list):
         def line(cells: Iterable[str]) -> str:
             return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-        return "\n".join([line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)])
+        table = [line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)]
+        breaks = [r for r in self if str(r.get("compiled", "")).startswith("graph break")]
+        if breaks:
+            table += ["", "under torch.compile these bindings break the graph (their hooks run eagerly):"]
+            table += [f"  {r['spec']} at {r['target']!r}: {r['compiled']}" for r in breaks]
+        return "\n".join(table)
 
     def to_json(self) -> str:
         return json.dumps(list(self), indent=2)
@@ -86,13 +91,17 @@ class Attachment:
         # Code torch.compile cached without hook guards would silently skip our hooks.
         sync_compiled_code()
         self._compiled = compiled
+        log = graph.store.log if compiled else None  # traced hooks keep results there
         for b in graph.bindings:
-            b.eager = compiled
+            b.eager, b.log, b.switch = compiled, log, None
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
+        self._blocks: list[RemovableHandle] = []  # compiled: the model's trace-log block hooks
         graph._attachment = self
         try:
+            if compiled and any(b.traced for b in graph.bindings):
+                self._blocks = block_hooks(graph.model)
             graph.set_step(graph.step)  # registers the bindings live at the current step
         except BaseException:
             self.remove()  # a failed attach leaves the graph detached, not stuck half attached
@@ -168,6 +177,10 @@ class Attachment:
         self._live = False
         with gc_paused():
             self._drop(list(self._handles))
+        for h in self._blocks:
+            h.remove()
+        self._blocks = []
+        self._graph.store.log.drain()  # traced calls are counted and kept before the bindings go off
         # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
         # a backward() after detach run none of our actions.
         for b in self._graph.bindings:
@@ -256,10 +269,15 @@ class HookGraph:
         """Register the hooks of every binding live at the current step.
 
         Args:
-            compiled: the model runs under ``torch.compile``: module hooks are then excluded
-                from tracing (``torch._dynamo.disable``) and run eagerly, so records and
-                replacements are the same as in eager mode at the cost of a graph break per
-                hooked module. Tensor and parameter gradient hooks run in autograd as usual.
+            compiled: the model runs under ``torch.compile``. Every binding is registered at
+                attach and switched by its schedule (a change recompiles once). Forward and
+                forward_pre hooks of traceable actions (record, stats, edits, patch) are
+                traced into the compiled graph and keep their results in the store's trace
+                log until a reader (``records``, ``stats``, ``calls``, ``set_step``) empties
+                it; the others run eagerly beside the compiled code, one graph break per
+                hooked module (``plan()``'s ``compiled`` column says which). Records and
+                replacements are the same as in eager mode. Tensor and parameter gradient
+                hooks run in autograd as usual.
 
         Returns:
             The :class:`Attachment`: a context manager whose exit (also on error) removes
@@ -311,6 +329,7 @@ class HookGraph:
     @property
     def calls(self) -> dict[str, int]:
         """spec -> how many times its action ran (0: the spec never fired)."""
+        self.store.log.drain()
         out: dict[str, int] = {}
         for b in self.bindings:
             out[b.spec.name] = out.get(b.spec.name, 0) + b.calls
@@ -330,6 +349,7 @@ class HookGraph:
     @property
     def stats(self) -> list[dict]:
         """Rows of statistics; reading them synchronises with the device once."""
+        self.store.log.drain()
         return self.store.stats.rows()
 
     def clear(self) -> None:

@@ -1,6 +1,6 @@
 """Registrars: how a binding becomes PyTorch hooks at its hook point.
 
-Public names: Binding, Inputs, make_caller, direct_caller, action_error, REGISTRARS.
+Public names: Binding, Inputs, make_caller, direct_caller, action_error, block_hooks, REGISTRARS.
 
 Everything a hook needs is prepared here, before registration: the closures below do no
 name lookups or matching. They allocate only what PyTorch asks for (a replaced tuple, an
@@ -25,9 +25,12 @@ from .actions.registry import ActionDef
 from .errors import ActionError, HookGraphError, full_key
 from .points import HookPoint
 from .spec import HookSpec
+from .store import TRACE, TraceLog, _Call
 from .tree import set_item, tensors, tree_replace
 
-__all__ = ["Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "REGISTRARS"]
+__all__ = [
+    "Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "block_hooks", "REGISTRARS",
+]
 
 
 @dataclass(eq=False)
@@ -50,7 +53,11 @@ class Binding:
     stop: int | None = None  # end of ``when.steps`` (exclusive); None: no end
     active: bool = True  # the schedule includes the current step (the graph sets it)
     want_training: bool | None = None  # ``when.mode``: True train, False eval, None any
-    eager: bool = False  # the model runs under torch.compile: keep our hooks out of the trace
+    eager: bool = False  # the model runs under torch.compile (attach(compiled=True))
+    log: TraceLog | None = None  # under torch.compile: where traced hooks keep results (the graph's store's)
+    sink_id: int = -1  # this binding's sink in ``log`` (registered once, at its first compiled attach)
+    sink: Callable[[Any], None] | None = None  # that sink, kept alive here (the log holds it weakly)
+    switch: Any = None  # a traced hook's schedule: the closure cell update() sets, or ALWAYS (see _switch)
     lock: threading.RLock | None = None  # hooks run in several threads (DataParallel): serialise them
     calls: int = 0  # times the action ran: a spec that never fires should not pass unnoticed
     recomputed: int = 0  # forward calls re-run by gradient checkpointing in backward: not in calls
@@ -82,7 +89,31 @@ class Binding:
             "action": self.action.name,
             "order": self.spec.order if self.spec.order is not None else 0,
             "when": {"steps": self.spec.when.steps, "every": self.spec.when.every, "mode": self.spec.when.mode.value},
+            "compiled": self.compiled_mode(),
         }
+
+    @property
+    def traced(self) -> bool:
+        """Under torch.compile, dynamo traces this binding's hooks into the graph.
+
+        True for forward and forward_pre hooks of traceable actions; the others run
+        eagerly beside the compiled code (see :meth:`compiled_mode`).
+        """
+        return not self.compiled_mode().startswith("graph break")
+
+    def compiled_mode(self) -> str:
+        """How the binding's hooks run under torch.compile, as the plan shows it:
+        ``traced``, ``autograd`` (gradient hooks that autograd runs beside the compiled
+        graph) or ``graph break (why)``: the hook runs eagerly, splitting the graph there."""
+        if self.at in (HookPoint.param_grad, HookPoint.param_accumulated):
+            return "autograd"
+        if self.at not in (HookPoint.forward, HookPoint.forward_pre):
+            return f"graph break ({self.at} hooks run eagerly)"
+        if not (self.action.traceable and getattr(self.fn, "traceable", True)):
+            return f"graph break (action {self.action.name!r} is not traceable)"
+        if self.lock is not None:
+            return "graph break (replicas run hooks in threads)"
+        return "traced"
 
     def scheduled(self, step: int) -> bool:
         """Whether the spec's schedule includes ``step``."""
@@ -95,6 +126,15 @@ class Binding:
 
     def update(self, step: int) -> None:
         self.active = self.scheduled(step)
+        switch = self.switch
+        if switch is not None:  # a traced hook reads its schedule from a closure cell
+            if switch is not ALWAYS:
+                switch.cell_contents = self.active
+            elif not self.active:
+                raise HookGraphError(
+                    f"{self.key}: step {step} is before step 0; under torch.compile the traced hooks of a spec "
+                    "without when.steps act at every step from 0 on"
+                )
 
 
 class Inputs(tuple):
@@ -170,7 +210,9 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
 
 def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable[..., Any]:
     """The hook as registered: named after its binding; serialised where replicas run hooks
-    in threads; a module hook is kept out of dynamo's trace under torch.compile."""
+    in threads; under torch.compile, a module hook dynamo cannot trace is kept out of the
+    trace (it runs eagerly: a graph break), and an eager hook first empties the trace log, so
+    results keep the order in which the calls happened."""
     if b.lock is not None:
         lock, inner = b.lock, hook
 
@@ -178,14 +220,72 @@ def _prepared(b: Binding, hook: Callable[..., Any], *, module: bool) -> Callable
             with lock:
                 return inner(*args)
 
+    if b.eager and b.log is not None:
+        drain, unlogged = b.log.drain, hook
+
+        def hook(*args: Any) -> Any:
+            drain()  # traced calls before this one land first
+            return unlogged(*args)
+
     hook.__name__ = hook.__qualname__ = b.label
     if b.eager and module:
-        # Under torch.compile, module hooks run eagerly: one graph break per hooked module
-        # instead of dynamo tracing (and recompiling for) every hook closure.
         import torch._dynamo
 
         return torch._dynamo.disable(hook)
     return hook
+
+
+def _traced_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A module hook dynamo traces into the compiled graph (see ``Binding.traced``)."""
+    hook.__name__ = hook.__qualname__ = b.label
+    return hook
+
+
+def _sink_id(b: Binding, log: TraceLog) -> int:
+    """The number ``b``'s traced hooks name their sink by: the sink counts the call and keeps
+    what the action's ``pure`` returned, outside the trace."""
+    if b.sink_id < 0:
+        pair = getattr(b.fn, "traced", None)
+        keep = pair[1] if pair is not None else None
+        if keep is not None and b.action.per_tensor:
+            one = keep
+
+            def keep(kept: Any) -> None:
+                for k in kept if isinstance(kept, list) else (kept,):
+                    one(k)
+
+        def sink(kept: Any) -> None:
+            b.calls += 1
+            if keep is not None:
+                keep(kept)
+
+        b.sink, b.sink_id = sink, log.register(sink)
+    return b.sink_id
+
+
+def _traced_caller(b: Binding) -> tuple[Callable[..., Any], bool]:
+    """For a traced hook: ``(fn, keeps)``. ``fn(value)`` returns what to keep when ``keeps``
+    (a record-like action's ``pure``), else the new value or None (an edit). Built flat: every
+    function and closure cell the hook reaches is one more guard dynamo checks per call."""
+    pair = getattr(b.fn, "traced", None)
+    if pair is None:  # an edit: what it returns replaces the value, nothing is kept
+        call = make_caller(b)
+        if b.action.wants_io:
+            return call, False
+        direct = direct_caller(b)
+        if direct is not None:
+            return direct, False
+        return (lambda value: call(value, None, None)), False
+    pure, index = pair[0], b.spec.index
+    if b.action.per_tensor:
+        one = pure
+
+        def pure(value: Any) -> Any:
+            return one(value) if type(value) is Tensor else [one(t) for t in tensors(value)]
+
+    if index is None:
+        return pure, True
+    return (lambda value: pure(_pick(b, value, index))), True
 
 
 def _module_hook(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -276,6 +376,8 @@ _backward = _tuple_point("register_full_backward_hook", lambda a: (a[0], a[0], a
 def _forward_pre(b: Binding) -> list[RemovableHandle]:
     # with_kwargs: modules called with keyword arguments (Hugging Face) expose them to
     # wants_io actions; the action's value stays the positional inputs.
+    if b.eager and b.log is not None and b.traced:
+        return _traced_forward_pre(b, b.log)
     call, want = make_caller(b), b.want_training
     unwrap, rewrap = _tuple_io(b)
     wants_io, replaces = b.action.wants_io, b.action.replaces
@@ -296,7 +398,122 @@ def _forward_pre(b: Binding) -> list[RemovableHandle]:
     return [b.module.register_forward_pre_hook(_module_hook(b, hook), with_kwargs=True)]
 
 
+# Traced hooks (under torch.compile): every read below is a constant to dynamo, guarded
+# (the schedule's `on` changes with the step: one recompile per change, the code for each
+# state is kept); the call is counted, and its results kept, through the trace log (see TraceLog).
+# ``sid + 0``: a computed int is written into the replayed code as a constant, where ``sid``
+# itself would be re-read through the hook's closure cell, a dozen lookups per call.
+# Gradient checkpointing's recomputation is not told apart here: compiled code does not
+# re-run a forward through Python hooks.
+
+
+ALWAYS = object()  # Binding.switch of a traced hook without a schedule check
+
+
+def _always_on(b: Binding) -> bool:
+    """Whether the spec's schedule includes every step from 0 on (no when.steps, every 1)."""
+    return b.start == 0 and b.stop is None and b.spec.when.every == 1
+
+
+def _switch(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``update()`` switch a traced hook whose closure reads ``on``. Dynamo checks a
+    closure cell for every hook at every call; a bool cell is the cheapest such check (a
+    ``b.active`` read costs a type check and an attribute lookup: ~5% of W3C)."""
+    names = hook.__code__.co_freevars
+    b.switch = hook.__closure__[names.index("on")] if "on" in names else ALWAYS  # type: ignore[index]
+    return _traced_hook(b, hook)
+
+
+def _log(sid: int, kept: Any) -> None:
+    """One traced call into the trace log: into the open block of the model's forward, else
+    linked on its own (see TraceLog). Inlined by dynamo: no frame at run time."""
+    head = TRACE.head
+    if head.open:
+        head.kept.append((sid, kept))
+    else:
+        TRACE.head = _Call(head, sid, kept)
+
+
+def _open_block(module: nn.Module, args: tuple) -> None:
+    TRACE.open_block()
+
+
+def _close_block(module: nn.Module, args: tuple, output: Any) -> None:
+    TRACE.close_block()
+
+
+def block_hooks(model: nn.Module) -> list[RemovableHandle]:
+    """Under torch.compile: the model's hooks that open and close a block of the trace log
+    per forward, so hooked calls inside cost a tuple each instead of an object. On the bare
+    model: hooks on a torch.compile wrapper would run outside the trace, and the traced
+    hooks would then read a block dynamo did not create (and guard on its length)."""
+    inner = getattr(model, "_orig_mod", None)
+    while isinstance(inner, nn.Module):
+        model, inner = inner, getattr(inner, "_orig_mod", None)
+    opened = model.register_forward_pre_hook(_open_block, prepend=True)
+    try:
+        return [opened, model.register_forward_hook(_close_block, always_call=True)]
+    except BaseException:
+        opened.remove()
+        raise
+
+
+def _traced_forward_pre(b: Binding, log: TraceLog) -> list[RemovableHandle]:
+    (fn, keeps), want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    unwrap, rewrap = _tuple_io(b)
+    wants_io = b.action.wants_io
+    on = b.active
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        if on and (want is None or module.training is want):
+            if keeps:
+                _log(sid + 0, fn(unwrap(args)))
+                return None
+            if wants_io:
+                new = fn(unwrap(args), Inputs(args, kwargs), None)
+            else:
+                new = fn(unwrap(args))
+            _log(sid + 0, None)
+            if new is not None:
+                return rewrap(args, new), kwargs
+        return None
+
+    return [b.module.register_forward_pre_hook(_switch(b, hook), with_kwargs=True)]
+
+
+def _traced_forward(b: Binding, log: TraceLog) -> list[RemovableHandle]:
+    (fn, keeps), want, sid = _traced_caller(b), b.want_training, _sink_id(b, log)
+    wants_io = b.action.wants_io
+    on = b.active
+
+    if keeps and want is None and _always_on(b):  # the record and stats hot path: the fewest checks
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            _log(sid + 0, fn(output))
+            return None
+
+    elif keeps:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if on and (want is None or module.training is want):
+                _log(sid + 0, fn(output))
+            return None
+
+    else:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if on and (want is None or module.training is want):
+                new = fn(output, args, output) if wants_io else fn(output)
+                _log(sid + 0, None)
+                return new
+            return None
+
+    return [b.module.register_forward_hook(_switch(b, hook))]
+
+
 def _forward(b: Binding) -> list[RemovableHandle]:
+    if b.eager and b.log is not None and b.traced:
+        return _traced_forward(b, b.log)
     direct, want, replaces = direct_caller(b), b.want_training, b.action.replaces
     if direct is None:
         call = make_caller(b)

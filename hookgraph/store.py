@@ -1,6 +1,6 @@
 """The result store: where actions keep what they find. One per HookGraph.
 
-Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer.
+Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer, TraceLog, TRACE.
 
 Actions reach the store only through their ``ActionContext``, which hands them one typed
 place each:
@@ -13,13 +13,15 @@ place each:
 - **the stats buffer** (:class:`StatsBuffer`), which owns ``STAT_NAMES`` and the row layout.
 
 The compiler builds the store, the actions' factories take their slots from it, and the
-graph is built last around both.
+graph is built last around both. Hooks traced by ``torch.compile`` keep what they find in
+the store's :class:`TraceLog` first; every reader empties it into the places above.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ from torch import Tensor
 from .errors import HookGraphError
 from .transfer import HostCopier
 
-__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer"]
+__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog", "TRACE"]
 
 STAT_NAMES = ("mean", "std", "min", "max", "absmax", "norm", "zero_frac", "nan", "inf")
 
@@ -159,6 +161,85 @@ class Entries(list):
         self._parts.clear()
 
 
+class _Call:
+    """One traced hook call (the call before it, its sink's number and what it kept), or,
+    with ``sink == BLOCK``, one forward of a model: ``kept`` lists its calls as
+    ``(sink, kept)`` pairs, appended while ``open``."""
+
+    def __init__(self, prev: _Call | None, sink: int, kept: Any, open: bool = False) -> None:  # noqa: A002
+        self.prev = prev
+        self.sink = sink
+        self.kept = kept
+        self.open = open
+
+
+BLOCK = -2  # the sink number of a forward's block of calls
+
+
+class TraceLog:
+    """What hooks traced by ``torch.compile`` keep, in call order, until a reader drains it.
+
+    Dynamo guards on what traced code reads: a list's length, an int's value. A hook that
+    appended to a record list or counted its calls in an int would recompile at every call.
+    A traced hook instead does ``TRACE.head = _Call(TRACE.head, sink, kept)``: the previous
+    head is passed on unread, so the only guard is its type, and dynamo replays the new
+    object after the graph ran (one small object per hooked call, like a hand-written hook's
+    ``list.append``). ``drain()`` walks the chain back, then hands each call's ``kept`` to its
+    sink (the record slot, the stats buffer; the sink also counts the call), oldest first.
+
+    Cheaper still, where the compiled graph's model is the hooked model: a traced pre-hook on
+    the model opens a block (``_Call(head, BLOCK, [], open=True)``), the hooks append
+    ``(sink, kept)`` to the open block's list, created in the trace (replayed as one list of
+    tuples), and a traced hook after the model's forward closes it. A hook that finds the head
+    closed (a submodule called on its own) links its own ``_Call``.
+
+    There is one log per process (``TRACE``), read by traced hooks as a module global: dynamo
+    then guards it once per compiled frame, not once per hook. Draining it serves every graph;
+    sinks are held weakly (by number), so a graph that is gone leaves nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self.root = _Call(None, -1, None)  # the same type as every head: no recompile when drained
+        self.head = self.root
+        self._sinks: weakref.WeakValueDictionary[int, Callable[[Any], None]] = weakref.WeakValueDictionary()
+        self._ids = itertools.count()
+
+    def register(self, sink: Callable[[Any], None]) -> int:
+        """The number a traced hook names ``sink`` by (an int is a constant in the trace).
+        The caller keeps ``sink`` alive (the log holds it weakly)."""
+        sid = next(self._ids)
+        self._sinks[sid] = sink
+        return sid
+
+    def drain(self) -> None:
+        head: _Call | None = self.head
+        if head is self.root:
+            return
+        self.head = self.root
+        calls = []
+        while head is not self.root and head is not None:
+            calls.append(head)
+            head = head.prev
+        sinks = self._sinks
+        for call in reversed(calls):
+            for sid, kept in call.kept if call.sink == BLOCK else ((call.sink, call.kept),):
+                sink = sinks.get(sid)
+                if sink is not None:  # None: its graph is gone
+                    sink(kept)
+
+    def open_block(self) -> None:
+        """A forward of the model begins (a traced pre-hook on the model calls this)."""
+        self.head = _Call(self.head, BLOCK, [], True)
+
+    def close_block(self) -> None:
+        """The forward ended: later calls link on their own until the next one begins."""
+        if self.head.open:
+            self.head.open = False
+
+
+TRACE = TraceLog()
+
+
 class StatsBuffer:
     """Statistics rows: ``(spec, target, point, step)`` plus one small device tensor of
     ``STAT_NAMES`` values per call, copied to the host once, when :meth:`rows` is read."""
@@ -236,6 +317,7 @@ class ResultStore:
         # Re-entrant: a user action that calls a hooked module must not deadlock on itself.
         self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
+        self.log = TRACE  # what traced hooks kept (the process's one log), emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
 
     # -- what actions get ---------------------------------------------------------
@@ -253,7 +335,9 @@ class ResultStore:
         self._deferred.append((values, check))
 
     def settle_checks(self) -> None:
-        """Run the checks deferred on the device (one synchronisation for all of them)."""
+        """Empty the trace log and run the checks deferred on the device (one
+        synchronisation for all of them)."""
+        self.log.drain()
         self._run_deferred()
 
     def _run_deferred(self) -> None:
@@ -279,6 +363,7 @@ class ResultStore:
         """Make the results complete and trustworthy before anyone reads them: wait for
         device-to-host copies, merge per-device entries, run deferred checks, and (with
         ``strict``) refuse records that an in-place op rewrote after they were kept."""
+        self.log.drain()
         self.host.synchronize()
         self._run_deferred()
         for spec, targets in self.records.items():
@@ -295,6 +380,7 @@ class ResultStore:
 
     def counts(self) -> dict[str, int]:
         """spec -> rows and statistics rows held now (records are counted when written)."""
+        self.log.drain()
         out = {spec: len(rows) for spec, rows in self.rows.items()}
         for spec, n in self.stats.counts().items():
             out[spec] = out.get(spec, 0) + n

@@ -29,7 +29,7 @@ def shapes(value: Any) -> Any:
     return to_plain(value, lambda t: list(t.shape))
 
 
-@register_action()
+@register_action(traceable=True)
 def stats(ctx: ActionContext):
     """Summary statistics (mean, std, min, max, absmax, L2 norm, zero fraction, NaN and Inf
     counts), computed on the value's device and read once, when ``graph.stats`` is read.
@@ -46,7 +46,7 @@ def stats(ctx: ActionContext):
     add = ctx.stats_sink()
     inf = float("inf")
 
-    def fn(t: Tensor) -> None:
+    def summary(t: Tensor) -> Tensor | None:
         x = t.detach()
         if type(x) is not Tensor and is_dtensor(x):  # rows hold plain numbers: the rank's shard, no collective
             x = x.to_local()  # type: ignore[attr-defined]
@@ -54,7 +54,7 @@ def stats(ctx: ActionContext):
             x = x.float()  # no copy for float32; half precision would lose the sums
         n = x.numel()
         if n == 0:
-            return
+            return None
         std, mean = torch.std_mean(x, correction=0) if n > 1 else (x.new_zeros(()), x.reshape(()))
         lo, hi = torch.aminmax(x)
         absmax = torch.maximum(hi.abs(), lo.abs())
@@ -73,8 +73,18 @@ def stats(ctx: ActionContext):
                 torch.isinf(x).sum().float(),
             ]
         )
-        add(vec)
+        return vec
 
+    def fn(t: Tensor) -> None:
+        vec = summary(t)
+        if vec is not None:
+            add(vec)
+
+    def sink(vec: Tensor | None) -> None:
+        if vec is not None:
+            add(vec)
+
+    fn.traced = (summary, sink)  # type: ignore[attr-defined]  # under torch.compile: summary in the graph
     return fn
 
 
@@ -108,7 +118,7 @@ def trace(ctx: ActionContext):
     return fn
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None):  # noqa: A002 - the YAML args, as torch.clamp's
     """Clamp every element into [min, max]."""
     if min is None and max is None:
@@ -118,25 +128,25 @@ def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None
     return lambda t: torch.clamp(t, min=min, max=max)
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def scale(ctx: ActionContext, factor: float):
     """Multiply by ``factor``."""
     return lambda t: t * factor
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def add(ctx: ActionContext, value: float):
     """Add ``value``."""
     return lambda t: t + value
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def zero(ctx: ActionContext):
     """Replace with zeros of the same shape, dtype and device."""
     return torch.zeros_like
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def noise(ctx: ActionContext, std: float, seed: int | None = None):
     """Add Gaussian noise of standard deviation ``std`` (seeded per site when ``seed`` is set)."""
     if std < 0:
@@ -151,10 +161,13 @@ def noise(ctx: ActionContext, std: float, seed: int | None = None):
                 gen = generators[t.device] = torch.Generator(device=t.device).manual_seed(seed)
         return t + torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) * std
 
+    # A seeded torch.Generator cannot be traced: seeded noise runs eagerly under torch.compile
+    # and draws the same numbers as in eager mode; unseeded noise is drawn in the graph.
+    fn.traceable = seed is None  # type: ignore[attr-defined]
     return fn
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0):
     """Set the given indices along ``dim`` (channels by default) to ``value``."""
     idx = [index] if isinstance(index, int) else list(index)
@@ -165,6 +178,8 @@ def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0
     def fn(t: Tensor) -> Tensor:
         if t.dim() <= dim:
             raise IndexError(f"mask dim {dim} out of range for a tensor of shape {list(t.shape)} at {ctx.target}")
+        if torch.compiler.is_compiling():  # a constant of the graph; a cache would recompile once it fills
+            return t.index_fill(dim, torch.tensor(idx, device=t.device), value)
         where = cache.get(t.device)
         if where is None:
             where = cache[t.device] = torch.tensor(idx, device=t.device)
@@ -173,7 +188,7 @@ def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0
     return fn
 
 
-@register_action(replaces=True)
+@register_action(replaces=True, traceable=True)
 def clip_norm(ctx: ActionContext, max_norm: float, norm_type: float = 2.0):
     """Rescale so the tensor's norm is at most ``max_norm`` (no host sync)."""
     if max_norm <= 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..errors import HookGraphError
@@ -50,6 +51,8 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
                 f"{list(src.shape)}, the live value {list(value.shape)}; "
                 f"patch runs with the same batch size and input shape"
             )
+        if torch.compiler.is_compiling():  # folded into the graph; a cache would recompile once it fills
+            return src.to(device=value.device, dtype=value.dtype, copy=True)
         key = (id(src), value.device, value.dtype)
         t = moved.get(key)
         if t is None:
@@ -76,7 +79,7 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
     return fn
 
 
-@register_action(replaces=True, per_tensor=False)
+@register_action(replaces=True, per_tensor=False, traceable=True)
 def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0):
     """Replace the value with the one recorded for the same target in another run
     (activation patching): ``run`` is that run's folder, ``spec`` the record spec there,

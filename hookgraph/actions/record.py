@@ -157,7 +157,7 @@ def _mover(
     return move
 
 
-@register_action(per_tensor=False)
+@register_action(per_tensor=False, traceable=True)
 def record(
     ctx: ActionContext,
     keep: str = "all",
@@ -229,7 +229,46 @@ def record(
         return tree_map(lambda leaf: move(leaf, leaf is t), x)
 
     plain = not stages and not clone and (device is None or device.type == "cpu")
-    return _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
+    fn = _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
+    fn.traced = _traced(ctx, slot, stages, device)  # type: ignore[attr-defined]
+    return fn
+
+
+def _traced(
+    ctx: ActionContext, slot: Entries, stages: list[Stage], device: torch.device | None
+) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
+    """``(pure, sink)`` for hooks traced by torch.compile (see ``hookgraph.store.TraceLog``).
+
+    Traced code cannot watch ``_version`` counters, so every kept tensor is a copy: inductor
+    drops a copy of a value nothing edits afterwards (its no-op clone pass), and keeps it
+    where an in-place op follows, which is what eager mode's probe decides at run time.
+    """
+
+    sink = slot.keep_last if slot.last_only else slot.append
+    if not stages and device is None:
+        # The common case, flat: every function the hook reaches is a guard dynamo checks.
+        def plain(value: Any) -> Any:
+            return value.detach().clone() if type(value) is Tensor else tree_map(_copy, value)
+
+        return plain, sink
+
+    def keep(t: Tensor) -> Any:
+        t = t.detach()
+        x: Any = t
+        for _, stage in stages:
+            x = stage(x)
+        if device is not None:
+            return tree_map(lambda leaf: leaf.to(device, copy=True), x)
+        return tree_map(_copy, x)
+
+    def pure(value: Any) -> Any:
+        return keep(value) if type(value) is Tensor else tree_map(keep, value)
+
+    return pure, sink
+
+
+def _copy(t: Tensor) -> Tensor:
+    return t.detach().clone()
 
 
 def _appender(

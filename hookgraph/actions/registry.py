@@ -11,11 +11,18 @@ compile time, so argument checks and allocations happen there; ``fn`` runs in th
   value and rebuilds the container; ``per_tensor=False`` hands over the value as is.
 - ``replaces=True`` declares that ``fn`` may return a new value; the compiler refuses it at
   points where PyTorch ignores returned values.
+- ``traceable=True`` declares that ``fn`` can run inside ``torch.compile``'s trace: pure tensor
+  code, no host reads, no Python state it reads back. Under ``attach(compiled=True)`` its
+  forward hooks are then traced into the graph; other actions run eagerly beside it (one graph
+  break per hooked module). A traceable ``fn`` that keeps results (record, stats) carries
+  ``fn.traced = (pure, sink)``: ``pure(value)`` runs in the trace and returns what to keep,
+  ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.store.TraceLog``).
 
 A plain user function given by ``{_target_: pkg.mod.fn}`` is wrapped as
 ``fn(value, **args) -> value or None`` (``per_tensor=False``); it may replace values unless
 the config says ``{_target_: pkg.mod.fn, replaces: false}`` (an observer, allowed at
-read-only points such as param_accumulated).
+read-only points such as param_accumulated). ``traceable: true`` next to ``_target_`` lets
+``torch.compile`` trace it (default false: it runs eagerly beside compiled code).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class ActionDef:
     per_tensor: bool  # fn sees one tensor at a time; containers are walked and rebuilt
     wants_io: bool  # fn(value, inputs, output) instead of fn(value)
     doc: str = ""
+    traceable: bool = False  # fn may be traced by torch.compile (see the module docstring)
 
     @property
     def signature(self) -> inspect.Signature:
@@ -126,6 +134,7 @@ def register_action(
     per_tensor: bool = True,
     wants_io: bool = False,
     overwrite: bool = False,
+    traceable: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``factory(ctx, **args) -> fn`` as an action specs can name.
 
@@ -140,6 +149,9 @@ def register_action(
             container as its own type; False hands over the value as it is.
         wants_io: call ``fn(value, inputs, output)`` with what PyTorch passed the hook.
         overwrite: replace an action of the same name without a warning.
+        traceable: ``fn`` is pure tensor code that ``torch.compile`` can trace; under
+            ``attach(compiled=True)`` its forward hooks join the compiled graph instead of
+            running eagerly beside it.
 
     Returns:
         The decorator; it returns the factory unchanged (marked with its ``ActionDef``).
@@ -168,7 +180,7 @@ def register_action(
             warnings.warn(f"action {key!r} is registered already; the new one replaces it", stacklevel=2)
         ACTIONS[key] = ActionDef(
             key, factory, replaces=replaces, per_tensor=per_tensor, wants_io=wants_io,
-            doc=(inspect.getdoc(factory) or "").split("\n")[0],
+            doc=(inspect.getdoc(factory) or "").split("\n")[0], traceable=traceable,
         )
         factory.__hookgraph_action__ = ACTIONS[key]  # type: ignore[attr-defined]
         return factory
@@ -176,7 +188,9 @@ def register_action(
     return deco
 
 
-def _plain_function_action(fn: Callable[..., Any], label: str, replaces: bool = True) -> ActionDef:
+def _plain_function_action(
+    fn: Callable[..., Any], label: str, replaces: bool = True, traceable: bool = False
+) -> ActionDef:
     """Wrap ``fn(value, **args)`` as a factory; arguments are checked against fn's signature."""
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
@@ -190,7 +204,10 @@ def _plain_function_action(fn: Callable[..., Any], label: str, replaces: bool = 
     factory.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=[inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params[1:]
     )
-    return ActionDef(label, factory, replaces=replaces, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "")
+    return ActionDef(
+        label, factory, replaces=replaces, per_tensor=False, wants_io=False, doc=inspect.getdoc(fn) or "",
+        traceable=traceable,
+    )
 
 
 def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Problem]]:
@@ -200,13 +217,17 @@ def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Proble
             return ACTIONS[action], []
         return None, [Problem(key, f"unknown action {action!r}; {did_you_mean(action, ACTIONS, 'registered actions')}")]
     if isinstance(action, Mapping) and "_target_" in action:
-        extra = set(action) - {"_target_", "replaces"}
+        extra = set(action) - {"_target_", "replaces", "traceable"}
         if extra:
-            msg = f"only '_target_' and 'replaces' belong here; put arguments under 'args' (found {sorted(extra)})"
+            msg = (
+                "only '_target_', 'replaces' and 'traceable' belong here; put arguments under 'args' "
+                f"(found {sorted(extra)})"
+            )
             return None, [Problem(key, msg)]
-        replaces = action.get("replaces", True)
-        if not isinstance(replaces, bool):
-            return None, [Problem(f"{key}.replaces", f"expected true or false, got {replaces!r}")]
+        replaces, traceable = action.get("replaces", True), action.get("traceable", False)
+        for flag, flag_value in (("replaces", replaces), ("traceable", traceable)):
+            if not isinstance(flag_value, bool):
+                return None, [Problem(f"{key}.{flag}", f"expected true or false, got {flag_value!r}")]
         path = str(action["_target_"])
         from hydra.utils import get_object  # lazy: hydra is heavy and only needed for _target_
 
@@ -227,7 +248,7 @@ def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Proble
         if not callable(obj):
             return None, [Problem(f"{key}._target_", f"{path!r} is not callable")]
         try:
-            return _plain_function_action(obj, path, replaces), []
+            return _plain_function_action(obj, path, replaces, traceable), []
         except (TypeError, ValueError) as exc:
             return None, [Problem(f"{key}._target_", str(exc))]
     return None, [Problem(key, f"expected an action name or {{_target_: pkg.fn}}, got {action!r}")]

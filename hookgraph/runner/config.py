@@ -75,7 +75,7 @@ class RunnerConfig:
     optimizer: str | None = None  # null, sgd or adam: step after each backward
     lr: float = 0.01
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
-    compile: bool = False  # run the model under torch.compile; hooks run eagerly beside it
+    compile: bool = False  # run the model under torch.compile; traceable hooks are traced into it
     compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
     distributed: str = "none"  # none, ddp (DistributedDataParallel) or fsdp (fully_shard); see the README
     shard: list = field(default_factory=list)  # fsdp: module class names fully_shard wraps, e.g. [BasicBlock]
