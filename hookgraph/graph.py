@@ -115,7 +115,7 @@ class Attachment:
         """Make the registered hooks match the schedules at ``step``."""
         graph = self._graph
         for b in graph.bindings:
-            b.active = b.scheduled(step)  # Binding.update, without a call per binding
+            b.update(step)  # also sets a traced hook's schedule cell
         want = [b for b in graph.bindings if b.active or self._compiled]
         wanted, handles = set(want), self._handles
         # Modules with a binding to register, or a registered one no longer wanted.
