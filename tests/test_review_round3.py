@@ -3,6 +3,8 @@ and big-model work found broken, each pinned by a test that failed before its fi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch._dynamo
@@ -44,3 +46,19 @@ def test_a_schedule_switches_traced_hooks_under_compile(fresh_dynamo, when, fact
     assert got == factors
     assert graph.calls == {"dbl": factors.count(2)}
 
+
+
+def test_a_relative_sweep_folder_gives_job_rows_without_an_absolute_folder(tmp_path, monkeypatch):
+    # The basic launcher accepts hydra.sweep.dir=rel; Hydra's output_dir is absolute. The row
+    # compared the two as given and named every job's folder by its absolute path.
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hookgraph.cli.callbacks import job_return_row
+
+    from .test_cluster_sweeps import _job_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel" / "0").mkdir(parents=True)
+    config = _job_config(Path("rel"), tmp_path / "rel" / "0", 0)
+    row = job_return_row(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert "folder" not in row and (row["job"], row["objective"]) == (0, 0.5)

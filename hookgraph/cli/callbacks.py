@@ -266,7 +266,9 @@ def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     row["job_id"] = str(OmegaConf.select(config, "hydra.job.id", default="") or "")
     row["host"] = socket.gethostname()
     try:
-        folder = out_dir.relative_to(Path(str(hc.sweep.dir))).as_posix()
+        # absolute(): a relative sweep folder (basic and joblib launchers only) is relative
+        # to this job's working directory, and Hydra's output_dir is absolute.
+        folder = out_dir.relative_to(Path(str(hc.sweep.dir)).absolute()).as_posix()
     except ValueError:  # hydra.sweep.subdir may be absolute
         folder = str(out_dir)
     if folder != str(num):
