@@ -62,3 +62,28 @@ def test_a_relative_sweep_folder_gives_job_rows_without_an_absolute_folder(tmp_p
     config = _job_config(Path("rel"), tmp_path / "rel" / "0", 0)
     row = job_return_row(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
     assert "folder" not in row and (row["job"], row["objective"]) == (0, 0.5)
+
+
+def test_ddp_of_a_model_with_nothing_to_train_is_a_config_error(tmp_path, monkeypatch):
+    # DistributedDataParallel refuses such a model with a bare RuntimeError.
+    from torch.distributed import is_initialized
+
+    import hookgraph.runner.loop as loop
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner import run
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = {"model": {"name": "mlp"}, "runner": {"distributed": "ddp", "progress": False}, "hooks": {},
+           "sink": {"figures": False}}
+    build = loop.build_from_config
+
+    def frozen(c):
+        return build(c).requires_grad_(False)
+
+    monkeypatch.setattr(loop, "build_from_config", frozen)
+    with pytest.raises(ConfigError, match=r"runner\.distributed: ddp synchronises gradients, and no parameter"):
+        run(cfg, tmp_path / "r")
+    assert not is_initialized()
+    s = hg.load_run(tmp_path / "r").summary
+    assert s["status"] == "failed" and s["error"]["type"] == "ConfigError"
