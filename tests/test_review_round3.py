@@ -87,3 +87,21 @@ def test_ddp_of_a_model_with_nothing_to_train_is_a_config_error(tmp_path, monkey
     assert not is_initialized()
     s = hg.load_run(tmp_path / "r").summary
     assert s["status"] == "failed" and s["error"]["type"] == "ConfigError"
+
+
+def test_a_job_that_changed_directory_writes_its_row_into_the_relative_sweep_folder(tmp_path, monkeypatch):
+    # hydra.job.chdir=true with the basic launcher: on_job_end runs inside the job's folder,
+    # and a relative sweep folder resolved there put job_returns/ inside every run folder.
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hookgraph.cli.callbacks import RETURNS, SweepTable
+
+    from .test_cluster_sweeps import _job_config
+
+    job = tmp_path / "rel" / "0"
+    job.mkdir(parents=True)
+    monkeypatch.chdir(job)
+    config = _job_config(Path("rel"), job, 0)
+    config.hydra.runtime.cwd = str(tmp_path)
+    SweepTable().on_job_end(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert (tmp_path / "rel" / RETURNS / "0.json").is_file() and not (job / "rel").exists()
