@@ -105,3 +105,19 @@ def test_a_job_that_changed_directory_writes_its_row_into_the_relative_sweep_fol
     config.hydra.runtime.cwd = str(tmp_path)
     SweepTable().on_job_end(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
     assert (tmp_path / "rel" / RETURNS / "0.json").is_file() and not (job / "rel").exists()
+
+
+def test_a_world_size_that_is_not_a_number_is_one_line_naming_it(tmp_path):
+    # The check for a sweep under torchrun read WORLD_SIZE with int(): a bare ValueError traceback.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WORLD_SIZE": "two", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "hookgraph", "-m", "runner.steps=1,2", f"hydra.sweep.dir={tmp_path}/sweep"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "hookgraph: error: WORLD_SIZE: the environment variable must be an integer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "sweep").exists()
