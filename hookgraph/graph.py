@@ -114,8 +114,12 @@ class Attachment:
     def sync(self, step: int) -> None:
         """Make the registered hooks match the schedules at ``step``."""
         graph = self._graph
-        for b in graph.bindings:
-            b.update(step)  # also sets a traced hook's schedule cell
+        if self._compiled:  # update() also sets the schedule cell that traced hooks read
+            for b in graph.bindings:
+                b.update(step)
+        else:
+            for b in graph.bindings:
+                b.active = b.scheduled(step)  # Binding.update, without a call per binding
         want = [b for b in graph.bindings if b.active or self._compiled]
         wanted, handles = set(want), self._handles
         # Modules with a binding to register, or a registered one no longer wanted.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from ..errors import ConfigError, HookGraphError, SpecError
 from ..hooksets import packaged_conf_dir
 from ..instantiate import quiet_logger
 from ..runner import register_configs, run
-from ..runner.distributed import rank_overrides
+from ..runner.distributed import rank_overrides, world_from_env
 from ..runner.lifecycle import RunInterrupted
 from ..runner.messages import closing_lines
 from . import callbacks
@@ -198,7 +197,12 @@ def main() -> None:
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)
-    if _multirun(sys.argv[1:]) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    try:
+        ranked = world_from_env().ranked
+    except ConfigError as exc:  # WORLD_SIZE or RANK that torchrun did not write
+        print(f"hookgraph: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if _multirun(sys.argv[1:]) and ranked:
         # every rank would run its own sweep with its own job folders: refuse, do not guess
         print(
             "hookgraph: error: -m/--multirun under torchrun is not supported: run the sweep from one process "

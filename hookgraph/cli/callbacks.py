@@ -266,7 +266,7 @@ def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     row["job_id"] = str(OmegaConf.select(config, "hydra.job.id", default="") or "")
     row["host"] = socket.gethostname()
     try:
-        folder = out_dir.relative_to(Path(str(hc.sweep.dir))).as_posix()
+        folder = out_dir.relative_to(_job_sweep_dir(config)).as_posix()
     except ValueError:  # hydra.sweep.subdir may be absolute
         folder = str(out_dir)
     if folder != str(num):
@@ -274,12 +274,22 @@ def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
     return row
 
 
+def _job_sweep_dir(config: DictConfig) -> Path:
+    """The sweep folder as a job sees it, absolute. A relative one (basic and joblib launchers
+    only) means the folder under the sweep's working directory (``hydra.runtime.cwd``), not
+    under the job's: with ``hydra.job.chdir=true`` the job runs inside its own folder."""
+    sweep = Path(str(config.hydra.sweep.dir))
+    if sweep.is_absolute():
+        return sweep
+    return Path(str(OmegaConf.select(config, "hydra.runtime.cwd", default=None) or os.getcwd())) / sweep
+
+
 def write_job_return(config: DictConfig, job_return: JobReturn) -> Path:
     """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically."""
     from ..runs.writer import atomic_write
 
     row = job_return_row(config, job_return)
-    folder = Path(str(config.hydra.sweep.dir)) / RETURNS
+    folder = _job_sweep_dir(config) / RETURNS
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{row['job']}.json"
     atomic_write(path, json.dumps(row, indent=1, default=str).encode())

@@ -179,6 +179,13 @@ def wrap_model(model: nn.Module, mode: str, shard: list[str], device: torch.devi
     if mode == "none":
         return model
     if mode == "ddp":
+        if not any(p.requires_grad for p in model.parameters()):
+            # DDP's own refusal is a bare RuntimeError; with nothing to train there is nothing to synchronise.
+            raise ConfigError(
+                "runner.distributed",
+                f"ddp synchronises gradients, and no parameter of this {type(model).__name__} requires grad; "
+                "set runner.distributed=none",
+            )
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
     from torch.distributed.fsdp import fully_shard
