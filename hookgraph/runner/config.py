@@ -79,6 +79,8 @@ class RunnerConfig:
     compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
     distributed: str = "none"  # none, ddp (DistributedDataParallel) or fsdp (fully_shard); see the README
     shard: list = field(default_factory=list)  # fsdp: module class names fully_shard wraps, e.g. [BasicBlock]
+    # ddp: DistributedDataParallel(find_unused_parameters=...); null: on when a spec may replace a forward value
+    find_unused_parameters: bool | None = None
     dist_timeout_s: float = 300.0  # process group timeout: no rank waits longer on a collective
 
 

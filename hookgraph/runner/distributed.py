@@ -1,7 +1,7 @@
 """More than one process: the process group and the wrapped model.
 
 Public names: DISTRIBUTED, World, world_from_env, check_distributed, pick_device, process_group,
-broadcast, wrap_model, rank_overrides.
+broadcast, wrap_model, replacing_specs, rank_overrides.
 
 Under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in the environment) a run joins the
 default process group (gloo on the CPU, ``cpu:gloo,cuda:nccl`` on GPUs, so small objects can
@@ -43,6 +43,7 @@ __all__ = [
     "process_group",
     "broadcast",
     "wrap_model",
+    "replacing_specs",
     "rank_overrides",
 ]
 
@@ -172,7 +173,30 @@ def _class_names(model: nn.Module) -> dict[str, list[nn.Module]]:
     return found
 
 
-def wrap_model(model: nn.Module, mode: str, shard: list[str], device: torch.device) -> nn.Module:
+def replacing_specs(hooks: Any) -> list[str]:
+    """The specs whose action may replace a module's input or output in the forward pass.
+
+    Such a spec can cut parameters out of the backward (``zero``, ``patch``, a detached value),
+    and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
+    Specs with problems are skipped here: compiling them reports the problems.
+    """
+    from ..actions.registry import resolve_action
+    from ..points import HookPoint
+    from ..spec import check_specs
+
+    specs, _, _ = check_specs(hooks, prefix="hooks")
+    out = []
+    for spec in specs:
+        if spec.enabled and spec.at in (HookPoint.forward, HookPoint.forward_pre):
+            defn, _ = resolve_action(spec.action, f"hooks.{spec.name}.action")
+            if defn is not None and defn.replaces:
+                out.append(spec.name)
+    return out
+
+
+def wrap_model(
+    model: nn.Module, mode: str, shard: list[str], device: torch.device, *, find_unused_parameters: bool = False
+) -> nn.Module:
     """``model`` as runner.distributed wants it: DistributedDataParallel (``ddp``) or
     fully_shard on every module whose class is named in ``shard`` and then on the root
     (``fsdp``, in place: FSDP2 keeps the module names). Needs the process group."""
@@ -187,7 +211,7 @@ def wrap_model(model: nn.Module, mode: str, shard: list[str], device: torch.devi
                 "set runner.distributed=none",
             )
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
     from torch.distributed.fsdp import fully_shard
 
     classes = _class_names(model)

@@ -54,6 +54,7 @@ from .distributed import (
     check_distributed,
     pick_device,
     process_group,
+    replacing_specs,
     world_from_env,
     wrap_model,
 )
@@ -349,7 +350,13 @@ def _prepare(st: _Run) -> None:
     if st.world.main:
         _write(st.writer.json, "modules.json", st.modules)
     # Wrapped before compiling: the specs bind to the modules the wrapped model runs.
-    st.model = wrap_model(st.bare, r.distributed, shard, st.device)
+    unused = r.find_unused_parameters
+    if unused is None and r.distributed == "ddp":  # auto: a spec that may cut parameters out of the backward
+        replacing = replacing_specs(cfg.hooks)
+        unused = bool(replacing)
+        if replacing:
+            log.info("runner.find_unused_parameters: on for ddp, for the specs %s", ", ".join(replacing))
+    st.model = wrap_model(st.bare, r.distributed, shard, st.device, find_unused_parameters=bool(unused))
 
 
 def _list(st: _Run) -> dict[str, Any]:
@@ -387,6 +394,17 @@ def _plan_only(st: _Run) -> dict[str, Any]:
     return st.summary
 
 
+def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
+    """DDP's error for parameters that got no gradient, as the setting that avoids it."""
+    if r.distributed == "ddp" and "Expected to have finished reduction" in str(exc):
+        raise ConfigError(
+            "runner.find_unused_parameters",
+            "some parameters got no gradient in the last backward (a spec or the model cut them out), and "
+            "DistributedDataParallel waits for them; set runner.find_unused_parameters=true (or null: on "
+            "whenever a spec may replace a forward value)",
+        ) from None
+
+
 def _steps(st: _Run) -> None:
     """The forward/backward passes with the hooks attached; one shard per step."""
     cfg, r, graph, model = st.cfg, st.cfg.runner, st.graph, st.model
@@ -414,7 +432,11 @@ def _steps(st: _Run) -> None:
                 st.first_input = inputs[0][0].detach().cpu()  # sample 0, before any cast: the overlay's picture
             inputs, labels = to_device(inputs, st.device, st.dtype), to_device(labels, st.device)
             with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
-                out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                try:
+                    out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                except RuntimeError as exc:
+                    _unused_parameters(exc, r)
+                    raise
                 loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                 if r.metric is not None:
                     st.metrics.append(compute_metric(r.metric, out, inputs))

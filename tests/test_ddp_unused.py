@@ -1,0 +1,49 @@
+"""DDP and specs that cut parameters out of the backward: DDP must not wait for their gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookgraph as hg
+from hookgraph.errors import ConfigError
+from hookgraph.runner import run
+from hookgraph.runner.distributed import replacing_specs
+
+needs_gloo = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
+RUNNER = {"steps": 3, "batch_size": 2, "optimizer": "sgd", "lr": 0.1, "distributed": "ddp", "progress": False}
+# zero on conv's output: conv's weight and bias get no gradient, which DDP waits for by default.
+HOOKS = {"z": {"target": "conv", "action": "zero"}, "w": {"target": "conv.weight", "at": "param_value"}}
+
+
+def test_specs_that_may_replace_a_forward_value_are_found():
+    hooks = {
+        "z": {"target": "conv", "action": "zero"},
+        "r": {"target": "conv", "action": "record"},
+        "g": {"target": "conv", "at": "output_grad", "action": "zero"},  # a gradient edit cuts nothing
+        "off": {"target": "conv", "action": "zero", "enabled": False},
+        "pre": {"target": "conv", "at": "forward_pre", "action": "scale", "args": {"factor": 0.5}},
+    }
+    assert replacing_specs(hooks) == ["z", "pre"]
+
+
+@needs_gloo
+def test_ddp_turns_find_unused_parameters_on_for_a_zero_spec(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    out = tmp_path / "auto"
+    s = run({"runner": RUNNER, "hooks": HOOKS, "sink": {"figures": False}}, out)
+    assert s["status"] == "completed" and s["steps"] == 3
+    # conv's weight took no step: its gradient was cut, and DDP did not hang or raise over it.
+    w = hg.load_run(out).records["w"]["conv.weight"]
+    torch.testing.assert_close(w[0], w[2])
+
+
+@needs_gloo
+def test_ddp_error_for_unused_parameters_names_the_setting(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    runner = {**RUNNER, "find_unused_parameters": False}
+    with pytest.raises(ConfigError, match="runner.find_unused_parameters: some parameters got no gradient"):
+        run({"runner": runner, "hooks": HOOKS, "sink": {"figures": False}}, tmp_path / "off")
+    assert not torch.distributed.is_initialized()
