@@ -369,6 +369,10 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     param_value = at is HookPoint.param_value
     root = targets.model if param_value else None
     factory, args, lock, model = defn.factory, spec.args, store.lock, targets.model
+    # An action may split its factory: ``factory.per_spec(ctx, **args)`` does the work that
+    # is the same at every site once and returns ``site(target) -> fn`` (see record).
+    per_spec = getattr(factory, "per_spec", None)
+    site = None
     for target_index, name in enumerate(matched):
         module = lookup[name]
         if not on_params:
@@ -393,10 +397,17 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 )
             )
             continue
-        ctx = ActionContext(spec_name, name, at, type(param if param is not None else module).__name__, store, key,
-                            model=model)
         try:
-            fn = factory(ctx, **args)
+            if site is None:
+                ctx = ActionContext(spec_name, name, at, type(param if param is not None else module).__name__,
+                                    store, key, model=model)
+                if per_spec is None:
+                    fn = factory(ctx, **args)
+                else:
+                    site = per_spec(ctx, **args)
+                    fn = site(name)
+            else:
+                fn = site(name)
         except (TypeError, ValueError) as exc:
             problems.append(Problem(full_key(key, "args"), f"{defn.name}: {exc}"))
             break
