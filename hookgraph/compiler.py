@@ -372,18 +372,22 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     # An action may split its factory: ``factory.per_spec(ctx, **args)`` does the work that
     # is the same at every site once and returns ``site(target) -> fn`` (see record).
     per_spec = getattr(factory, "per_spec", None)
+    script_module = torch.jit.ScriptModule
     site = None
     for target_index, name in enumerate(matched):
         module = lookup[name]
-        if not on_params:
+        if on_params:
+            param = params[name]
+            why = _unhookable(spec, module, param)
+            shard = sharded.shard_of(name, param, targets.modules)
+            if why is None and isinstance(shard, str):
+                why = shard
+        else:
             if id(module) in hooked:  # one module under two names (aliases): hooked once, by its first name
                 continue
             hooked.add(id(module))
-        param = params[name] if on_params else None
-        why = _unhookable(spec, module, param)
-        shard = sharded.shard_of(name, param, targets.modules) if param is not None else None
-        if why is None and isinstance(shard, str):
-            why = shard
+            param = shard = None
+            why = "script" if isinstance(module, script_module) else None  # _unhookable, inlined for modules
         if why is not None:
             refused.setdefault(why, []).append(name)
             continue

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: ~30,000 are built per compile of a 20,000-module model
 class Binding:
     """One spec bound to one name at one hook point: everything its hooks need.
 

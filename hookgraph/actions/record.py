@@ -236,6 +236,30 @@ def _per_spec(
     slots = ctx.store.records.setdefault(spec, {})
     pure = _pure(stages, device)
 
+    def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
+        """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""
+        move = _mover(to_host, device, clone, _keeper(slot))
+
+        def one(t: Tensor) -> Any:
+            t = t.detach()
+            if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
+                t = plain_tensor(t, shard)
+            x: Any = t
+            for label, stage in stages:
+                try:
+                    x = stage(x)
+                except (IndexError, RuntimeError) as exc:
+                    # Ranks and sizes are only known per call; name the site and the shape.
+                    raise HookGraphError(
+                        f"record at {target!r} (spec {spec!r}): {label} does not fit a value of shape "
+                        f"{list(t.shape)}: {str(exc).splitlines()[0]}"
+                    ) from exc
+            return tree_map(lambda leaf: move(leaf, leaf is t), x)
+
+        return one
+
+    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one)
+
     def site(target: str) -> Callable[[Any], None]:
         slot = slots.get(target)
         if slot is None:
@@ -243,29 +267,7 @@ def _per_spec(
         slot.last_only = last_only
         if clone:
             slot.copy_always = True
-
-        def one_for() -> Callable[[Tensor], Any]:
-            move = _mover(to_host, device, clone, _keeper(slot))
-
-            def one(t: Tensor) -> Any:
-                t = t.detach()
-                if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
-                    t = plain_tensor(t, shard)
-                x: Any = t
-                for label, stage in stages:
-                    try:
-                        x = stage(x)
-                    except (IndexError, RuntimeError) as exc:
-                        # Ranks and sizes are only known per call; name the site and the shape.
-                        raise HookGraphError(
-                            f"record at {target!r} (spec {spec!r}): {label} does not fit a value of shape "
-                            f"{list(t.shape)}: {str(exc).splitlines()[0]}"
-                        ) from exc
-                return tree_map(lambda leaf: move(leaf, leaf is t), x)
-
-            return one
-
-        fn = _appender(per_device, slot, one_for, plain=plain, to_host=to_host if device is not None else None)
+        fn = make(slot, target)
         fn.traced = (pure, slot.keep_last if last_only else slot.append)  # type: ignore[attr-defined]
         return fn
 
@@ -312,72 +314,95 @@ def _copy(t: Tensor) -> Tensor:
 
 def _appender(
     per_device: bool,
-    slot: Entries,
-    one_for: Callable[[], Callable[[Tensor], Any]],
+    last_only: bool,
     plain: bool,
     to_host: Callable[[Tensor], Tensor] | None,
-) -> Callable[[Any], None]:
-    """The hook-side fn: ``one`` per tensor of the value, the result into the slot.
+    build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
+) -> Callable[[Entries, str], Callable[[Any], None]]:
+    """``make(slot, target)``: the hook-side fn for one site, ``one`` per tensor of the value
+    and the result into the slot. The variant is chosen here, once per spec.
 
-    ``one_for()`` builds ``one``; the plain cases build it at their first call that needs
-    it (most calls of a fresh slot never do), so compiling a big model builds none."""
+    ``build_one(slot, target)`` builds ``one``; the plain variants build it at the first call
+    that needs it (most calls of a fresh slot never do), so compiling a big model builds none."""
     if per_device:
-        # Replicas call this from one thread per device: each device keeps its own list.
-        slot.replicas = True
-        one = one_for()
 
-        def per_device_fn(value: Any) -> None:
-            found = tensors(value)
-            if found:
-                slot.append_on_device(tree_map(one, value), found[0].device)
+        def make_per_device(slot: Entries, target: str) -> Callable[[Any], None]:
+            # Replicas call this from one thread per device: each device keeps its own list.
+            slot.replicas = True
+            one = build_one(slot, target)
 
-        return per_device_fn
-    if slot.last_only:
-        keep_last, forget, one = slot.keep_last, slot._watched.clear, one_for()
+            def per_device_fn(value: Any) -> None:
+                found = tensors(value)
+                if found:
+                    slot.append_on_device(tree_map(one, value), found[0].device)
 
-        def fn(value: Any) -> None:
-            forget()  # the entry it replaces needs no watching
-            keep_last(tree_map(one, value))
+            return per_device_fn
 
-        return fn
-    append = slot.append
+        return make_per_device
+    if last_only:
+
+        def make_last(slot: Entries, target: str) -> Callable[[Any], None]:
+            keep_last, forget, one = slot.keep_last, slot._watched.clear, build_one(slot, target)
+
+            def fn(value: Any) -> None:
+                forget()  # the entry it replaces needs no watching
+                keep_last(tree_map(one, value))
+
+            return fn
+
+        return make_last
     if not plain:
-        one = one_for()
 
-        def fn(value: Any) -> None:
-            append(tree_map(one, value))
+        def make_all(slot: Entries, target: str) -> Callable[[Any], None]:
+            append, one = slot.append, build_one(slot, target)
 
-        return fn
-    # The plain cases, as cheap as a hand-written hook: detach and keep, or with `to: cpu`
-    # copy what is not on the host yet.
-    slot.plain = True  # host copies are fresh tensors too: version 0
-    one: Callable[[Tensor], Any] | None = None  # built at the first call that needs it
-
-    if to_host is None:
-
-        def fn(value: Any) -> None:
-            nonlocal one
-            if type(value) is Tensor and slot.fresh:
-                append(value.detach())  # checked once per step instead (Entries.settle)
-            else:
-                if one is None:
-                    one = one_for()
+            def fn(value: Any) -> None:
                 append(tree_map(one, value))
 
-        return fn
+            return fn
 
-    def copy_to_host(value: Any) -> None:
-        nonlocal one
-        if type(value) is Tensor:
-            t = value.detach()
-            if not t.is_cpu:
-                append(to_host(t))
-                return
-            if slot.fresh:
-                append(t)
-                return
-        if one is None:
-            one = one_for()
-        append(tree_map(one, value))
+        return make_all
+    # The plain cases, as cheap as a hand-written hook: detach and keep, or with `to: cpu`
+    # copy what is not on the host yet.
+    if to_host is None:
 
-    return copy_to_host
+        def make_plain(slot: Entries, target: str) -> Callable[[Any], None]:
+            slot.plain = True
+            append = slot.append
+            one: Callable[[Tensor], Any] | None = None  # built at the first call that needs it
+
+            def fn(value: Any) -> None:
+                nonlocal one
+                if type(value) is Tensor and slot.fresh:
+                    append(value.detach())  # checked once per step instead (Entries.settle)
+                else:
+                    if one is None:
+                        one = build_one(slot, target)
+                    append(tree_map(one, value))
+
+            return fn
+
+        return make_plain
+
+    def make_to_host(slot: Entries, target: str) -> Callable[[Any], None]:
+        slot.plain = True  # host copies are fresh tensors too: version 0
+        append = slot.append
+        one: Callable[[Tensor], Any] | None = None
+
+        def copy_to_host(value: Any) -> None:
+            nonlocal one
+            if type(value) is Tensor:
+                t = value.detach()
+                if not t.is_cpu:
+                    append(to_host(t))
+                    return
+                if slot.fresh:
+                    append(t)
+                    return
+            if one is None:
+                one = build_one(slot, target)
+            append(tree_map(one, value))
+
+        return copy_to_host
+
+    return make_to_host
