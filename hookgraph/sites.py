@@ -514,7 +514,10 @@ def _traced_forward(b: Binding, log: TraceLog) -> list[RemovableHandle]:
 def _forward(b: Binding) -> list[RemovableHandle]:
     if b.eager and b.log is not None and b.traced:
         return _traced_forward(b, b.log)
-    direct, want, replaces = direct_caller(b), b.want_training, b.action.replaces
+    action = b.action
+    # direct_caller(b), inlined for the common case (record: the whole value, no index).
+    direct = b.fn if not (action.per_tensor or action.wants_io or b.spec.index is not None) else direct_caller(b)
+    want, replaces = b.want_training, action.replaces
     if direct is None:
         call = make_caller(b)
 
@@ -547,6 +550,10 @@ def _forward(b: Binding) -> list[RemovableHandle]:
                 except Exception as exc:
                     raise action_error(b, exc) from exc
             return None
+
+        if b.lock is None and not b.eager:  # what _prepared does for this case, without its frames
+            hook.__name__ = hook.__qualname__ = "".join(("hookgraph[", b.spec.name, "|", b.target, "|", b.at, "]"))
+            return [b.module.register_forward_hook(hook)]
 
     return [b.module.register_forward_hook(_module_hook(b, hook))]
 
