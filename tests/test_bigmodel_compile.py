@@ -83,3 +83,29 @@ def test_plain_record_builds_its_per_tensor_pipeline_at_the_first_call_that_need
     assert [tuple(t.flatten().tolist()) for pair in got for t in pair] == [
         (4.0, 4.0), (6.0, 6.0), (5.0, 5.0), (8.0, 8.0)
     ]
+
+
+class _OwnWalk(nn.Module):
+    """Lists one child under a name of its own choosing, as a wrapper library might."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):  # type: ignore[override]
+        yield prefix, self
+        yield (prefix + "." if prefix else "") + "renamed", self.inner
+
+
+def test_the_compiler_walks_modules_as_named_modules_does():
+    from hookgraph.compiler import _named_modules
+
+    shared = nn.Linear(2, 2)
+    model = nn.Sequential(shared, nn.Sequential(shared, nn.ReLU()), _OwnWalk(), nn.Linear(2, 2))
+    model.add_module("gap", None)
+    model.add_module("deep", nn.Sequential(nn.Sequential(nn.Sequential(nn.Tanh()))))
+    walked = _named_modules(model)
+    assert [(n, id(m)) for n, m in walked] == [(n, id(m)) for n, m in model.named_modules()]
+    assert [n for n, _ in walked] == [
+        "", "0", "1", "1.1", "2", "2.renamed", "3", "deep", "deep.0", "deep.0.0", "deep.0.0.0"
+    ]
