@@ -402,6 +402,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     site = None
     for target_index, name in enumerate(matched):
         module = lookup[name]
+        param: nn.Parameter | None
         if on_params:
             param = params[name]
             why = _unhookable(spec, module, param)
