@@ -118,14 +118,23 @@ class Attachment:
             for b in graph.bindings:
                 b.update(step)
         else:
-            for b in graph.bindings:
-                b.active = b.scheduled(step)  # Binding.update, without a call per binding
+            spec, active = None, False
+            for b in graph.bindings:  # Binding.update, without a call per binding
+                if b.spec is not spec:  # a spec's bindings are adjacent and share its schedule
+                    spec, active = b.spec, b.scheduled(step)
+                b.active = active
         want = [b for b in graph.bindings if b.active or self._compiled]
-        wanted, handles = set(want), self._handles
-        # Modules with a binding to register, or a registered one no longer wanted.
-        changed = {b.module for b in want if b not in handles}
-        changed.update(b.module for b in handles if b not in wanted)
-        if not changed:
+        handles = self._handles
+        # Modules with a binding to register, or a registered one no longer wanted; at the
+        # first registration (nothing held yet) every wanted binding's module, not built.
+        fresh = not handles
+        changed: set[nn.Module] = set()
+        wanted: set[Binding] = set()  # only read for bindings held already
+        if not fresh:
+            wanted = set(want)
+            changed = {b.module for b in want if b not in handles}
+            changed.update(b.module for b in handles if b not in wanted)
+        if not changed and not (fresh and want):
             return
         sync_compiled_code()  # dynamo may have been loaded since attach
         try:
@@ -141,7 +150,7 @@ class Attachment:
                 self._drop(dropped)
                 register = self._register
                 for b in want:
-                    if b.module in changed:
+                    if fresh or b.module in changed:
                         # Listed before registering: a refused hook still has its switches removed.
                         handles[b] = kept = carried.get(b, [])
                         if b.at in _FULL_BACKWARD:
@@ -155,6 +164,8 @@ class Attachment:
     @staticmethod
     def _register(b: Binding) -> list[RemovableHandle]:
         try:
+            if b.param is None and b.shard is None:  # a module point: sharded.registrar has nothing to say
+                return REGISTRARS[b.at](b)
             return (sharded.registrar(b) or REGISTRARS[b.at])(b)
         except RuntimeError as exc:
             if "backward hook" in str(exc):

@@ -79,8 +79,7 @@ class Entries(list):
         "_parts",
     )
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # no list.__init__: a new list is empty (~30,000 slots per big-model compile)
         self.alias = False  # the probe found no in-place rewrite: keep outputs uncopied
         self.copy_always = False  # the probe (or a watch) saw one: copy every call
         self.last_only = False  # keep: last

@@ -135,11 +135,10 @@ def _keeper(slot: Entries) -> Callable[[Tensor], Tensor]:
 
 
 def _mover(
-    ctx: ActionContext, device: torch.device | None, copy: bool, keep: Callable[[Tensor], Tensor]
+    to_host: Callable[[Tensor], Tensor], device: torch.device | None, copy: bool, keep: Callable[[Tensor], Tensor]
 ) -> Callable[[Tensor, bool], Tensor]:
     """move(t, aliased): a kept tensor on its way into the slot. The target device's type is
     resolved here, once, so the hook tests one flag per call."""
-    to_host = ctx.host.to_host
     to_cpu = device is not None and device.type == "cpu"
 
     def move(t: Tensor, aliased: bool) -> Tensor:
@@ -197,6 +196,29 @@ def record(
     tensor DDP and autograd may reuse: DDP writes the all-reduced bucket back into it), so a
     param_grad record holds this rank's gradient before the all-reduce.
     """
+    return _per_spec(
+        ctx, keep=keep, to=to, clone=clone, dtype=dtype, select=select, dim=dim, reduce=reduce, dims=dims,
+        topk=topk, shard=shard,
+    )(ctx.target)
+
+
+def _per_spec(
+    ctx: ActionContext,
+    keep: str = "all",
+    to: str | None = None,
+    clone: bool = False,
+    dtype: str | None = None,
+    select: str | int | None = None,
+    dim: int = 1,
+    reduce: str | None = None,
+    dims: int | list | None = None,
+    topk: int | None = None,
+    shard: str = "local",
+) -> Callable[[str], Callable[[Any], None]]:
+    """``record``'s work split by what it depends on: the arguments are checked and the
+    reductions built here, once per spec (``ctx`` is its first site's); ``site(target)``
+    then only takes the target's slot and builds its closures. At 20,000 modules a glob
+    binds ~30,000 sites, and checking the same arguments at each cost half of compile."""
     dims = _check(keep, dtype, reduce, dims, topk)
     if shard not in ("local", "full"):
         raise ValueError(f"shard must be 'local' or 'full', got {shard!r}")
@@ -206,51 +228,65 @@ def record(
     # backward) and a gradient (AccumulateGrad may keep it as .grad, which DDP overwrites
     # with the all-reduced bucket) are rewritten by design: always copy them.
     clone = clone or ctx.at in (HookPoint.param_value, HookPoint.param_grad, HookPoint.param_accumulated)
-    slot = ctx.record_slot()
-    slot.last_only = keep == "last"
-    if clone:
-        slot.copy_always = True
-    move = _mover(ctx, device, clone, _keeper(slot))
-
-    def one(t: Tensor) -> Any:
-        t = t.detach()
-        if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
-            t = plain_tensor(t, shard)
-        x: Any = t
-        for label, stage in stages:
-            try:
-                x = stage(x)
-            except (IndexError, RuntimeError) as exc:
-                # Ranks and sizes are only known per call; name the site and the shape.
-                raise HookGraphError(
-                    f"record at {ctx.target!r} (spec {ctx.spec!r}): {label} does not fit a value of shape "
-                    f"{list(t.shape)}: {str(exc).splitlines()[0]}"
-                ) from exc
-        return tree_map(lambda leaf: move(leaf, leaf is t), x)
-
+    last_only = keep == "last"
     plain = not stages and not clone and (device is None or device.type == "cpu")
-    fn = _appender(ctx, slot, one, plain=plain, to_host=ctx.host.to_host if device is not None else None)
-    fn.traced = _traced(ctx, slot, stages, device)  # type: ignore[attr-defined]
-    return fn
+    per_device = ctx.per_device
+    to_host = ctx.host.to_host
+    spec = ctx.spec
+    slots = ctx.store.records.setdefault(spec, {})
+    pure = _pure(stages, device)
+
+    def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
+        """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""
+        move = _mover(to_host, device, clone, _keeper(slot))
+
+        def one(t: Tensor) -> Any:
+            t = t.detach()
+            if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
+                t = plain_tensor(t, shard)
+            x: Any = t
+            for label, stage in stages:
+                try:
+                    x = stage(x)
+                except (IndexError, RuntimeError) as exc:
+                    # Ranks and sizes are only known per call; name the site and the shape.
+                    raise HookGraphError(
+                        f"record at {target!r} (spec {spec!r}): {label} does not fit a value of shape "
+                        f"{list(t.shape)}: {str(exc).splitlines()[0]}"
+                    ) from exc
+            return tree_map(lambda leaf: move(leaf, leaf is t), x)
+
+        return one
+
+    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one)
+
+    def site(target: str) -> Callable[[Any], None]:
+        slot = slots.get(target)
+        if slot is None:
+            slot = slots[target] = Entries()
+        slot.last_only = last_only
+        if clone:
+            slot.copy_always = True
+        fn = make(slot, target)
+        fn.traced = (pure, slot.keep_last if last_only else slot.append)  # type: ignore[attr-defined]
+        return fn
+
+    return site
 
 
-def _traced(
-    ctx: ActionContext, slot: Entries, stages: list[Stage], device: torch.device | None
-) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
-    """``(pure, sink)`` for hooks traced by torch.compile (see ``hookgraph.store.TraceLog``).
+record.per_spec = _per_spec  # type: ignore[attr-defined]  # the compiler calls it once per spec
+
+
+def _pure(stages: list[Stage], device: torch.device | None) -> Callable[[Any], Any]:
+    """``pure`` of ``fn.traced = (pure, sink)`` for hooks traced by torch.compile (see
+    ``hookgraph.store.TraceLog``); the sink is the slot's append (or keep_last).
 
     Traced code cannot watch ``_version`` counters, so every kept tensor is a copy: inductor
     drops a copy of a value nothing edits afterwards (its no-op clone pass), and keeps it
     where an in-place op follows, which is what eager mode's probe decides at run time.
     """
-
-    sink = slot.keep_last if slot.last_only else slot.append
     if not stages and device is None:
-        # The common case, flat: every function the hook reaches is a guard dynamo checks.
-        def plain(value: Any) -> Any:
-            return value.detach().clone() if type(value) is Tensor else tree_map(_copy, value)
-
-        return plain, sink
+        return _plain_copy
 
     def keep(t: Tensor) -> Any:
         t = t.detach()
@@ -264,7 +300,12 @@ def _traced(
     def pure(value: Any) -> Any:
         return keep(value) if type(value) is Tensor else tree_map(keep, value)
 
-    return pure, sink
+    return pure
+
+
+def _plain_copy(value: Any) -> Any:
+    """The common case, flat: every function the hook reaches is a guard dynamo checks."""
+    return value.detach().clone() if type(value) is Tensor else tree_map(_copy, value)
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -272,62 +313,96 @@ def _copy(t: Tensor) -> Tensor:
 
 
 def _appender(
-    ctx: ActionContext,
-    slot: Entries,
-    one: Callable[[Tensor], Any],
+    per_device: bool,
+    last_only: bool,
     plain: bool,
     to_host: Callable[[Tensor], Tensor] | None,
-) -> Callable[[Any], None]:
-    """The hook-side fn: ``one`` per tensor of the value, the result into the slot."""
-    if ctx.per_device:
-        # Replicas call this from one thread per device: each device keeps its own list.
-        slot.replicas = True
+    build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
+) -> Callable[[Entries, str], Callable[[Any], None]]:
+    """``make(slot, target)``: the hook-side fn for one site, ``one`` per tensor of the value
+    and the result into the slot. The variant is chosen here, once per spec.
 
-        def per_device(value: Any) -> None:
-            found = tensors(value)
-            if found:
-                slot.append_on_device(tree_map(one, value), found[0].device)
+    ``build_one(slot, target)`` builds ``one``; the plain variants build it at the first call
+    that needs it (most calls of a fresh slot never do), so compiling a big model builds none."""
+    if per_device:
 
-        return per_device
-    if slot.last_only:
-        keep_last, forget = slot.keep_last, slot._watched.clear
+        def make_per_device(slot: Entries, target: str) -> Callable[[Any], None]:
+            # Replicas call this from one thread per device: each device keeps its own list.
+            slot.replicas = True
+            one = build_one(slot, target)
 
-        def fn(value: Any) -> None:
-            forget()  # the entry it replaces needs no watching
-            keep_last(tree_map(one, value))
+            def per_device_fn(value: Any) -> None:
+                found = tensors(value)
+                if found:
+                    slot.append_on_device(tree_map(one, value), found[0].device)
 
-        return fn
-    append = slot.append
+            return per_device_fn
+
+        return make_per_device
+    if last_only:
+
+        def make_last(slot: Entries, target: str) -> Callable[[Any], None]:
+            keep_last, forget, one = slot.keep_last, slot._watched.clear, build_one(slot, target)
+
+            def fn(value: Any) -> None:
+                forget()  # the entry it replaces needs no watching
+                keep_last(tree_map(one, value))
+
+            return fn
+
+        return make_last
     if not plain:
 
-        def fn(value: Any) -> None:
-            append(tree_map(one, value))
+        def make_all(slot: Entries, target: str) -> Callable[[Any], None]:
+            append, one = slot.append, build_one(slot, target)
 
-        return fn
+            def fn(value: Any) -> None:
+                append(tree_map(one, value))
+
+            return fn
+
+        return make_all
     # The plain cases, as cheap as a hand-written hook: detach and keep, or with `to: cpu`
     # copy what is not on the host yet.
     if to_host is None:
-        slot.plain = True
 
-        def fn(value: Any) -> None:
-            if type(value) is Tensor and slot.fresh:
-                append(value.detach())  # checked once per step instead (Entries.settle)
-            else:
-                append(tree_map(one, value))
+        def make_plain(slot: Entries, target: str) -> Callable[[Any], None]:
+            slot.plain = True
+            append = slot.append
+            one: Callable[[Tensor], Any] | None = None  # built at the first call that needs it
 
-        return fn
+            def fn(value: Any) -> None:
+                nonlocal one
+                if type(value) is Tensor and slot.fresh:
+                    append(value.detach())  # checked once per step instead (Entries.settle)
+                else:
+                    if one is None:
+                        one = build_one(slot, target)
+                    append(tree_map(one, value))
 
-    slot.plain = True  # host copies are fresh tensors too: version 0
+            return fn
 
-    def copy_to_host(value: Any) -> None:
-        if type(value) is Tensor:
-            t = value.detach()
-            if not t.is_cpu:
-                append(to_host(t))
-                return
-            if slot.fresh:
-                append(t)
-                return
-        append(tree_map(one, value))
+        return make_plain
 
-    return copy_to_host
+    def make_to_host(slot: Entries, target: str) -> Callable[[Any], None]:
+        slot.plain = True  # host copies are fresh tensors too: version 0
+        append = slot.append
+        one: Callable[[Tensor], Any] | None = None
+
+        def copy_to_host(value: Any) -> None:
+            nonlocal one
+            if type(value) is Tensor:
+                t = value.detach()
+                if not t.is_cpu:
+                    append(to_host(t))
+                    return
+                if slot.fresh:
+                    append(t)
+                    return
+            if one is None:
+                one = build_one(slot, target)
+            append(tree_map(one, value))
+
+        return copy_to_host
+
+    return make_to_host

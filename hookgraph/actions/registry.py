@@ -18,6 +18,11 @@ compile time, so argument checks and allocations happen there; ``fn`` runs in th
   ``fn.traced = (pure, sink)``: ``pure(value)`` runs in the trace and returns what to keep,
   ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.store.TraceLog``).
 
+A factory may also carry ``factory.per_spec(ctx, **args) -> site(target) -> fn``: the compiler
+then calls it once per spec (with the first site's ``ctx``) and ``site`` once per matched name,
+so work that is the same at every site (argument checks, reductions) is done once; ``factory``
+itself stays callable as above (``record`` does this: a glob on a big model binds ~30,000 sites).
+
 A plain user function given by ``{_target_: pkg.mod.fn}`` is wrapped as
 ``fn(value, **args) -> value or None`` (``per_tensor=False``); it may replace values unless
 the config says ``{_target_: pkg.mod.fn, replaces: false}`` (an observer, allowed at
