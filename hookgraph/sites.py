@@ -293,6 +293,30 @@ _TORCH_REGISTER_FORWARD_HOOK = nn.Module.register_forward_hook
 _new_handle = RemovableHandle.__new__
 
 
+@functools.cache
+def _same_as_torch() -> bool:
+    """Whether this torch registers a plain forward hook as add_forward_hook does (checked
+    once, on a throwaway module): another torch version falls back to the public method."""
+    m, hook = nn.Module(), lambda *a: None
+    h = m.register_forward_hook(hook)
+    try:
+        return (
+            set(vars(h)) == {"id", "hooks_dict_ref", "extra_dict_ref"}
+            and h.hooks_dict_ref() is m._forward_hooks
+            and dict(m._forward_hooks) == {h.id: hook}
+            and not m._forward_hooks_with_kwargs
+            and not m._forward_hooks_always_called
+            and len(h.extra_dict_ref) == 2
+        )
+    except (AttributeError, TypeError):
+        return False
+    finally:
+        h.remove()
+
+
+_same_as_torch()  # at import: the probe takes a handle id, which a later registration should not see
+
+
 def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHandle:
     """``module.register_forward_hook(hook)``, done as PyTorch does it for a plain hook (no
     prepend, with_kwargs or always_call): the same dict entry and the same kind of handle,
@@ -300,7 +324,7 @@ def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHa
     RemovableHandle's constructor was most of it). A module class that overrides
     register_forward_hook gets its own method. tests/test_attach_speed.py holds the two
     equal; if PyTorch's registration grows a step, that test fails."""
-    if type(module).register_forward_hook is not _TORCH_REGISTER_FORWARD_HOOK:
+    if type(module).register_forward_hook is not _TORCH_REGISTER_FORWARD_HOOK or not _same_as_torch():
         return module.register_forward_hook(hook)
     hooks = module._forward_hooks
     handle = _new_handle(RemovableHandle)

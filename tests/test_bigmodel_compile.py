@@ -109,3 +109,18 @@ def test_the_compiler_walks_modules_as_named_modules_does():
     assert [n for n, _ in walked] == [
         "", "0", "1", "1.1", "2", "2.renamed", "3", "deep", "deep.0", "deep.0.0", "deep.0.0.0"
     ]
+
+
+def test_another_torch_registration_falls_back_to_the_public_method(monkeypatch):
+    from hookgraph import sites
+
+    assert sites._same_as_torch()  # this torch: the fast path is the one the tests above check
+    monkeypatch.setattr(sites, "_same_as_torch", lambda: False)
+    calls = []
+    real = nn.Module.register_forward_hook
+    spy = lambda self, hook, **kw: calls.append(1) or real(self, hook, **kw)  # noqa: E731 - a one-line spy
+    monkeypatch.setattr(nn.Module, "register_forward_hook", spy)
+    monkeypatch.setattr(sites, "_TORCH_REGISTER_FORWARD_HOOK", nn.Module.register_forward_hook)
+    lin = nn.Linear(2, 2)
+    add_forward_hook(lin, lambda m, a, o: None).remove()
+    assert calls == [1] and not lin._forward_hooks
