@@ -234,7 +234,7 @@ def _per_spec(
     to_host = ctx.host.to_host
     spec = ctx.spec
     slots = ctx.store.records.setdefault(spec, {})
-    pure = _pure(stages, device)
+    pure = _pure(stages, device, shard)
 
     def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
         """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""
@@ -277,7 +277,7 @@ def _per_spec(
 record.per_spec = _per_spec  # type: ignore[attr-defined]  # the compiler calls it once per spec
 
 
-def _pure(stages: list[Stage], device: torch.device | None) -> Callable[[Any], Any]:
+def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:
     """``pure`` of ``fn.traced = (pure, sink)`` for hooks traced by torch.compile (see
     ``hookgraph.store.TraceLog``); the sink is the slot's append (or keep_last).
 
@@ -285,11 +285,13 @@ def _pure(stages: list[Stage], device: torch.device | None) -> Callable[[Any], A
     drops a copy of a value nothing edits afterwards (its no-op clone pass), and keeps it
     where an in-place op follows, which is what eager mode's probe decides at run time.
     """
-    if not stages and device is None:
+    if not stages and device is None and shard == "local":
         return _plain_copy
 
     def keep(t: Tensor) -> Any:
         t = t.detach()
+        if type(t) is not Tensor and is_dtensor(t):  # the writer keeps plain tensors only
+            t = plain_tensor(t, shard)
         x: Any = t
         for _, stage in stages:
             x = stage(x)
@@ -309,7 +311,10 @@ def _plain_copy(value: Any) -> Any:
 
 
 def _copy(t: Tensor) -> Tensor:
-    return t.detach().clone()
+    t = t.detach()
+    if type(t) is not Tensor and is_dtensor(t):  # shard "local": the writer keeps plain tensors only
+        t = plain_tensor(t, "local")
+    return t.clone()
 
 
 def _appender(
