@@ -274,9 +274,18 @@ def _traced_caller(b: Binding) -> tuple[Callable[..., Any], bool]:
         if b.action.wants_io:
             return call, False
         direct = direct_caller(b)
-        if direct is not None:
-            return direct, False
-        return (lambda value: call(value, None, None)), False
+        if direct is None:
+            return (lambda value: call(value, None, None)), False
+
+        def guarded(value: Any) -> Any:  # dynamo traces the try; an error is named as in eager mode
+            try:
+                return direct(value)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
+
+        return guarded, False
     pure, index = pair[0], b.spec.index
     if b.action.per_tensor:
         one = pure
