@@ -106,6 +106,8 @@ class Binding:
         """How the binding's hooks run under torch.compile, as the plan shows it:
         ``traced``, ``autograd`` (gradient hooks that autograd runs beside the compiled
         graph) or ``graph break (why)``: the hook runs eagerly, splitting the graph there."""
+        if self.shard is not None:  # sharded.py: a forward pre-hook on the FSDP module hooks the unsharded tensor
+            return "graph break (FSDP2: a forward pre-hook on the owning module hooks the unsharded parameter)"
         if self.at in (HookPoint.param_grad, HookPoint.param_accumulated):
             return "autograd"
         if self.at not in (HookPoint.forward, HookPoint.forward_pre):
