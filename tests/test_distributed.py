@@ -115,6 +115,9 @@ def test_ddp_two_ranks_write_their_parts_and_match_a_single_process(tmp_path):
     assert (out / "records" / "rank-1" / "step-000000.safetensors").is_file()
     assert not (out / "ranks" / "rank-1" / ".hydra").exists() and (out / ".hydra" / "config.yaml").is_file()
     r1 = hg.load_run(out, rank=1)
+    every = r.records_by_rank()
+    assert sorted(every) == [0, 1] and every[0] is r.records
+    assert torch.equal(every[1]["acts"].entry("conv", 2), r1.records["acts"].entry("conv", 2))
     # Each rank saw its half of the global batch: together, the single run's 4 samples.
     ref = single(tmp_path, batch_size=4)
     for step in range(3):
@@ -196,6 +199,7 @@ def test_ddp_without_torchrun_is_a_world_of_one_with_the_flat_layout(tmp_path, m
     assert not torch.distributed.is_initialized()  # the single-process group was left
     r = hg.load_run(out)
     assert r.ranks == [0] and hg.load_run(out, rank=0).records["acts"].calls("conv") == [(0, 0), (1, 0), (2, 0)]
+    assert list(r.records_by_rank()) == [0]
     with pytest.raises(HookGraphError, match="holds no rank 1; valid ranks: 0"):
         hg.load_run(out, rank=1)
     # Same numbers as no wrapper at all: DDP on one rank averages over one.

@@ -594,8 +594,8 @@ class Run:
 
     A run of several processes (torchrun): ``ranks`` lists them; ``records`` are those of
     ``rank`` (0 unless :func:`load_run` was given another); ``stats`` and ``trace`` hold every
-    rank's rows, each with its ``rank``, or only ``rank``'s when one was asked for. A single
-    process reads as ``ranks == [0]``."""
+    rank's rows, each with its ``rank``, or only ``rank``'s when one was asked for;
+    ``records_by_rank()`` reads every rank's records. A single process reads as ``ranks == [0]``."""
 
     path: Path
     records: Mapping
@@ -611,6 +611,10 @@ class Run:
     @property
     def status(self) -> str:
         return str(self.summary.get("status", "unknown"))
+
+    def records_by_rank(self) -> dict[int, Mapping]:
+        """Every rank's records, ``{rank: records}`` (each read lazily, as ``records`` is)."""
+        return {r: self.records if r == self.rank else load_records(self.path, r) for r in self.ranks}
 
     @property
     def ok(self) -> bool:
