@@ -272,22 +272,11 @@ def _traced_caller(b: Binding) -> tuple[Callable[..., Any], bool]:
     function and closure cell the hook reaches is one more guard dynamo checks per call."""
     pair = getattr(b.fn, "traced", None)
     if pair is None:  # an edit: what it returns replaces the value, nothing is kept
+        # make_caller names a failing action as eager mode does (dynamo traces its try)
         call = make_caller(b)
         if b.action.wants_io:
             return call, False
-        direct = direct_caller(b)
-        if direct is None:
-            return (lambda value: call(value, None, None)), False
-
-        def guarded(value: Any) -> Any:  # dynamo traces the try; an error is named as in eager mode
-            try:
-                return direct(value)
-            except HookGraphError:
-                raise
-            except Exception as exc:
-                raise action_error(b, exc) from exc
-
-        return guarded, False
+        return (lambda value: call(value, None, None)), False
     pure, index = pair[0], b.spec.index
     if b.action.per_tensor:
         one = pure
