@@ -233,7 +233,7 @@ def rank_overrides(argv: list[str]) -> list[str]:
     """Hydra overrides for a rank other than 0 under torchrun: it writes nothing of its own
     beside rank 0's folder (no .hydra/, no log file, no earlier-run check on a folder rank 0
     is claiming). The rank's records go into rank 0's folder, which the run learns from rank 0."""
-    if (os.environ.get("RANK") or "0") == "0" or "WORLD_SIZE" not in os.environ:
+    if world_from_env().rank == 0:  # also a single process: WORLD_SIZE unset
         return argv
     keys = {a.split("=", 1)[0].lstrip("+~") for a in argv}
     extra = []
