@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from hookgraph.resolve import NameIndex, suggest_names
+from hookgraph.core.resolve import NameIndex, suggest_names
 
 GLOBS = [
     ("**.conv*", "common: every conv"),

@@ -134,7 +134,7 @@ def line_view(iters: int) -> str:
         from line_profiler import LineProfiler
     except ImportError:
         return "line_profiler is not installed (pip install line_profiler): --lines skipped"
-    import hookgraph.tree as tree
+    import hookgraph.core.tree as tree
 
     model, x = mlp(), torch.randn(4, 64)
     graph = _graph(model)

@@ -12,10 +12,13 @@ RecordBudgetError.
         model(x).sum().backward()
 """
 
-from .actions import ACTIONS, ActionContext, register_action
-from .compiler import compile  # noqa: A004 - hg.compile, as torch.compile: the public name
-from .discovery import format_targets, list_targets
-from .errors import (
+from hookgraph.actions import ACTIONS, ActionContext, register_action
+from hookgraph.core.compiler import compile  # noqa: A004 - hg.compile, as torch.compile: the public name
+from hookgraph.core.discovery import format_targets, list_targets
+from hookgraph.core.graph import HookGraph, Plan
+from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.spec import HookSpec
+from hookgraph.errors import (
     ActionError,
     ConfigError,
     HookGraphError,
@@ -25,9 +28,6 @@ from .errors import (
     RecordBudgetError,
     SpecError,
 )
-from .graph import HookGraph, Plan
-from .points import POINTS, HookPoint
-from .spec import HookSpec
 
 __version__ = "0.1.0"
 
@@ -58,6 +58,6 @@ __all__ = [
 def load_run(path, rank=None):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
     """Read a run folder back (records, stats, plan, summary; ``rank``: whose records, for a run
     of several processes). See hookgraph.runs.load_run."""
-    from .runs import load_run as _load_run
+    from hookgraph.runs import load_run as _load_run
 
     return _load_run(path, rank)

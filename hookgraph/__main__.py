@@ -15,14 +15,14 @@ COMMANDS = ("report", "plan")
 def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] == "report":
-        from .report.__main__ import main as report_main
+        from hookgraph.report.__main__ import main as report_main
 
         sys.exit(report_main(argv[1:]))
     if argv and argv[0] == "plan":
-        from .report.plan_cli import main as plan_main
+        from hookgraph.cli.plan import main as plan_main
 
         sys.exit(plan_main(argv[1:]))
-    from .cli.app import main as app_main  # Hydra and the configs load only for runs
+    from hookgraph.cli.app import main as app_main  # Hydra and the configs load only for runs
 
     app_main()
 

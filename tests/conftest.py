@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-import hookgraph.graph as graph_mod
+import hookgraph.core.graph as graph_mod
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 

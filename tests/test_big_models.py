@@ -16,7 +16,7 @@ from torch import nn
 
 import hookgraph as hg
 from benchmarks.bigmodel import GLOBS, SPECS, Model
-from hookgraph.resolve import NameIndex
+from hookgraph.core.resolve import NameIndex
 from tests.test_globs import EXAMPLES, GLOB, NAME, reference_match
 
 

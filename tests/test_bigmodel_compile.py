@@ -9,7 +9,7 @@ from torch.utils.hooks import RemovableHandle
 
 import hookgraph as hg
 from hookgraph.actions import record as record_module
-from hookgraph.sites import add_forward_hook
+from hookgraph.core.hooks.sites import add_forward_hook
 
 
 def test_add_forward_hook_leaves_what_register_forward_hook_leaves():
@@ -98,7 +98,7 @@ class _OwnWalk(nn.Module):
 
 
 def test_the_compiler_walks_modules_as_named_modules_does():
-    from hookgraph.compiler import _named_modules
+    from hookgraph.core.compiler import _named_modules
 
     shared = nn.Linear(2, 2)
     model = nn.Sequential(shared, nn.Sequential(shared, nn.ReLU()), _OwnWalk(), nn.Linear(2, 2))
@@ -112,7 +112,7 @@ def test_the_compiler_walks_modules_as_named_modules_does():
 
 
 def test_another_torch_registration_falls_back_to_the_public_method(monkeypatch):
-    from hookgraph import sites
+    from hookgraph.core.hooks import sites
 
     assert sites._same_as_torch()  # this torch: the fast path is the one the tests above check
     monkeypatch.setattr(sites, "_same_as_torch", lambda: False)

@@ -60,7 +60,7 @@ def test_importing_hookgraph_changes_no_global_state():
     code = textwrap.dedent("""
         import logging, matplotlib
         matplotlib.use("pdf")
-        import hookgraph, hookgraph.figures, hookgraph.cli.app, hookgraph.runner
+        import hookgraph, hookgraph.report.figures, hookgraph.cli.app, hookgraph.runner
         from hydra.core.config_store import ConfigStore
         print(matplotlib.get_backend(), logging.getLogger("matplotlib").level,
               "hookgraph_schema.yaml" in ConfigStore.instance().repo)

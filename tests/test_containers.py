@@ -12,9 +12,9 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.actions.patch import _replacer
 from hookgraph.actions.registry import ActionContext
-from hookgraph.points import HookPoint
-from hookgraph.store import ResultStore
-from hookgraph.tree import describe, rebuild
+from hookgraph.core.points import HookPoint
+from hookgraph.core.store import ResultStore
+from hookgraph.core.tree import describe, rebuild
 
 Pair = namedtuple("Pair", "out state")
 

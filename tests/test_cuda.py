@@ -39,7 +39,7 @@ def test_cuda_device_selection():
 
 
 def test_host_copier_on_cpu_is_a_plain_copy():
-    from hookgraph.transfer import HostCopier
+    from hookgraph.core.transfer import HostCopier
 
     t = torch.arange(4.0)
     out = HostCopier().to_host(t)

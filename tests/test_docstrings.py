@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["hookgraph.compiler", "hookgraph.graph", "hookgraph.discovery", "hookgraph.actions.registry"]
+MODULES = ["hookgraph.core.compiler", "hookgraph.core.graph", "hookgraph.core.discovery", "hookgraph.actions.registry"]
 
 
 @pytest.mark.parametrize("name", MODULES)

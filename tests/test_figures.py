@@ -10,7 +10,7 @@ import torchvision
 from matplotlib.image import imread
 
 import hookgraph as hg
-from hookgraph.figures import gradcam
+from hookgraph.report.figures import gradcam
 from hookgraph.runner import run
 from tests.reference import resnet34_conv_names
 
@@ -128,7 +128,7 @@ def test_histograms_and_stats_over_steps(tmp_path):
 
 
 def test_sweep_figure(tmp_path):
-    from hookgraph.figures import sweep_figure
+    from hookgraph.report.figures import sweep_figure
 
     rows = [
         {"job": 0, "overrides": "a=1", "loss": 1.0},

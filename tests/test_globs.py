@@ -20,9 +20,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hookgraph.resolve as resolve
+import hookgraph.core.resolve as resolve
 from benchmarks.globs import old_match  # hookgraph 0.1's translation, kept to check nothing changed
-from hookgraph.resolve import NameIndex, match_names, suggest_names
+from hookgraph.core.resolve import NameIndex, match_names, suggest_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ for i in range(100):  # 4,100 names of up to 41 segments
 def test_a_run_of_stars_in_one_segment_over_resnet18():
     out = _run("""
         import torchvision
-        from hookgraph.resolve import match_names
+        from hookgraph.core.resolve import match_names
         names = [n for n, _ in torchvision.models.resnet18().named_modules()]
         print(match_names(['*' * 40 + 'n1', '*' * 40 + 'x', '**.' + '*' * 40 + 'sample'], names))
     """)
@@ -169,7 +169,7 @@ def test_a_run_of_stars_in_one_segment_over_resnet18():
 
 def test_many_double_stars_over_deep_names():
     out = _run(DEEP_NAMES + """
-from hookgraph.resolve import match_names
+from hookgraph.core.resolve import match_names
 print(len(names), match_names(['**.**.**.**.**.**.nomatch'], names), len(match_names(['**.**.**.**.**.l40'], names)))
 print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
     """)
@@ -179,7 +179,7 @@ print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
 
 def test_many_stars_in_one_segment_between_double_stars():
     out = _run(DEEP_NAMES + """
-from hookgraph.resolve import match_names
+from hookgraph.core.resolve import match_names
 print(len(match_names(['**.l*3*.**.' + '*' * 30 + '0'], names)))
 long = ['a' * 40, 'm.' + 'a' * 39 + 'b', 'm.' + 'a' * 40]  # ten stars over 40 letters: ~10^9 regex paths
 print(match_names(['**.' + '*a' * 10 + '*b'], long))

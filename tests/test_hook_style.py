@@ -11,7 +11,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.actions import ActionDef
-from hookgraph.points import POINTS, PointInfo
+from hookgraph.core.points import POINTS, PointInfo
 
 
 class Block(nn.Module):
@@ -126,6 +126,6 @@ def test_runtime_error_keys_follow_the_compile_prefix():
 
 
 def test_compile_is_compile_graph():
-    from hookgraph.compiler import compile_graph
+    from hookgraph.core.compiler import compile_graph
 
     assert hg.compile is compile_graph and compile_graph.__name__ == "compile_graph"

@@ -141,7 +141,7 @@ def fake_sweep(root, metrics):
 
 
 def test_patching_table_orders_layers_naturally_and_the_heatmap_is_written(tmp_path):
-    from hookgraph.report.patching import patching_heatmap, patching_table, write_patching
+    from hookgraph.report.patching_sweep import patching_heatmap, patching_table, write_patching
 
     fake_sweep(tmp_path, [0.1, 0.2, 0.3, 0.4])
     rows = patching_table(tmp_path)
@@ -158,7 +158,7 @@ def test_patching_table_orders_layers_naturally_and_the_heatmap_is_written(tmp_p
 
 
 def test_a_sweep_that_is_not_layer_by_position_gets_no_patching_figure(tmp_path):
-    from hookgraph.report.patching import patching_table, write_patching
+    from hookgraph.report.patching_sweep import patching_table, write_patching
 
     d = tmp_path / "0" / ".hydra"
     d.mkdir(parents=True)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.spec import HookSpec, Mode, Schedule
+from hookgraph.core.spec import HookSpec, Mode, Schedule
 
 # -- tiny models --------------------------------------------------------------------------
 
@@ -642,7 +642,7 @@ def test_record_to_moves_the_record_not_the_value():
 @pytest.mark.parametrize("args", [{"to": "cpu"}, {"to": "cpu", "keep": "last"}], ids=["plain", "keep_last"])
 def test_record_to_cpu_copies_through_the_host_copier(monkeypatch, args):
     """A value on another device reaches the host through HostCopier.to_host, never a blocking .cpu()."""
-    from hookgraph.transfer import HostCopier
+    from hookgraph.core.transfer import HostCopier
 
     seen = []
 

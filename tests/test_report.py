@@ -294,7 +294,7 @@ def test_module_tree_counts_parameters_below_each_module():
 
 
 def test_plan_command_draws_the_plan(tmp_path, capsys):
-    from hookgraph.report.plan_cli import main
+    from hookgraph.cli.plan import main
 
     svg = tmp_path / "p" / "plan.svg"
     assert main(["--svg", str(svg), "model=resnet18", "hooks=[record_convs]"]) == 0

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from hookgraph.resolve import compile_pattern, match_names, resolve_names
+from hookgraph.core.resolve import compile_pattern, match_names, resolve_names
 
 # A resnet-like slice of named_modules(), root first, as PyTorch lists it.
 NAMES = [

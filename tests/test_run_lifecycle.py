@@ -18,7 +18,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.cli.callbacks import sweep_rows
-from hookgraph.figures import _safe
+from hookgraph.report.figures import _safe
 from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
 from tests.cli_helpers import run_cli

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.dtensors import is_dtensor
+from hookgraph.core.dtensors import is_dtensor
 from hookgraph.errors import SpecError
 from hookgraph.runs.writer import RunWriter
 from tests.sharded_worker import BATCH, LR, STEPS, ToDTensor, batch, make

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import hookgraph as hg
-import hookgraph.graph as graph_mod
-from hookgraph.points import HookPoint
+import hookgraph.core.graph as graph_mod
+from hookgraph.core.points import HookPoint
 
 
 def mlp() -> nn.Sequential:

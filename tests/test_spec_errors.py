@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.spec import Expect, HookSpec, Mode, Schedule, parse_specs
+from hookgraph.core.spec import Expect, HookSpec, Mode, Schedule, parse_specs
 from tests.conftest import hook_snapshot
 
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.hooksets import packaged_specs, require_matches_where_retargeted
+from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.models.seeds import MLP, ConvNet
 from tests.cli_helpers import run_cli
 

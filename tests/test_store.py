@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.store import STAT_NAMES, Entries, ResultStore
+from hookgraph.core.store import STAT_NAMES, Entries, ResultStore
 
 
 def _mlp() -> nn.Sequential:
@@ -49,7 +49,10 @@ def test_graph_is_built_complete():
 def test_no_import_circle_between_graph_sites_and_actions():
     # graph -> sites -> actions.registry must not need graph back: importing the graph
     # module first, in a fresh interpreter, works, and nothing under actions imports graph.
-    code = "import hookgraph.graph, sys; print(sorted(m for m in sys.modules if m.startswith('hookgraph.actions')))"
+    code = (
+        "import hookgraph.core.graph, sys; "
+        "print(sorted(m for m in sys.modules if m.startswith('hookgraph.actions')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "hookgraph.actions.registry" in out
     from hookgraph.actions import registry

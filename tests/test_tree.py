@@ -6,7 +6,7 @@ from collections import OrderedDict, namedtuple
 import pytest
 import torch
 
-from hookgraph.tree import describe, rebuild, tensors, tensors_with_paths, tree_map, tree_replace
+from hookgraph.core.tree import describe, rebuild, tensors, tensors_with_paths, tree_map, tree_replace
 
 Pair = namedtuple("Pair", "out state")
 

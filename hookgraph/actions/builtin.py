@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..dtensors import is_dtensor
-from ..errors import NonFiniteError
-from ..tree import to_plain
-from .registry import ActionContext, register_action
+from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.dtensors import is_dtensor
+from hookgraph.core.tree import to_plain
+from hookgraph.errors import NonFiniteError
 
 __all__: list[str] = []  # everything here is reached through the registry
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import HookGraphError
-from ..tree import positions, tensors_with_paths, tree_map
-from .registry import ActionContext, register_action
-from .sources import recorded_value, source_label
+from hookgraph.actions.recorded import recorded_value, source_label
+from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.tree import positions, tensors_with_paths, tree_map
+from hookgraph.errors import HookGraphError
 
 __all__: list[str] = []  # reached through the registry
 

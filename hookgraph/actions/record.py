@@ -4,7 +4,7 @@ Public names (registry keys): record.
 
 The factory checks the arguments and builds the reduction pipeline once; the closure it
 returns only walks it. A kept tensor that aliases the module's live output is watched by
-its slot (:class:`hookgraph.store.Entries`), so an in-place op that follows the module
+its slot (:class:`hookgraph.core.store.Entries`), so an in-place op that follows the module
 cannot change a record unnoticed.
 """
 
@@ -16,13 +16,13 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
-from ..dtensors import is_dtensor, plain_tensor
-from ..dtypes import DTYPES
-from ..errors import HookGraphError
-from ..points import HookPoint
-from ..store import Entries
-from ..tree import tensors, tree_map
-from .registry import ActionContext, register_action
+from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.dtensors import is_dtensor, plain_tensor
+from hookgraph.core.dtypes import DTYPES
+from hookgraph.core.points import HookPoint
+from hookgraph.core.store import Entries
+from hookgraph.core.tree import tensors, tree_map
+from hookgraph.errors import HookGraphError
 
 __all__: list[str] = []  # reached through the registry
 
@@ -176,7 +176,7 @@ def record(
     clone: copy every value from the start. Without it a record still equals what the
     module produced: a target's first record is a copy while hookgraph watches whether an
     in-place op (``ReLU(inplace=True)``) rewrites the live output, and targets where one
-    does are copied from then on (see ``hookgraph.store.Entries``); dtype: cast
+    does are copied from then on (see ``hookgraph.core.store.Entries``); dtype: cast
     (float16/bf16/...) to save memory.
 
     Reductions, applied on the device in this order before anything is kept:
@@ -279,7 +279,7 @@ record.per_spec = _per_spec  # type: ignore[attr-defined]  # the compiler calls 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:
     """``pure`` of ``fn.traced = (pure, sink)`` for hooks traced by torch.compile (see
-    ``hookgraph.store.TraceLog``); the sink is the slot's append (or keep_last).
+    ``hookgraph.core.store.TraceLog``); the sink is the slot's append (or keep_last).
 
     Traced code cannot watch ``_version`` counters, so every kept tensor is a copy: inductor
     drops a copy of a value nothing edits afterwards (its no-op clone pass), and keeps it

@@ -16,7 +16,7 @@ compile time, so argument checks and allocations happen there; ``fn`` runs in th
   forward hooks are then traced into the graph; other actions run eagerly beside it (one graph
   break per hooked module). A traceable ``fn`` that keeps results (record, stats) carries
   ``fn.traced = (pure, sink)``: ``pure(value)`` runs in the trace and returns what to keep,
-  ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.store.TraceLog``).
+  ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.core.store.TraceLog``).
 
 A factory may also carry ``factory.per_spec(ctx, **args) -> site(target) -> fn``: the compiler
 then calls it once per spec (with the first site's ``ctx``) and ``site`` once per matched name,
@@ -43,10 +43,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..errors import Problem, did_you_mean
-from ..points import HookPoint
-from ..store import Entries, ResultStore
-from ..transfer import HostCopier
+from hookgraph.core.points import HookPoint
+from hookgraph.core.store import Entries, ResultStore
+from hookgraph.core.transfer import HostCopier
+from hookgraph.errors import Problem, did_you_mean
 
 __all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action"]
 
@@ -79,7 +79,7 @@ class ActionContext:
 
     ``spec``, ``target``, ``at`` (the hook point), ``module_type`` and ``key`` (the spec's
     full config key, e.g. ``hooks.my_spec``, for error messages) describe the site; the
-    methods hand out the typed places of the graph's :class:`~hookgraph.store.ResultStore`.
+    methods hand out the typed places of the graph's :class:`~hookgraph.core.store.ResultStore`.
     """
 
     spec: str

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import HookGraphError
-from .registry import ActionContext, register_action
-from .sources import position_index, recorded_value, resolve_positions
+from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions
+from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.errors import HookGraphError
 
 __all__ = ["steering_vector"]
 
@@ -49,7 +49,7 @@ def _from_file(path: Any, key: str | None) -> Tensor:
                 )
             key = keys[0]
         if key not in keys:
-            from ..errors import did_you_mean
+            from hookgraph.errors import did_you_mean
 
             raise ValueError(f"vector.key: {key!r} is not in {str(p)!r}; {did_you_mean(key, keys, 'tensors there')}")
         return f.get_tensor(key)

@@ -1,5 +1,5 @@
 """The command line: ``python -m hookgraph`` (Hydra). Public names: main."""
 
-from .resolvers import register_resolvers
+from hookgraph.config.resolvers import register_resolvers
 
 register_resolvers()

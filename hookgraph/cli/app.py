@@ -30,14 +30,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from ..errors import ConfigError, HookGraphError, SpecError
-from ..hooksets import packaged_conf_dir
-from ..instantiate import quiet_logger
-from ..runner import register_configs, run
-from ..runner.distributed import rank_overrides, world_from_env
-from ..runner.lifecycle import RunInterrupted
-from ..runner.messages import closing_lines
-from . import callbacks
+from hookgraph.cli import callbacks
+from hookgraph.config.hooksets import packaged_conf_dir
+from hookgraph.config.instantiate import quiet_logger
+from hookgraph.errors import ConfigError, HookGraphError, SpecError
+from hookgraph.runner import register_configs, run
+from hookgraph.runner.distributed import rank_overrides, world_from_env
+from hookgraph.runner.lifecycle import RunInterrupted
+from hookgraph.runner.messages import closing_lines
 
 __all__ = ["main", "CONFIG_DIR"]
 

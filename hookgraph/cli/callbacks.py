@@ -105,8 +105,8 @@ class RunDirGuard(Callback):
     """Refuse a folder with an earlier run before Hydra writes its config and log there."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from ..errors import ConfigError
-        from ..runner.lifecycle import check_run_dir
+        from hookgraph.errors import ConfigError
+        from hookgraph.runner.lifecycle import check_run_dir
 
         try:
             # The same string run_job will use: ${now:...} is resolved once and cached.
@@ -286,7 +286,7 @@ def _job_sweep_dir(config: DictConfig) -> Path:
 
 def write_job_return(config: DictConfig, job_return: JobReturn) -> Path:
     """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically."""
-    from ..runs.writer import atomic_write
+    from hookgraph.runs.writer import atomic_write
 
     row = job_return_row(config, job_return)
     folder = _job_sweep_dir(config) / RETURNS
@@ -352,7 +352,7 @@ def _expected_jobs(config: DictConfig) -> list[str] | None:
 def _stat_headlines(job: Path) -> dict[str, float]:
     """Per stats spec, over its targets at the job's last step: the smallest min, the largest
     max and the mean norm (what a sweep over a clamp or a scale moves)."""
-    from ..runs.reader import _read_csv
+    from hookgraph.runs.reader import _read_csv
 
     rows = _read_csv(job / "stats.csv")
     if not rows:
@@ -395,26 +395,26 @@ class SweepTable(Callback):
         ]
         if not rows:
             return
-        from ..runs.writer import RunWriter
+        from hookgraph.runs.writer import RunWriter
 
         path = RunWriter(sweep_dir).csv("sweep.csv", rows)
         if path is not None:
             log.info("sweep table: %s", path)
             try:
-                from ..figures import sweep_figure
+                from hookgraph.report.figures import sweep_figure
 
                 sweep_figure(rows, sweep_dir / "sweep.png")
             except Exception as exc:  # a figure must never hide the table
                 log.warning("no sweep figure: %s", exc)
             try:
-                from ..report import write_sweep_report
+                from hookgraph.report import write_sweep_report
 
                 log.info("sweep report: %s", write_sweep_report(sweep_dir))
             except Exception as exc:  # the page only shows the table; it must never hide it
                 log.warning("no sweep report: %s: %s", type(exc).__name__, exc)
             if any("metric" in r for r in rows):
                 try:
-                    from ..report.patching import write_patching
+                    from hookgraph.report.patching_sweep import write_patching
 
                     figure = write_patching(sweep_dir)  # None unless the sweep is layer x position
                     if figure is not None:

@@ -6,8 +6,8 @@ IMAGENET_STD, as_batch, data_params, default_data.
 
 from __future__ import annotations
 
-from .build import DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, Batch, Batches, build_data
-from .sources import as_batch, data_params, default_data
+from hookgraph.data.build import DATA_KINDS, IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, Batch, Batches, build_data
+from hookgraph.data.sources import as_batch, data_params, default_data
 
 __all__ = [
     "Batches",

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import ConfigError, did_you_mean
-from ..plain import to_plain
-from .shard import rank_loader, rank_slices
-from .sources import custom_batches, text_batches, token_batches, torchvision_batches
+from hookgraph.config.plain import to_plain
+from hookgraph.data.shard import rank_loader, rank_slices
+from hookgraph.data.sources import custom_batches, text_batches, token_batches, torchvision_batches
+from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = [
     "Batches",

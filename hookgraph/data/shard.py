@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from ..errors import ConfigError
-from ..tree import tree_map
+from hookgraph.core.tree import tree_map
+from hookgraph.errors import ConfigError
 
 __all__ = ["RankBatchSampler", "rank_loader", "rank_slices"]
 

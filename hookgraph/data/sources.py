@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from ..errors import ConfigError, did_you_mean
-from ..instantiate import import_target, instantiate_nested, missing_extra
-from .shard import rank_loader, rank_slices
+from hookgraph.config.instantiate import import_target, instantiate_nested, missing_extra
+from hookgraph.data.shard import rank_loader, rank_slices
+from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = [
     "custom_batches",
@@ -112,7 +112,7 @@ class _Cut:
 
 
 def _batches(kind: str, loader: Any, batch_size: int, epoch_length: int | None, desc: str) -> Any:
-    from .build import Batches
+    from hookgraph.data.build import Batches
 
     return Batches(kind, lambda: loader, batch_size=batch_size, epoch_length=epoch_length, description=desc)
 
@@ -207,7 +207,7 @@ def torchvision_batches(
 
 def token_batches(vocab_size: int, seq_len: int, *, batch_size: int, seed: int) -> Any:
     """Random ``input_ids`` of ``[batch_size, seq_len]`` in ``[0, vocab_size)``, seeded."""
-    from .build import Batches
+    from hookgraph.data.build import Batches
 
     def epoch() -> Iterator[Any]:
         gen = torch.Generator().manual_seed(seed)
@@ -257,7 +257,7 @@ def _tokenizer(folder: Any, key: str) -> Any:
 
 def text_batches(path: Any, tokenizer: Any, seq_len: int, *, batch_size: int, key: str) -> Any:
     """Non-empty lines of ``path``, ``batch_size`` at a time, tokenized with padding and truncation."""
-    from .build import Batches
+    from hookgraph.data.build import Batches
 
     if path is None:
         raise ConfigError(f"{key}.path", "data=text needs path: a text file, one sample per line")

@@ -7,10 +7,10 @@ Sqrt, MLP, Chain.
 
 from __future__ import annotations
 
-from .build import MODEL_REGISTRY, build_model, load_checkpoint, register_model
+from hookgraph.models.build import MODEL_REGISTRY, build_model, load_checkpoint, register_model
 
 # Imported for its side effect too: the decorators fill MODEL_REGISTRY.
-from .seeds import (
+from hookgraph.models.seeds import (
     MLP,
     Chain,
     ConvNet,

@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError, did_you_mean
-from ..instantiate import import_target, instantiate_nested, missing_extra
-from ..plain import to_plain
+from hookgraph.config.instantiate import import_target, instantiate_nested, missing_extra
+from hookgraph.config.plain import to_plain
+from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = ["MODEL_REGISTRY", "register_model", "build_model", "load_checkpoint"]
 

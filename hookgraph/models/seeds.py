@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import ConfigError, did_you_mean
-from .build import register_model
+from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.models.build import register_model
 
 __all__ = [
     "ConvNet",

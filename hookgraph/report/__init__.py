@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .modules import module_tree
-from .plan_svg import plan_svg, write_plan_svg
-from .run_page import write_report
-from .sweep import is_sweep, write_sweep_report
+from hookgraph.report.modules import module_tree
+from hookgraph.report.plan_svg import plan_svg, write_plan_svg
+from hookgraph.report.run_page import write_report
+from hookgraph.report.sweep import is_sweep, write_sweep_report
 
 __all__ = ["write_report", "write_sweep_report", "report", "module_tree", "plan_svg", "write_plan_svg", "is_sweep"]
 

@@ -14,8 +14,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     args = parser.parse_args(argv)
-    from ..errors import HookGraphError
-    from . import report
+    from hookgraph.errors import HookGraphError
+    from hookgraph.report import report
 
     status = 0
     for d in args.dirs:

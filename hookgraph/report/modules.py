@@ -21,7 +21,7 @@ def module_tree(model: Any) -> list[dict]:
     ``params`` counts the parameters of the module and everything below it. Wrappers
     (DataParallel, torch.compile) are looked through, so the names are the ones specs use.
     """
-    from ..compiler import unwrap_model
+    from hookgraph.core.compiler import unwrap_model
 
     model = unwrap_model(model)
     mods = [(name, type(m).__name__) for name, m in model.named_modules()]

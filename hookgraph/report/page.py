@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..runs.reader import number_or_text
-from .modules import hooks_by_module, merge_missing, tree_from_plan
+from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
+from hookgraph.runs.reader import number_or_text
 
 __all__ = ["read_run_page", "LIMITS", "STAT_PLOTS"]
 
@@ -230,7 +230,7 @@ def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
     when the folder is too damaged for it."""
     notes: list[str] = []
     try:
-        from ..runs import load_run
+        from hookgraph.runs import load_run
 
         run = load_run(root)
         return run.summary, list(run.plan), list(run.stats), list(run.trace), run.records, notes
@@ -238,7 +238,7 @@ def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
         notes.append(f"load_run could not read this folder ({type(exc).__name__}: {exc}); showing what the files hold")
     records: Any = {}
     try:
-        from ..runs.reader import load_records
+        from hookgraph.runs.reader import load_records
 
         records = load_records(root)
     except Exception as exc:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from html import escape
 from pathlib import Path
 
-from .modules import hooks_by_module, merge_missing, tree_from_plan
-from .svg import color
+from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
+from hookgraph.report.svg import color
 
 __all__ = ["plan_svg", "write_plan_svg"]
 
@@ -112,7 +112,7 @@ def write_plan_svg(
     plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan"
 ) -> Path:
     """Write :func:`plan_svg` to ``path`` (atomically) and return it."""
-    from ..runs.writer import atomic_write
+    from hookgraph.runs.writer import atomic_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .html import document, esc, json_island, table
-from .page import STAT_PLOTS, read_run_page
-from .plan_svg import plan_svg
-from .svg import color, histogram, line_plot
+from hookgraph.report.html import document, esc, json_island, table
+from hookgraph.report.page import STAT_PLOTS, read_run_page
+from hookgraph.report.plan_svg import plan_svg
+from hookgraph.report.svg import color, histogram, line_plot
 
 __all__ = ["render_run_page", "write_report"]
 
@@ -256,8 +256,8 @@ def write_report(run_dir: str | Path, modules: list[dict] | None = None) -> Path
     ``modules`` (from :func:`~hookgraph.report.module_tree`) gives the whole module tree;
     without it the folder's ``modules.json`` is used, or else a tree rebuilt from the plan.
     """
-    from ..errors import HookGraphError
-    from ..runs.writer import atomic_write
+    from hookgraph.errors import HookGraphError
+    from hookgraph.runs.writer import atomic_write
 
     root = Path(run_dir)
     if not (root / "summary.json").is_file() and not (root / "plan.json").is_file():

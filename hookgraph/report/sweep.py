@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .html import document, esc, table
-from .page import _csv
-from .svg import heatmap, line_plot
+from hookgraph.report.html import document, esc, table
+from hookgraph.report.page import _csv
+from hookgraph.report.svg import heatmap, line_plot
 
 __all__ = ["is_sweep", "read_sweep_page", "render_sweep_page", "write_sweep_report"]
 
@@ -66,13 +66,13 @@ def _num(v: Any) -> float | None:
 
 def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     """The sweep page's model; with ``build_jobs``, every job without ``report.html`` gets one."""
-    from .run_page import write_report
+    from hookgraph.report.run_page import write_report
 
     root = Path(sweep_dir)
     rows = _csv(root / "sweep.csv")
     notes = []
     if not rows:
-        from ..cli.callbacks import sweep_rows
+        from hookgraph.cli.callbacks import sweep_rows
 
         rows = sweep_rows(root)
         notes.append("no sweep.csv: the table was rebuilt from the job folders")
@@ -151,7 +151,7 @@ def _metric_plots(p: dict) -> str:
             )
         )
         if len(series) > 1:
-            from .svg import color
+            from hookgraph.report.svg import color
 
             out.append(
                 '<div class="legend">'
@@ -222,8 +222,8 @@ def render_sweep_page(p: dict) -> str:
 
 def write_sweep_report(sweep_dir: str | Path, build_jobs: bool = True) -> Path:
     """Write ``report.html`` into a sweep folder (and each job's own report where missing)."""
-    from ..errors import HookGraphError
-    from ..runs.writer import atomic_write
+    from hookgraph.errors import HookGraphError
+    from hookgraph.runs.writer import atomic_write
 
     root = Path(sweep_dir)
     if not is_sweep(root):

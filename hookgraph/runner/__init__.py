@@ -8,10 +8,10 @@ messages (what a run's end says), device, distributed (the process group and the
 model under torchrun), ranks (rank 0 gathering the ranks' summaries and tables).
 """
 
-from .config import HookgraphConfig, register_configs
-from .lifecycle import RunFolderError, RunInterrupted
-from .loop import build_from_config, run
-from .messages import closing_lines
+from hookgraph.config.schema import HookgraphConfig, register_configs
+from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
+from hookgraph.runner.loop import build_from_config, run
+from hookgraph.runner.messages import closing_lines
 
 __all__ = [
     "HookgraphConfig",

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..tree import tensors, tree_map
+from hookgraph.core.tree import tensors, tree_map
+from hookgraph.errors import ConfigError
 
 __all__ = ["LOSSES", "to_device", "call_model", "first_tensor", "compute_loss"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import DTYPES
-from ..errors import ConfigError, did_you_mean
+from hookgraph.core.dtypes import DTYPES
+from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = ["resolve_device", "resolve_dtype", "DTYPES"]
 

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError, did_you_mean
-from ..plain import to_plain
-from .device import resolve_device
+from hookgraph.config.plain import to_plain
+from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.runner.device import resolve_device
 
 __all__ = [
     "DISTRIBUTED",
@@ -180,9 +180,9 @@ def replacing_specs(hooks: Any) -> list[str]:
     and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
     Specs with problems are skipped here: compiling them reports the problems.
     """
-    from ..actions.registry import resolve_action
-    from ..points import HookPoint
-    from ..spec import check_specs
+    from hookgraph.actions.registry import resolve_action
+    from hookgraph.core.points import HookPoint
+    from hookgraph.core.spec import check_specs
 
     specs, _, _ = check_specs(hooks, prefix="hooks")
     out = []

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, HookGraphError
-from ..runs.reader import MARKER, run_content
+from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.runs.reader import MARKER, run_content
 
 __all__ = ["MARKER", "check_run_dir", "claim_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
 

@@ -35,20 +35,19 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..compiler import compile_graph
-from ..data import build_data, data_params, default_data
-from ..discovery import format_targets, list_targets
-from ..errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
-from ..graph import HookGraph
-from ..hooksets import require_matches_where_retargeted
-from ..models import build_model
-from ..plain import to_plain
-from ..points import POINTS, HookPoint
-from ..report import module_tree, write_plan_svg, write_report
-from ..runs.writer import RunWriter, TensorBoardSink, rows_with_spec
-from .batches import LOSSES, call_model, compute_loss, to_device
-from .device import resolve_dtype
-from .distributed import (
+from hookgraph.config.hooksets import require_matches_where_retargeted
+from hookgraph.config.plain import to_plain
+from hookgraph.core.compiler import compile_graph
+from hookgraph.core.discovery import format_targets, list_targets
+from hookgraph.core.graph import HookGraph
+from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.data import build_data, data_params, default_data
+from hookgraph.errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
+from hookgraph.models import build_model
+from hookgraph.report import module_tree, write_plan_svg, write_report
+from hookgraph.runner.batches import LOSSES, call_model, compute_loss, to_device
+from hookgraph.runner.device import resolve_dtype
+from hookgraph.runner.distributed import (
     World,
     broadcast,
     check_distributed,
@@ -58,9 +57,16 @@ from .distributed import (
     world_from_env,
     wrap_model,
 )
-from .lifecycle import RunFolderError, RunInterrupted, check_run_dir, claim_run_dir, signals_as_interrupts
-from .metrics import check_metric, compute_metric
-from .ranks import RankFailedError, merge_ranks, merge_tables, rank_summaries
+from hookgraph.runner.lifecycle import (
+    RunFolderError,
+    RunInterrupted,
+    check_run_dir,
+    claim_run_dir,
+    signals_as_interrupts,
+)
+from hookgraph.runner.metrics import check_metric, compute_metric
+from hookgraph.runner.ranks import RankFailedError, merge_ranks, merge_tables, rank_summaries
+from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 
 __all__ = ["run", "build_from_config", "LOSSES"]
 
@@ -74,7 +80,7 @@ _GRADCAM_KEYS = ("activations", "gradients", "target")
 def _cfg(cfg: Any) -> DictConfig:
     if isinstance(cfg, DictConfig):
         return cfg
-    from .config import HookgraphConfig
+    from hookgraph.config.schema import HookgraphConfig
 
     return OmegaConf.merge(OmegaConf.structured(HookgraphConfig), cfg)  # type: ignore[return-value]
 
@@ -137,7 +143,7 @@ def _validate_sink(sink: DictConfig) -> dict[str, str] | None:
         raise ConfigError(
             f"sink.gradcam.{unknown[0]}", f"unknown key; {did_you_mean(str(unknown[0]), _GRADCAM_KEYS, 'valid keys')}"
         )
-    from .config import GradcamConfig
+    from hookgraph.config.schema import GradcamConfig
 
     out = {"activations": GradcamConfig.activations, "gradients": GradcamConfig.gradients, **g}
     for k in _GRADCAM_KEYS:
@@ -267,7 +273,7 @@ def _torchvision_version() -> str:
 
 
 def _versions() -> dict[str, str]:
-    from .. import __version__
+    from hookgraph import __version__
 
     out = {
         "hookgraph": __version__,
@@ -471,7 +477,7 @@ def _outputs(st: _Run) -> None:
     _write(_write_tables, st.writer, st.graph, st.tb)
     if st.cfg.sink.figures and st.world.main:  # rank 0's records
         try:
-            from ..figures import write_figures  # lazy: matplotlib only when figures are wanted
+            from hookgraph.report.figures import write_figures  # lazy: matplotlib only when figures are wanted
 
             st.summary["figures"] = write_figures(
                 st.writer.dir, st.graph, st.cfg.sink, image=st.first_input, warnings=st.warnings, gradcam=st.gradcam

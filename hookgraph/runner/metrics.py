@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, did_you_mean
-from .batches import _lm_loss, first_tensor
+from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.runner.batches import _lm_loss, first_tensor
 
 __all__ = ["METRICS", "compute_metric", "check_metric"]
 
@@ -106,7 +106,7 @@ def _token(logits: torch.Tensor, token: int, key: str) -> torch.Tensor:
 
 
 def _call_target(path: str, args: dict[str, Any], output: Any, batch: Any) -> Any:
-    from ..instantiate import import_target
+    from hookgraph.config.instantiate import import_target
 
     fn: Callable[..., Any] = import_target(path, KEY)
     try:

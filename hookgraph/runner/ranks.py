@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import HookGraphError
-from ..runs.reader import _read_csv  # one CSV reading for runs and their ranks
-from ..runs.writer import RunWriter
+from hookgraph.errors import HookGraphError
+from hookgraph.runs.reader import _read_csv  # one CSV reading for runs and their ranks
+from hookgraph.runs.writer import RunWriter
 
 __all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables"]
 

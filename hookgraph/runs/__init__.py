@@ -3,7 +3,7 @@
 Public names: Run, RunWriter, load_run, run_content.
 """
 
-from .reader import Run, load_run, run_content
-from .writer import RunWriter
+from hookgraph.runs.reader import Run, load_run, run_content
+from hookgraph.runs.writer import RunWriter
 
 __all__ = ["Run", "RunWriter", "load_run", "run_content"]

@@ -35,10 +35,10 @@ from typing import Any, NamedTuple
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import HookGraphError, did_you_mean
-from ..gcpause import gc_paused
-from ..tree import rebuild
-from .writer import FORMAT, shard_key
+from hookgraph.core.gcpause import gc_paused
+from hookgraph.core.tree import rebuild
+from hookgraph.errors import HookGraphError, did_you_mean
+from hookgraph.runs.writer import FORMAT, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 

@@ -11,7 +11,7 @@ are stored under ``<spec>/<target>/<step>/<call>`` (a call that is one tensor) o
 ``<spec>/<target>/<step>/<call>/<i>`` (its i-th tensor in walk order), with ``%`` and ``/``
 in names percent-encoded so a name can never split a key. The metadata holds the real
 names (``order``: ``[[spec, target], ...]`` in execution order), each call's structure
-from :func:`hookgraph.tree.describe` (``structures``, deduplicated per shard) and
+from :func:`hookgraph.core.tree.describe` (``structures``, deduplicated per shard) and
 ``entries``: ``[[order index, call, structure index], ...]``. File names come from the
 step number only: nothing from a name becomes a path.
 """
@@ -32,8 +32,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save as st_save
 
-from ..errors import ConfigError, HookGraphError, RecordBudgetError
-from ..tree import describe
+from hookgraph.core.tree import describe
+from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError
 
 __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json"]
 

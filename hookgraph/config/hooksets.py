@@ -29,8 +29,8 @@ _WHERE = ("target", "exclude", "types")  # the fields that choose what a spec bi
 
 def packaged_conf_dir() -> Path | None:
     """hookgraph's own conf/: inside the package in a wheel, at the top level in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
+    package = Path(__file__).resolve().parents[1]  # hookgraph/
+    for candidate in (package / "conf", package.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return candidate
     return None

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .errors import ConfigError
+from hookgraph.errors import ConfigError
 
 __all__ = ["import_target", "instantiate_nested", "quiet_logger", "OPTIONAL_EXTRAS"]
 

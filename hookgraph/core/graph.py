@@ -12,14 +12,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from . import sharded
-from .compiled import is_compiled, sync_compiled_code
-from .errors import HookGraphError, InplaceBackwardError, full_key
-from .gcpause import gc_paused
-from .points import POINTS
-from .sites import REGISTRARS, Binding, Switch, block_hooks
-from .store import Entries, ResultStore
-from .transfer import HostCopier
+from hookgraph.core.gcpause import gc_paused
+from hookgraph.core.hooks import fsdp2
+from hookgraph.core.hooks.compiled import is_compiled, sync_compiled_code
+from hookgraph.core.hooks.sites import REGISTRARS, Binding, Switch, block_hooks
+from hookgraph.core.points import POINTS
+from hookgraph.core.store import Entries, ResultStore
+from hookgraph.core.transfer import HostCopier
+from hookgraph.errors import HookGraphError, InplaceBackwardError, full_key
 
 __all__ = ["HookGraph", "Plan", "Attachment"]
 
@@ -164,9 +164,9 @@ class Attachment:
     @staticmethod
     def _register(b: Binding) -> list[RemovableHandle]:
         try:
-            if b.param is None and b.shard is None:  # a module point: sharded.registrar has nothing to say
+            if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
                 return REGISTRARS[b.at](b)
-            return (sharded.registrar(b) or REGISTRARS[b.at])(b)
+            return (fsdp2.registrar(b) or REGISTRARS[b.at])(b)
         except RuntimeError as exc:
             if "backward hook" in str(exc):
                 raise HookGraphError(
@@ -243,7 +243,7 @@ class HookGraph:
       user actions that log rows (``ctx.rows()``), one dict per call.
     - ``stats``: one row per stats call (spec, target, point, step, call and the statistics),
       read from the device once.
-    - ``store``: the :class:`~hookgraph.store.ResultStore` behind all three.
+    - ``store``: the :class:`~hookgraph.core.store.ResultStore` behind all three.
     - ``step``: the current step; ``set_step(n)`` re-evaluates every spec's schedule.
     """
 

@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # imported where used: `import hookgraph` does not load Omega
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-from .errors import Problem, SpecError, did_you_mean
-from .points import HookPoint
+from hookgraph.core.points import HookPoint
+from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs"]
 

@@ -22,12 +22,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .actions.registry import ActionDef
-from .errors import ActionError, HookGraphError, full_key
-from .points import HookPoint
-from .spec import HookSpec
-from .store import TRACE, TraceLog, _Call
-from .tree import set_item, tensors, tree_replace
+from hookgraph.actions.registry import ActionDef
+from hookgraph.core.points import HookPoint
+from hookgraph.core.spec import HookSpec
+from hookgraph.core.store import TRACE, TraceLog, _Call
+from hookgraph.core.tree import set_item, tensors, tree_replace
+from hookgraph.errors import ActionError, HookGraphError, full_key
 
 __all__ = [
     "Binding", "Inputs", "Switch", "make_caller", "direct_caller", "action_error", "block_hooks", "REGISTRARS",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import HookGraphError, did_you_mean
+from hookgraph.errors import HookGraphError, did_you_mean
 
 __all__ = ["recorded_value", "position_index", "source_label"]
 
@@ -33,14 +33,14 @@ def source_label(source: Any) -> str:
 def _run_records(path: str, stamp: int) -> Mapping:
     # One index per run folder for all the targets of a spec (``stamp`` invalidates it when
     # the run is rewritten); tensors are still read per target, lazily.
-    from ..runs import load_run
+    from hookgraph.runs import load_run
 
     return load_run(path).records
 
 
 def _records_of(source: Any) -> Mapping:
     """The spec -> target -> entries mapping behind a source."""
-    from ..graph import HookGraph
+    from hookgraph.core.graph import HookGraph
 
     if isinstance(source, (str, Path)):
         root = Path(source).expanduser()

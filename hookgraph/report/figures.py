@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, HookGraphError
+from hookgraph.errors import ConfigError, HookGraphError
 
 __all__ = [
     "write_figures",
@@ -213,7 +213,7 @@ def write_figures(
     are still drawn (the runner's choice: figures never fail a run); otherwise it raises.
     ``gradcam``: the Grad-CAM settings (default: ``sink.gradcam``).
     """
-    from .runs.reader import load_records
+    from hookgraph.runs.reader import load_records
 
     out_dir = Path(run_dir) / "figures"
     written: list[Path] = []

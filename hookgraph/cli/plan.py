@@ -15,8 +15,8 @@ from pathlib import Path
 def _compose(overrides: list[str], config_dir: str | None):
     from hydra import compose, initialize_config_dir
 
-    from ..cli.app import CONFIG_DIR
-    from ..runner import register_configs
+    from hookgraph.cli.app import CONFIG_DIR
+    from hookgraph.runner import register_configs
 
     register_configs()  # the schema conf/config.yaml names first; the Hydra app registers it in main()
 
@@ -44,10 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..compiler import compile as compile_graph
-    from ..errors import HookGraphError
-    from ..runner import build_from_config
-    from . import module_tree, write_plan_svg
+    from hookgraph.core.compiler import compile as compile_graph
+    from hookgraph.errors import HookGraphError
+    from hookgraph.report import module_tree, write_plan_svg
+    from hookgraph.runner import build_from_config
 
     try:
         cfg = _compose(list(args.overrides), args.config_dir)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import HookGraphError
-from .registry import ActionContext, register_action
-from .sources import position_index, recorded_value, resolve_positions, source_label
+from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions, source_label
+from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.errors import HookGraphError
 
 __all__ = ["head_view", "n_heads_of"]
 
@@ -108,7 +108,7 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
     its first positional input. The pass runs in the model's current mode (eval, in the
     runner's default) and through any other graph attached at that moment."""
-    from ..points import HookPoint
+    from hookgraph.core.points import HookPoint
 
     if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
         raise ValueError(

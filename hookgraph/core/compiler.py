@@ -16,16 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import sharded
-from .actions.registry import ActionContext, ActionDef, check_args, resolve_action
-from .errors import Problem, SpecError, full_key
-from .gcpause import gc_paused
-from .graph import HookGraph
-from .points import POINTS, HookPoint
-from .resolve import NameIndex, explain_no_match, resolve_names
-from .sites import Binding
-from .spec import HookSpec, Mode, check_specs, parse_steps
-from .store import ResultStore
+from hookgraph.actions.registry import ActionContext, ActionDef, check_args, resolve_action
+from hookgraph.core.gcpause import gc_paused
+from hookgraph.core.graph import HookGraph
+from hookgraph.core.hooks import fsdp2
+from hookgraph.core.hooks.sites import Binding
+from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
+from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
+from hookgraph.core.store import ResultStore
+from hookgraph.errors import Problem, SpecError, full_key
 
 __all__ = ["compile", "compile_graph", "unwrap_model"]
 
@@ -175,8 +175,8 @@ def _refusal(key: str, spec: Any, why: str, names: list[str]) -> Problem:
     """One problem per spec and reason, however many names a glob matched."""
     shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     one = len(names) == 1
-    if why in sharded.REFUSALS:
-        return Problem(full_key(key, "target"), sharded.REFUSALS[why](spec.at, shown, one))
+    if why in fsdp2.REFUSALS:
+        return Problem(full_key(key, "target"), fsdp2.REFUSALS[why](spec.at, shown, one))
     if why == "script":
         owner = "" if not POINTS[spec.at].on_params else (" belongs to" if one else " belong to")
         verb = owner or (" is" if one else " are")
@@ -202,7 +202,7 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
         model: the model, bare or wrapped (DataParallel, DistributedDataParallel,
             ``torch.compile``) or sharded with ``fully_shard`` (FSDP2; compile after
             sharding: parameter points then act on the unsharded parameter, see
-            :mod:`hookgraph.sharded`): names are those of the bare model.
+            :mod:`hookgraph.core.hooks.fsdp2`): names are those of the bare model.
         specs: a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path, or
             HookSpec objects.
         prefix: the config key under which the specs live; every error, at compile time
@@ -406,7 +406,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
         if on_params:
             param = params[name]
             why = _unhookable(spec, module, param)
-            shard = sharded.shard_of(name, param, targets.modules)
+            shard = fsdp2.shard_of(name, param, targets.modules)
             if why is None and isinstance(shard, str):
                 why = shard
         else:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 
-from .errors import Problem, nearest
+from hookgraph.errors import Problem, nearest
 
 __all__ = [
     "NameIndex",

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import HookGraphError
-from .transfer import HostCopier
+from hookgraph.core.transfer import HostCopier
+from hookgraph.errors import HookGraphError
 
 __all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog", "TRACE"]
 

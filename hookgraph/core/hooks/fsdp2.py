@@ -31,10 +31,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .dtensors import is_dtensor, is_fsdp_module
-from .errors import ActionError, HookGraphError
-from .points import HookPoint
-from .sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
+from hookgraph.core.dtensors import is_dtensor, is_fsdp_module
+from hookgraph.core.hooks.sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
+from hookgraph.core.points import HookPoint
+from hookgraph.errors import ActionError, HookGraphError
 
 __all__ = ["ShardedParam", "shard_of", "registrar", "REGISTRARS", "REFUSALS"]
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .compiler import unwrap_model
-from .errors import ConfigError
-from .resolve import compile_pattern, match_names, no_match_hint
+from hookgraph.core.compiler import unwrap_model
+from hookgraph.core.resolve import compile_pattern, match_names, no_match_hint
+from hookgraph.errors import ConfigError
 
 __all__ = ["list_targets", "format_targets"]
 

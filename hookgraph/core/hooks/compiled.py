@@ -17,7 +17,7 @@ import sys
 
 from torch import nn
 
-from .errors import HookGraphError
+from hookgraph.errors import HookGraphError
 
 __all__ = ["sync_compiled_code", "is_compiled"]
 
