@@ -15,7 +15,7 @@ from enum import Enum
 __all__ = ["HookPoint", "PointInfo", "POINTS"]
 
 
-class HookPoint(str, Enum):
+class HookPoint(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() in messages
     forward_pre = "forward_pre"
     forward = "forward"
     backward_pre = "backward_pre"

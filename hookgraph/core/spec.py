@@ -28,7 +28,7 @@ from hookgraph.errors import Problem, SpecError, did_you_mean
 __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs"]
 
 
-class Mode(str, Enum):
+class Mode(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() in messages
     any = "any"
     train = "train"
     eval = "eval"
