@@ -2,6 +2,7 @@
 #   make run    set up .venv and run the default job (a small net on synthetic data)
 #   make test   set up .venv and run the test suite
 #   make lint   ruff and mypy, as configured in pyproject.toml
+#   make docs   the documentation as a static site in site/ (mkdocs build --strict)
 # Pass Hydra overrides with ARGS, e.g. make run ARGS="+experiment=clamp_conv".
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint docs clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,5 +33,14 @@ lint: setup
 	$(BIN)/ruff check hookgraph tests benchmarks
 	$(BIN)/mypy
 
+# The docs extra goes into the same .venv; --strict fails on a broken link, page or anchor
+# (not with --quiet, which hides the warnings that strict counts).
+$(BIN)/.docs-installed: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(BIN)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs/*/ .pytest_cache
+	rm -rf $(VENV) runs/*/ .pytest_cache site

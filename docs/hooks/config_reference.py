@@ -42,7 +42,7 @@ unknown key or a wrong type fails with its full key. Set a key on the command li
 [Your model, your data](models-and-data.md), `runner.distributed` in [More than one process](distributed.md),
 `runner.compile` in [torch.compile](compile.md), `runner.metric` in
 [Interpretability](interpretability.md), `sink.*` in [The report page](report.md), and `hooks` in
-[the spec](index.md#the-spec).
+[the spec](../README.md#the-spec).
 """
 
 
@@ -185,7 +185,12 @@ def render() -> str:
     # Dataclasses that no field of the root reaches (typed Any in the schema, checked by the code).
     for mod in modules:
         for name, cls in vars(mod).items():
-            if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == mod.__name__ and cls not in seen:
+            if (
+                isinstance(cls, type)
+                and dataclasses.is_dataclass(cls)
+                and cls.__module__ == mod.__name__
+                and cls not in seen
+            ):
                 key = KEYS_OF.get(name)
                 rows, _ = _table(f"{key}." if key else "", cls, docs)
                 parts.append(f"## `{key or name}`\n")
