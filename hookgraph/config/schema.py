@@ -38,7 +38,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    kind: str = "auto"
+    kind: str = "auto"  # auto (the model's own input), none, random, fake, images, custom, torchvision, tokens, text
     shape: list = field(default_factory=lambda: [3, 32, 32])  # one sample's shape (random, fake)
     num_classes: int = 10  # label range for random/fake data
     size: int = 64  # number of samples in FakeData
@@ -73,7 +73,7 @@ class RunnerConfig:
     # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
     metric: Any = None
     optimizer: str | None = None  # null, sgd or adam: step after each backward
-    lr: float = 0.01
+    lr: float = 0.01  # the optimizer's learning rate
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
     compile: bool = False  # run the model under torch.compile; traceable hooks are traced into it
     compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
@@ -103,15 +103,15 @@ class SinkConfig:
     # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
     # a None structured node (an AttributeError); run() checks the keys and fills the defaults.
     gradcam: Any = None
-    tensorboard: bool = False
+    tensorboard: bool = False  # also write stats and records to tensorboard/ (pip install hookgraph[tensorboard])
 
 
 @dataclass
 class HookgraphConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    runner: RunnerConfig = field(default_factory=RunnerConfig)
-    sink: SinkConfig = field(default_factory=SinkConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network to build
+    data: DataConfig = field(default_factory=DataConfig)  # the batches it is fed
+    runner: RunnerConfig = field(default_factory=RunnerConfig)  # how the steps run
+    sink: SinkConfig = field(default_factory=SinkConfig)  # what is written besides the records
     hooks: dict = field(default_factory=dict)  # spec name -> spec (see the README's spec reference)
     dry_run: bool = False  # print the compiled plan and stop, without running the model
     list_targets: str | None = None  # a glob: print the model's matching names, types and shapes, and stop
