@@ -7,6 +7,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hookgraph.errors import HookGraphError
+from hookgraph.report import report
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -14,9 +17,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     args = parser.parse_args(argv)
-    from hookgraph.errors import HookGraphError
-    from hookgraph.report import report
-
     status = 0
     for d in args.dirs:
         try:
