@@ -234,7 +234,7 @@ def _sweep_verdict() -> int:
         print(
             f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
             + ", ".join(f"{job} ({status})" for job, status in failed)
-            + " (see sweep.csv)",
+            + f" (see {layout.SWEEP_TABLE})",
             file=sys.stderr,
         )
         return 1

@@ -89,7 +89,7 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     jobs: list[dict[str, Any]] = []
     for name in sorted(folders, key=int):
         job = folders[name]
-        row = by_job.get(name) or {"job": int(name), "status": "missing from sweep.csv"}
+        row = by_job.get(name) or {"job": int(name), "status": f"missing from {layout.SWEEP_TABLE}"}
         report = job / layout.REPORT
         if build_jobs and not report.is_file() and ((job / layout.SUMMARY).is_file() or (job / layout.PLAN).is_file()):
             try:
