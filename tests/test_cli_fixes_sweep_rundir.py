@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hookgraph.cli import app, callbacks
-from hookgraph.cli.callbacks import RunDirGuard, SweepTable, sweep_rows
+from hookgraph.cli.callbacks import RunDirGuard, SweepTable
+from hookgraph.runs.sweep import sweep_rows
 from tests.cli_helpers import run_cli
 
 

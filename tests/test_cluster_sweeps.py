@@ -19,9 +19,11 @@ from omegaconf import OmegaConf
 import hookgraph as hg
 from hookgraph.cli import app, callbacks
 from hookgraph.cli.app import CONFIG_DIR
-from hookgraph.cli.callbacks import RETURNS, RunDirGuard, SweepTable, sweep_rows
+from hookgraph.cli.callbacks import RunDirGuard, SweepTable
 from hookgraph.report.sweep import read_sweep_page
 from hookgraph.runner import register_configs
+from hookgraph.runs.layout import JOB_RETURNS as RETURNS
+from hookgraph.runs.sweep import sweep_rows
 from tests.cli_helpers import run_cli
 
 SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"

@@ -53,7 +53,7 @@ def test_a_relative_sweep_folder_gives_job_rows_without_an_absolute_folder(tmp_p
     # compared the two as given and named every job's folder by its absolute path.
     from hydra.core.utils import JobReturn, JobStatus
 
-    from hookgraph.cli.callbacks import job_return_row
+    from hookgraph.runs.sweep import job_return_row
 
     from .test_cluster_sweeps import _job_config
 
@@ -94,7 +94,8 @@ def test_a_job_that_changed_directory_writes_its_row_into_the_relative_sweep_fol
     # and a relative sweep folder resolved there put job_returns/ inside every run folder.
     from hydra.core.utils import JobReturn, JobStatus
 
-    from hookgraph.cli.callbacks import RETURNS, SweepTable
+    from hookgraph.cli.callbacks import SweepTable
+    from hookgraph.runs.layout import JOB_RETURNS as RETURNS
 
     from .test_cluster_sweeps import _job_config
 

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.cli.callbacks import sweep_rows
 from hookgraph.report.figures import _safe
 from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
+from hookgraph.runs.sweep import sweep_rows
 from tests.cli_helpers import run_cli
 
 

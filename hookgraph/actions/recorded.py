@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from hookgraph.errors import HookGraphError, did_you_mean
+from hookgraph.runs import layout
 
 __all__ = ["recorded_value", "position_index", "source_label"]
 
@@ -46,7 +47,7 @@ def _records_of(source: Any) -> Mapping:
         root = Path(source).expanduser()
         if not root.is_dir():
             raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
-        summary = root / "summary.json"
+        summary = root / layout.SUMMARY
         try:
             return _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
         except HookGraphError as exc:

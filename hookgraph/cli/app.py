@@ -38,6 +38,7 @@ from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted
 from hookgraph.runner.messages import closing_lines
+from hookgraph.runs import layout
 
 __all__ = ["main", "CONFIG_DIR"]
 
@@ -108,7 +109,7 @@ def _tidy(out_dir: str, summary: dict[str, Any], exc: BaseException | None) -> b
     config_error = isinstance(exc, (ConfigError, SpecError)) and summary.get("steps", 0) == 0
     if not (config_error or summary.get("status") in ("listed", "planned")):
         return False
-    if (Path(out_dir) / "records").exists():
+    if (Path(out_dir) / layout.RECORDS).exists():
         return False
     shutil.rmtree(out_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -233,7 +234,7 @@ def _sweep_verdict() -> int:
         print(
             f"hookgraph: error: {len(failed)} sweep job(s) did not complete: "
             + ", ".join(f"{job} ({status})" for job, status in failed)
-            + " (see sweep.csv)",
+            + f" (see {layout.SWEEP_TABLE})",
             file=sys.stderr,
         )
         return 1

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hookgraph.runs.layout import PLAN_SVG
+
 
 def _compose(overrides: list[str], config_dir: str | None):
     from hydra import compose, initialize_config_dir
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "Compile the hook specs of a config against its model; print the plan and draw it as SVG. Nothing runs."
         ),
     )
-    parser.add_argument("--svg", default="plan.svg", help="where to write the picture (default: ./plan.svg)")
+    parser.add_argument("--svg", default=PLAN_SVG, help=f"where to write the picture (default: ./{PLAN_SVG})")
     parser.add_argument(
         "--config-dir", default=None, help="a folder of your own config groups, as for python -m hookgraph"
     )

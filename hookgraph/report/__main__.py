@@ -7,16 +7,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hookgraph.errors import HookGraphError
+from hookgraph.report import report
+from hookgraph.runs import layout
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="hookgraph report", description="Write report.html into run or sweep folders."
+        prog="hookgraph report", description=f"Write {layout.REPORT} into run or sweep folders."
     )
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     args = parser.parse_args(argv)
-    from hookgraph.errors import HookGraphError
-    from hookgraph.report import report
-
     status = 0
     for d in args.dirs:
         try:

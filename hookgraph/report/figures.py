@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.runs import layout
+from hookgraph.runs.reader import load_records
 
 __all__ = [
     "write_figures",
@@ -33,7 +35,7 @@ def _figure(**kwargs: Any) -> Any:
     """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
     chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
     alive between figures."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # here, not on import: matplotlib costs about a second
 
     # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
     logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
@@ -81,7 +83,7 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     for i in range(n):
         r, c = divmod(i, cols)
         canvas[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
-    import matplotlib
+    import matplotlib  # here, not on import: matplotlib costs about a second
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
     fig = _figure(figsize=(cols * 1.2, rows * 1.2))
@@ -195,7 +197,7 @@ def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None
     size = tuple(image.shape[-2:]) if image is not None and image.dim() >= 2 else tuple(act.shape[-2:])
     heat = gradcam(act, values["gradients"], size)
     out_dir.mkdir(exist_ok=True)
-    return gradcam_figure(heat, image, out_dir / f"gradcam_{_safe(target)}.png", f"Grad-CAM: {target}")
+    return gradcam_figure(heat, image, out_dir / layout.gradcam_figure(_safe(target)), f"Grad-CAM: {target}")
 
 
 def write_figures(
@@ -213,9 +215,7 @@ def write_figures(
     are still drawn (the runner's choice: figures never fail a run); otherwise it raises.
     ``gradcam``: the Grad-CAM settings (default: ``sink.gradcam``).
     """
-    from hookgraph.runs.reader import load_records
-
-    out_dir = Path(run_dir) / "figures"
+    out_dir = Path(run_dir) / layout.FIGURES
     written: list[Path] = []
 
     def draw(what: str, fn: Any, *args: Any) -> None:
@@ -244,7 +244,7 @@ def write_figures(
                 f"hist of {spec!r}",
                 histograms,
                 first,
-                out_dir / f"hist_{_safe(spec)}.png",
+                out_dir / layout.hist_figure(_safe(spec)),
                 f"{spec}: values at the first call",
             )
         maps = [(t, v) for t, v in first.items() if v.dim() == 4]
@@ -255,7 +255,7 @@ def write_figures(
                     f"feature maps of {spec!r} {target!r}",
                     feature_map_grid,
                     v,
-                    out_dir / f"fmap_{_safe(spec)}_{i:02d}_{_safe(target)}.png",
+                    out_dir / layout.fmap_figure(_safe(spec), i, _safe(target)),
                     f"{spec}: {target} (#{i})",
                 )
     gradcam_cfg = gradcam if gradcam is not None else getattr(sink, "gradcam", None)
@@ -263,7 +263,7 @@ def write_figures(
         draw("gradcam", _gradcam_from_records, records, gradcam_cfg, image, out_dir)
     stats = graph.stats
     if stats and len({r["step"] for r in stats}) > 1:
-        draw("stats_over_steps", stats_over_steps, stats, out_dir / "stats_over_steps.png")
+        draw("stats_over_steps", stats_over_steps, stats, out_dir / layout.STATS_FIGURE)
     return [str(p.relative_to(run_dir)) for p in written]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from hookgraph.core.compiler import unwrap_model
+
 __all__ = ["module_tree", "tree_from_plan", "hooks_by_module", "owner", "merge_missing"]
 
 
@@ -21,8 +23,6 @@ def module_tree(model: Any) -> list[dict]:
     ``params`` counts the parameters of the module and everything below it. Wrappers
     (DataParallel, torch.compile) are looked through, so the names are the ones specs use.
     """
-    from hookgraph.core.compiler import unwrap_model
-
     model = unwrap_model(model)
     mods = [(name, type(m).__name__) for name, m in model.named_modules()]
     total = dict.fromkeys((name for name, _ in mods), 0)

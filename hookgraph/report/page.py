@@ -3,21 +3,25 @@
 Public names: read_run_page, LIMITS.
 
 Everything the page shows comes from the folder alone (it works on a folder copied from
-a cluster); a missing file leaves its section empty. Sizes are bounded by ``LIMITS``:
-long series are sampled, long tables cut with their counts kept.
+a cluster), read by :func:`hookgraph.runs.load_run`: a missing file leaves its section empty,
+and so does a damaged one (``load_run(strict=False)``), named in the page's notes. Sizes are
+bounded by ``LIMITS``: long series are sampled, long tables cut with their counts kept.
 """
 
 from __future__ import annotations
 
 import base64
-import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from hookgraph.errors import HookGraphError
 from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
-from hookgraph.runs.reader import number_or_text
+from hookgraph.runs import layout
+from hookgraph.runs.files import read_text
+from hookgraph.runs.reader import load_run
 
 __all__ = ["read_run_page", "LIMITS", "STAT_PLOTS"]
 
@@ -32,27 +36,6 @@ LIMITS = {
 
 # The statistics drawn over steps, and how several calls in one step combine.
 STAT_PLOTS = (("mean", "mean"), ("std", "mean"), ("absmax", "max"), ("nonfinite", "sum"))
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _csv(path: Path) -> list[dict]:
-    """Rows of a CSV with numbers parsed; a missing or unreadable file is no rows."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return []
-    for r in rows:
-        for k, v in r.items():
-            if isinstance(v, str):
-                r[k] = number_or_text(v)
-    return rows
 
 
 def _num(v: Any) -> float:
@@ -111,12 +94,12 @@ def _specs(summary: dict, plan: list[dict]) -> list[dict]:
 
 
 def _stats(rows: list[dict]) -> list[dict]:
-    """Per spec: ``{spec, point, targets, plots: {stat: {target: [(step, value)]}}}``."""
+    """Per spec: ``{spec, at, targets, plots: {stat: {target: [(step, value)]}}}``."""
     by_spec: dict[str, dict[str, dict[int, list[dict]]]] = {}
     points: dict[str, str] = {}
     for r in rows:
         spec, target = str(r.get("spec")), str(r.get("target"))
-        points.setdefault(spec, str(r.get("point", "")))
+        points.setdefault(spec, str(r.get("at", "")))
         step = int(r["step"]) if _finite(r.get("step")) else 0
         by_spec.setdefault(spec, {}).setdefault(target, {}).setdefault(step, []).append(r)
     out = []
@@ -133,7 +116,7 @@ def _stats(rows: list[dict]) -> list[dict]:
                     v = sum(vals) / len(vals) if how == "mean" else max(vals) if how == "max" else sum(vals)
                     pts.append((step, v))
                 plots[stat][target] = pts
-        out.append({"spec": spec, "point": points[spec], "targets": len(targets), "plots": plots})
+        out.append({"spec": spec, "at": points[spec], "targets": len(targets), "plots": plots})
     return out
 
 
@@ -142,8 +125,6 @@ def _finite(v: Any) -> bool:
 
 
 def _first_tensor(value: Any) -> Any:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, dict):
@@ -158,8 +139,6 @@ def _first_tensor(value: Any) -> Any:
 
 def _records(records: Any) -> list[dict]:
     """Per record spec: targets, entries, and a histogram of each of the first targets' last call."""
-    import torch
-
     out = []
     for spec in records:
         targets = records[spec]
@@ -214,10 +193,10 @@ def _trace(rows: list[dict]) -> dict:
 
 def _figures(root: Path) -> list[dict]:
     figs, budget = [], LIMITS["figure_bytes"]
-    folder = root / "figures"
-    for path in sorted(folder.glob("*.png")) if folder.is_dir() else []:
+    folder = root / layout.FIGURES
+    for path in sorted(folder.glob(f"*{layout.FIGURE_SUFFIX}")) if folder.is_dir() else []:
         data = path.read_bytes()
-        fig = {"name": path.name, "href": f"figures/{path.name}"}
+        fig = {"name": path.name, "href": f"{layout.FIGURES}/{path.name}"}
         if len(data) <= budget:
             budget -= len(data)
             fig["src"] = "data:image/png;base64," + base64.b64encode(data).decode()
@@ -225,51 +204,27 @@ def _figures(root: Path) -> list[dict]:
     return figs
 
 
-def _load(root: Path) -> tuple[dict, list, list, list, Any, list[str]]:
-    """summary, plan, stats, trace, records, warnings: through load_run, or file by file
-    when the folder is too damaged for it."""
-    notes: list[str] = []
+def _text(root: Path, name: str, notes: list[str], limit: int | None = None) -> str | None:
+    """A file's text as the page shows it (a damaged one: None, and a note)."""
     try:
-        from hookgraph.runs import load_run
-
-        run = load_run(root)
-        return run.summary, list(run.plan), list(run.stats), list(run.trace), run.records, notes
-    except Exception as exc:
-        notes.append(f"load_run could not read this folder ({type(exc).__name__}: {exc}); showing what the files hold")
-    records: Any = {}
-    try:
-        from hookgraph.runs.reader import load_records
-
-        records = load_records(root)
-    except Exception as exc:
-        notes.append(f"records unreadable: {exc}")
-    return (
-        _json(root / "summary.json") or {},
-        _json(root / "plan.json") or [],
-        _csv(root / "stats.csv"),
-        _csv(root / "trace.csv"),
-        records,
-        notes,
-    )
+        text = read_text(root / name)
+    except HookGraphError as exc:
+        notes.append(str(exc))
+        return None
+    return text if text is None or limit is None else text[:limit]
 
 
 def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dict:
     """The page model of one run folder (see the module docstring)."""
     root = Path(run_dir)
-    summary, plan, stats, trace, records, notes = _load(root)
+    run = load_run(root, strict=False)
     if modules is None:
-        modules = _json(root / "modules.json")
-    tree_source = "modules.json" if modules else "plan targets"
+        modules = run.modules  # not strict: a damaged modules.json reads as None, named in run.problems
+    notes = list(run.problems)
+    plan = list(run.plan)
+    summary = run.summary
+    tree_source = layout.MODULES if modules else "plan targets"
     tree = merge_missing(list(modules), plan) if modules else tree_from_plan(plan)
-    hooks = hooks_by_module(plan)
-    config = None
-    cfg_path = root / ".hydra" / "config.yaml"
-    if cfg_path.is_file():
-        config = cfg_path.read_text()[:20000]
-    overrides = None
-    ov_path = root / ".hydra" / "overrides.yaml"
-    if ov_path.is_file():
-        overrides = ov_path.read_text()
     losses = [v for v in summary.get("losses") or [] if isinstance(v, (int, float))]
     return {
         "title": root.resolve().name,
@@ -279,13 +234,13 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
         "specs": _specs(summary, plan),
         "tree": tree,
         "tree_source": tree_source,
-        "hooks": hooks,
-        "stats": _stats(stats),
-        "records": _records(records),
-        "trace": _trace(trace),
+        "hooks": hooks_by_module(plan),
+        "stats": _stats(run.stats),
+        "records": _records(run.records),
+        "trace": _trace(run.trace),
         "figures": _figures(root),
         "losses": list(enumerate(losses)),
-        "config": config,
-        "overrides": overrides,
+        "config": _text(root, layout.CONFIG, notes, limit=20000),
+        "overrides": _text(root, layout.OVERRIDES, notes),
         "notes": notes + [str(w) for w in summary.get("warnings") or []],
     }

@@ -10,22 +10,23 @@ holds ``metric`` (``runner.metric``). ``patching_table`` reads them into one row
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hookgraph.runs import layout
+from hookgraph.runs.files import read_json, read_overrides
+from hookgraph.runs.writer import RunWriter
+
 __all__ = ["patching_table", "patching_heatmap", "write_patching"]
 
 
 def _overrides(job: Path) -> dict[str, str]:
-    import yaml
-
-    path = job / ".hydra" / "overrides.yaml"
-    items = yaml.safe_load(path.read_text()) if path.is_file() else []
     out = {}
-    for item in items or []:
+    for item in read_overrides(job / layout.OVERRIDES) or []:
         key, sep, value = str(item).partition("=")
         if sep:
             out[key.lstrip("+~")] = value
@@ -61,7 +62,7 @@ def patching_table(
     layer, position = _axes(overrides, layer_key, position_key)
     rows = []
     for job, ov in zip(jobs, overrides, strict=True):
-        s = json.loads((job / "summary.json").read_text()) if (job / "summary.json").is_file() else {}
+        s = read_json(job / layout.SUMMARY, dict) or {}
         rows.append({"job": int(job.name), "layer": ov.get(layer, ""), "position": ov.get(position, ""),
                      "metric": s.get("metric"), "status": s.get("status", "missing")})
     return sorted(rows, key=lambda r: (_order(r["layer"]), _order(r["position"])))
@@ -71,11 +72,11 @@ def patching_heatmap(
     rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric"
 ) -> Path | None:
     """Layers (rows) x positions (columns), coloured by the metric; None without any metric."""
+    # matplotlib only when a heatmap is drawn: importing it costs about a second.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     got = [r for r in rows if isinstance(r.get("metric"), (int, float))]
     if not got:
@@ -109,15 +110,10 @@ def patching_heatmap(
 def write_patching(sweep_dir: str | Path) -> Path | None:
     """``patching.csv`` and ``patching.png`` in a sweep folder over layer x position; None
     (and nothing written) when the sweep is not one."""
-    import csv
-
     root = Path(sweep_dir)
     try:
         rows = patching_table(root)
     except ValueError:
         return None
-    with open(root / "patching.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["layer", "position", "metric", "job", "status"])
-        w.writeheader()
-        w.writerows(rows)
-    return patching_heatmap(rows, root / "patching.png")
+    RunWriter(root).csv(layout.PATCHING_TABLE, rows, columns=["layer", "position", "metric", "job", "status"])
+    return patching_heatmap(rows, root / layout.PATCHING_FIGURE)

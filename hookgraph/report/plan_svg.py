@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
 from hookgraph.report.svg import color
+from hookgraph.runs.writer import atomic_write
 
 __all__ = ["plan_svg", "write_plan_svg"]
 
@@ -112,8 +113,6 @@ def write_plan_svg(
     plan_rows: Iterable[dict], model_tree: list[dict] | None, path: str | Path, title: str = "hookgraph plan"
 ) -> Path:
     """Write :func:`plan_svg` to ``path`` (atomically) and return it."""
-    from hookgraph.runs.writer import atomic_write
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, plan_svg(plan_rows, model_tree, title).encode())

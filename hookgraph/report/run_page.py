@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hookgraph.errors import HookGraphError
 from hookgraph.report.html import document, esc, json_island, table
 from hookgraph.report.page import STAT_PLOTS, read_run_page
 from hookgraph.report.plan_svg import plan_svg
 from hookgraph.report.svg import color, histogram, line_plot
+from hookgraph.runs import layout
+from hookgraph.runs.writer import atomic_write
 
 __all__ = ["render_run_page", "write_report"]
 
@@ -127,7 +130,7 @@ def _stats(p: dict) -> str:
         note = f" (first {drawn} drawn)" if drawn < block["targets"] else ""
         out.append(
             f'<h3>{esc(spec)} '
-            f'<span class="muted">at {esc(block["point"])}, {block["targets"]} target(s){note}</span></h3>'
+            f'<span class="muted">at {esc(block["at"])}, {block["targets"]} target(s){note}</span></h3>'
             f'<div class="plots" data-spec="{esc(spec)}">'
         )
         for stat, _ in STAT_PLOTS:
@@ -200,7 +203,7 @@ def _trace(p: dict) -> str:
 def _plan(p: dict) -> str:
     if not p["plan"]:
         return '<p class="muted">No bindings.</p>'
-    svg = plan_svg(p["plan"], p["tree"] if p["tree_source"] == "modules.json" else None, title=f"plan · {p['title']}")
+    svg = plan_svg(p["plan"], p["tree"] if p["tree_source"] == layout.MODULES else None, title=f"plan · {p['title']}")
     rows = [
         (
             r.get("spec"),
@@ -241,7 +244,7 @@ def render_run_page(p: dict) -> str:
     ]
     if p["config"] or p["overrides"]:
         cfg = (f"<h3>overrides</h3><pre>{esc(p['overrides'])}</pre>" if p["overrides"] else "") + (
-            f"<details><summary>resolved config (.hydra/config.yaml)</summary><pre>{esc(p['config'])}</pre></details>"
+            f"<details><summary>resolved config ({layout.CONFIG})</summary><pre>{esc(p['config'])}</pre></details>"
             if p["config"]
             else ""
         )
@@ -256,13 +259,10 @@ def write_report(run_dir: str | Path, modules: list[dict] | None = None) -> Path
     ``modules`` (from :func:`~hookgraph.report.module_tree`) gives the whole module tree;
     without it the folder's ``modules.json`` is used, or else a tree rebuilt from the plan.
     """
-    from hookgraph.errors import HookGraphError
-    from hookgraph.runs.writer import atomic_write
-
     root = Path(run_dir)
-    if not (root / "summary.json").is_file() and not (root / "plan.json").is_file():
-        raise HookGraphError(f"{root} is not a hookgraph run folder (no summary.json or plan.json)")
+    if not (root / layout.SUMMARY).is_file() and not (root / layout.PLAN).is_file():
+        raise HookGraphError(f"{root} is not a hookgraph run folder (no {layout.SUMMARY} or {layout.PLAN})")
     html = render_run_page(read_run_page(root, modules))
-    path = root / "report.html"
+    path = root / layout.REPORT
     atomic_write(path, html.encode())
     return path

@@ -9,14 +9,20 @@ per value of the second axis; more give the metric per job.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 from pathlib import Path
 from typing import Any
 
+from hookgraph.errors import HookGraphError
 from hookgraph.report.html import document, esc, table
-from hookgraph.report.page import _csv
-from hookgraph.report.svg import heatmap, line_plot
+from hookgraph.report.run_page import write_report
+from hookgraph.report.svg import color, heatmap, line_plot
+from hookgraph.runs import layout
+from hookgraph.runs.files import read_csv, read_overrides
+from hookgraph.runs.sweep import sweep_rows
+from hookgraph.runs.writer import atomic_write
 
 __all__ = ["is_sweep", "read_sweep_page", "render_sweep_page", "write_sweep_report"]
 
@@ -30,22 +36,17 @@ def _jobs(root: Path) -> list[Path]:
 def is_sweep(path: str | Path) -> bool:
     """A multirun folder: ``sweep.csv``, or numbered job folders and no ``summary.json`` of its own."""
     root = Path(path)
-    if not root.is_dir() or (root / "summary.json").is_file():
+    if not root.is_dir() or (root / layout.SUMMARY).is_file():
         return False
-    return (root / "sweep.csv").is_file() or any((j / "summary.json").is_file() for j in _jobs(root))
+    return (root / layout.SWEEP_TABLE).is_file() or any((j / layout.SUMMARY).is_file() for j in _jobs(root))
 
 
 def _overrides(job: Path, row: dict) -> dict[str, str]:
     """key -> value of a job's overrides, from .hydra/overrides.yaml or the table's column."""
-    items: list[str] = []
-    path = job / ".hydra" / "overrides.yaml"
-    if path.is_file():
-        import yaml
-
-        try:
-            items = [str(x) for x in yaml.safe_load(path.read_text()) or []]
-        except Exception:  # a damaged file: the table's column still says it
-            items = []
+    try:
+        items = read_overrides(job / layout.OVERRIDES) or []
+    except HookGraphError:  # a damaged file: the table's column still says it
+        items = []
     if not items and row.get("overrides"):
         items = str(row["overrides"]).split()
     out = {}
@@ -66,16 +67,16 @@ def _num(v: Any) -> float | None:
 
 def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     """The sweep page's model; with ``build_jobs``, every job without ``report.html`` gets one."""
-    from hookgraph.report.run_page import write_report
-
     root = Path(sweep_dir)
-    rows = _csv(root / "sweep.csv")
     notes = []
+    try:
+        rows = read_csv(root / layout.SWEEP_TABLE)
+    except HookGraphError as exc:
+        notes.append(str(exc))
+        rows = []
     if not rows:
-        from hookgraph.cli.callbacks import sweep_rows
-
         rows = sweep_rows(root)
-        notes.append("no sweep.csv: the table was rebuilt from the job folders")
+        notes.append(f"no {layout.SWEEP_TABLE}: the table was rebuilt from the job folders")
     by_job = {str(r.get("job")): r for r in rows}
     # Every job the table names (its row came back from the job, wherever it ran), and every
     # numbered folder the table does not name; a row's folder is in its `folder` column.
@@ -88,9 +89,9 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     jobs: list[dict[str, Any]] = []
     for name in sorted(folders, key=int):
         job = folders[name]
-        row = by_job.get(name) or {"job": int(name), "status": "missing from sweep.csv"}
-        report = job / "report.html"
-        if build_jobs and not report.is_file() and ((job / "summary.json").is_file() or (job / "plan.json").is_file()):
+        row = by_job.get(name) or {"job": int(name), "status": f"missing from {layout.SWEEP_TABLE}"}
+        report = job / layout.REPORT
+        if build_jobs and not report.is_file() and ((job / layout.SUMMARY).is_file() or (job / layout.PLAN).is_file()):
             try:
                 write_report(job)
             except Exception as exc:  # one broken job must not hide the others
@@ -104,11 +105,9 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         jobs.append({"job": name, "row": row, "overrides": _overrides(job, row), "report": link})
     keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
     axes = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
-    sweep_png = root / "sweep.png"
+    sweep_png = root / layout.SWEEP_FIGURE
     figure = None
     if sweep_png.is_file() and sweep_png.stat().st_size < 4_000_000:
-        import base64
-
         figure = "data:image/png;base64," + base64.b64encode(sweep_png.read_bytes()).decode()
     return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes,
             "metric": "metric" if any("metric" in r for r in rows) else "loss",
@@ -151,8 +150,6 @@ def _metric_plots(p: dict) -> str:
             )
         )
         if len(series) > 1:
-            from hookgraph.report.svg import color
-
             out.append(
                 '<div class="legend">'
                 + "".join(f'<span style="--c:{color(i)}">{esc(k)}</span>' for i, k in enumerate(series))
@@ -211,25 +208,23 @@ def render_sweep_page(p: dict) -> str:
     ]
     if p["figure"]:
         body.append(
-            f'<section id="figure"><h2>sweep.png</h2><div class="figs">'
-            f'<figure><img alt="sweep.png" src="{p["figure"]}"></figure></div></section>'
+            f'<section id="figure"><h2>{layout.SWEEP_FIGURE}</h2><div class="figs">'
+            f'<figure><img alt="{layout.SWEEP_FIGURE}" src="{p["figure"]}"></figure></div></section>'
         )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
-    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("figure", "sweep.png")] if p["figure"] else [])
+    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("figure", layout.SWEEP_FIGURE)] if p["figure"] else [])
     return document(f"hookgraph sweep · {p['title']}", header, nav, "".join(body))
 
 
 def write_sweep_report(sweep_dir: str | Path, build_jobs: bool = True) -> Path:
     """Write ``report.html`` into a sweep folder (and each job's own report where missing)."""
-    from hookgraph.errors import HookGraphError
-    from hookgraph.runs.writer import atomic_write
-
     root = Path(sweep_dir)
     if not is_sweep(root):
         raise HookGraphError(
-            f"{root} is not a hookgraph sweep folder (no sweep.csv and no numbered job folders with summary.json)"
+            f"{root} is not a hookgraph sweep folder (no {layout.SWEEP_TABLE} and no numbered job folders "
+            f"with {layout.SUMMARY})"
         )
-    path = root / "report.html"
+    path = root / layout.REPORT
     atomic_write(path, render_sweep_page(read_sweep_page(root, build_jobs)).encode())
     return path

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from hookgraph.errors import ConfigError, HookGraphError
-from hookgraph.runs.reader import MARKER, run_content
+from hookgraph.runs.layout import MARKER
+from hookgraph.runs.reader import run_content
 
 __all__ = ["MARKER", "check_run_dir", "claim_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
+
 
 class RunInterrupted(KeyboardInterrupt):
     """The run was stopped by a signal (SIGINT or SIGTERM); ``signum`` says which."""

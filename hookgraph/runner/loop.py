@@ -66,6 +66,7 @@ from hookgraph.runner.lifecycle import (
 )
 from hookgraph.runner.metrics import check_metric, compute_metric
 from hookgraph.runner.ranks import RankFailedError, merge_ranks, merge_tables, rank_summaries
+from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 
 __all__ = ["run", "build_from_config", "LOSSES"]
@@ -354,7 +355,7 @@ def _prepare(st: _Run) -> None:
     # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
     st.modules = module_tree(st.bare)
     if st.world.main:
-        _write(st.writer.json, "modules.json", st.modules)
+        _write(st.writer.json, layout.MODULES, st.modules)
     # Wrapped before compiling: the specs bind to the modules the wrapped model runs.
     unused = r.find_unused_parameters
     if unused is None and r.distributed == "ddp":  # auto: a spec that may cut parameters out of the backward
@@ -387,8 +388,8 @@ def _compile(st: _Run) -> None:
         _check_forward_only(st.graph)
     if st.world.main:
         plan = st.graph.plan()
-        _write(st.writer.json, "plan.json", list(plan))
-        _write(write_plan_svg, plan, st.modules, st.writer.dir / "plan.svg")
+        _write(st.writer.json, layout.PLAN, list(plan))
+        _write(write_plan_svg, plan, st.modules, st.writer.dir / layout.PLAN_SVG)
 
 
 def _plan_only(st: _Run) -> dict[str, Any]:
@@ -561,7 +562,7 @@ def _close(st: _Run, failing: bool) -> None:
         if own:
             s["loss_rank"] = _finite(own[-1])  # this rank's own; ``loss`` is the mean over ranks
         try:  # this rank's own summary, which rank 0 gathers; written whatever happened
-            st.writer.json(st.writer.rank_path("summary.json"), s)
+            st.writer.json(st.writer.rank_path(layout.SUMMARY), s)
         except OSError as exc:
             log.error("rank %d: could not write its summary into %s: %s", st.world.rank, st.writer.dir, exc)
         if not st.world.main:
@@ -574,9 +575,9 @@ def _close(st: _Run, failing: bool) -> None:
         except OSError as exc:
             s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
     try:
-        st.writer.json("summary.json", s)
+        st.writer.json(layout.SUMMARY, s)
     except OSError as exc:
-        msg = f"could not write summary.json into {st.writer.dir}: {exc}"
+        msg = f"could not write {layout.SUMMARY} into {st.writer.dir}: {exc}"
         s.setdefault("warnings", []).append(msg)
         if not failing:
             raise RunFolderError(msg) from exc
@@ -586,7 +587,7 @@ def _close(st: _Run, failing: bool) -> None:
         try:  # after summary.json, which the page reads; a page must never hide the run's result
             write_report(st.writer.dir)
         except Exception as exc:
-            log.warning("no report.html: %s: %s", type(exc).__name__, exc)
+            log.warning("no %s: %s: %s", layout.REPORT, type(exc).__name__, exc)
 
 
 def _silent_specs(st: _Run, graph: HookGraph) -> None:
@@ -707,7 +708,7 @@ def _ranked(rows: list[dict], rank: int | None) -> list[dict]:
 def _write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None = None) -> None:
     """stats.csv and trace.csv; with several ranks, this rank's (with a rank column) in ranks/rank-N/."""
     stats = graph.stats
-    writer.csv(writer.rank_path("stats.csv"), _ranked(stats, writer.rank))
+    writer.csv(writer.rank_path(layout.STATS), _ranked(stats, writer.rank))
     if tb is not None:
         tb.scalars(stats, graph.store.stats.names)
-    writer.csv(writer.rank_path("trace.csv"), _ranked(_trace_rows(graph), writer.rank))
+    writer.csv(writer.rank_path(layout.TRACE), _ranked(_trace_rows(graph), writer.rank))

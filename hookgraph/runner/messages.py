@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hookgraph.runs.layout import SUMMARY
+
 __all__ = ["closing_lines"]
 
 
@@ -32,7 +34,7 @@ def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
         )
     if summary.get("loss_nonfinite"):
         out.append(
-            (logging.WARNING, f"the loss of the last step is {summary['loss_nonfinite']} (null in summary.json)")
+            (logging.WARNING, f"the loss of the last step is {summary['loss_nonfinite']} (null in {SUMMARY})")
         )
     for w in summary.get("warnings") or []:
         out.append((logging.WARNING, w))

@@ -11,13 +11,13 @@ file system every rank sees (one machine, or a shared file system across nodes).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from hookgraph.errors import HookGraphError
-from hookgraph.runs.reader import _read_csv  # one CSV reading for runs and their ranks
+from hookgraph.runs import layout
+from hookgraph.runs.files import read_csv, read_json
 from hookgraph.runs.writer import RunWriter
 
 __all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables"]
@@ -29,10 +29,9 @@ class RankFailedError(HookGraphError):
 
 def _summary(path: Path) -> dict[str, Any] | None:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # not there yet (files are written whole, by rename)
-    return value if isinstance(value, dict) else None
+        return read_json(path, dict)  # None: not there yet (files are written whole, by rename)
+    except HookGraphError:
+        return None
 
 
 def rank_summaries(run_dir: Path, size: int, wait_s: float) -> dict[int, dict[str, Any] | None]:
@@ -44,7 +43,7 @@ def rank_summaries(run_dir: Path, size: int, wait_s: float) -> dict[int, dict[st
         while True:
             for k in range(size):
                 if found.get(k) is None:
-                    found[k] = _summary(run_dir / "ranks" / f"rank-{k}" / "summary.json")
+                    found[k] = _summary(run_dir / layout.rank_file(k, layout.SUMMARY))
             if all(v is not None for v in found.values()) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -115,11 +114,11 @@ def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]
 
 def merge_tables(writer: RunWriter, size: int) -> None:
     """``stats.csv`` and ``trace.csv`` of the run: every rank's rows (each with its ``rank``)."""
-    for name in ("stats.csv", "trace.csv"):
+    for name in (layout.STATS, layout.TRACE):
         rows: list[dict] = []
         for k in range(size):
             try:
-                rows += _read_csv(writer.dir / "ranks" / f"rank-{k}" / name)
+                rows += read_csv(writer.dir / layout.rank_file(k, name))
             except Exception:  # a damaged rank table: the others still merge; load_run names it
                 continue
         writer.csv(name, rows)

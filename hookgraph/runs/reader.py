@@ -13,15 +13,15 @@ A damaged shard (one safetensors cannot open, or whose metadata is not hookgraph
 not stop the rest: it is listed in ``Run.damaged`` with a warning and skipped, and reading
 a record stored there raises a :class:`HookGraphError` naming it; so does reading from a
 shard that changed or was cut after it was indexed. Every other damaged file raises a
-HookGraphError that names the file.
+HookGraphError that names the file; read with ``load_run(strict=False)`` (the report page),
+it reads as empty instead and ``Run.problems`` names it. The files' names come from
+:mod:`hookgraph.runs.layout`, their parsers from :mod:`hookgraph.runs.files`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import ctypes
-import io
 import json
 import math
 import os
@@ -38,6 +38,8 @@ from safetensors import SafetensorError, safe_open
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
+from hookgraph.runs import layout
+from hookgraph.runs.files import exists, read_config, read_csv, read_json
 from hookgraph.runs.writer import FORMAT, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
@@ -420,21 +422,17 @@ def run_ranks(root: str | Path) -> list[int]:
     """The ranks a run folder holds parts of: ``[0, 1, ...]`` for a run of several processes
     (``records/rank-N/``, ``ranks/rank-N/``), ``[0]`` for a single process."""
     found: set[int] = set()
-    for sub in ("records", "ranks"):
-        folder = Path(root) / sub
-        try:
-            names = [p.name for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
-        except OSError:
-            names = []
-        for name in names:
-            if name.startswith("rank-") and name[5:].isdigit():
-                found.add(int(name[5:]))
+    for sub in (layout.RECORDS, layout.RANKS):
+        for path in _listed(Path(root) / sub):
+            rank = layout.rank_of(path.name)
+            if rank is not None and path.is_dir():
+                found.add(rank)
     return sorted(found) or [0]
 
 
 def _ranked(root: Path) -> bool:
-    return _exists(root / "ranks") or any(
-        p.name.startswith("rank-") for p in _listed(root / "records") if p.is_dir()
+    return exists(root / layout.RANKS) or any(
+        layout.rank_of(p.name) is not None for p in _listed(root / layout.RECORDS) if p.is_dir()
     )
 
 
@@ -461,9 +459,9 @@ def load_records(root: str | Path, rank: int | None = None) -> _Records:
     index: dict[str, dict[str, list[_Entry]]] = {}
     damaged: list[str] = []
     root = Path(root)
-    sub = "records"
+    sub = layout.RECORDS
     if _ranked(root):
-        sub = f"records/rank-{_check_rank(root, 0 if rank is None else rank, run_ranks(root))}"
+        sub = layout.rank_records(_check_rank(root, 0 if rank is None else rank, run_ranks(root)))
     elif rank is not None:
         _check_rank(root, rank, [0])
     shard_dir = root / sub
@@ -485,112 +483,33 @@ def load_records(root: str | Path, rank: int | None = None) -> _Records:
 def _shard_paths(shard_dir: Path) -> list[Path]:
     try:
         if not shard_dir.is_dir():
-            if _exists(shard_dir):
+            if exists(shard_dir):
                 raise HookGraphError(f"{shard_dir} is not a readable folder of record shards")
             return []
         # iterdir, not glob: glob passes over a folder it may not list without a word. Dot
         # files are copy tools' litter (macOS ._ files), not shards.
-        return sorted(p for p in shard_dir.iterdir() if p.name.endswith(".safetensors") and not p.name.startswith("."))
+        return sorted(
+            p for p in shard_dir.iterdir() if p.name.endswith(layout.SHARD_SUFFIX) and not p.name.startswith(".")
+        )
     except OSError as exc:
         raise HookGraphError(f"{shard_dir} cannot be listed ({exc.strerror or exc})") from None
 
 
-def _exists(path: Path) -> bool:
-    # lexists: a dangling link or a link loop is there, though it cannot be opened.
-    try:
-        path.lstat()
-        return True
-    except OSError:
-        return False
+# -- the run -------------------------------------------------------------------------------
 
-
-# -- the other files -------------------------------------------------------------------
-
-
-def _text(path: Path) -> str | None:
-    """The file's text; None when there is no such file; a HookGraphError naming it when it
-    is there but cannot be read (a directory, a link loop, no permission, not UTF-8)."""
-    if not _exists(path):
-        return None
-    try:
-        return path.read_bytes().decode("utf-8")  # no newline translation: csv needs the raw ends
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise HookGraphError(f"{path} cannot be read ({why})") from None
-
-
-def _json(path: Path, kind: type) -> Any:
-    text = _text(path)
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise HookGraphError(f"{path} is damaged: not JSON ({exc})") from None
-    if not isinstance(value, kind):
-        raise HookGraphError(
-            f"{path} is damaged: a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
-        )
-    return value
-
-
-def _read_csv(path: Path) -> list[dict]:
-    text = _text(path)
-    if text is None:
-        return []
-    try:
-        rows = list(csv.DictReader(io.StringIO(text, newline="")))
-    except csv.Error as exc:
-        raise HookGraphError(f"{path} is damaged: {exc}") from None
-    for r in rows:
-        if None in r or None in r.values():
-            raise HookGraphError(f"{path} is damaged: row {rows.index(r) + 2} does not have the header's columns")
-        for k, v in r.items():
-            try:
-                r[k] = json.loads(v) if v and v[0] in "[{" else number_or_text(v)
-            except ValueError:
-                pass
-    return rows
-
-
-def number_or_text(v: str) -> Any:
-    """A CSV cell as int, float or the text itself."""
-    if "_" in v:
-        return v  # int("4242_0") is 42420: a SLURM array job id is a name, not a number
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            continue
-    return v
-
-
-def _config(path: Path) -> Any:
-    text = _text(path)
-    if text is None:
-        return None
-    import yaml
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        config = OmegaConf.load(io.StringIO(text))  # OmegaConf's own YAML loader, as Hydra wrote it
-    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise HookGraphError(f"{path} is damaged: {type(exc).__name__}: {first}") from None
-    if not isinstance(config, DictConfig):
-        raise HookGraphError(f"{path} is damaged: a YAML list, expected the run's config mapping")
-    return config
+_UNREAD: Any = object()  # a lazily read field not read yet
 
 
 @dataclass
 class Run:
     """A run folder, read back: ``records[spec][target]`` (tensors, lazily), ``stats`` and
-    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary`` and ``config``.
+    ``trace`` (lists of row dicts), ``plan`` (bindings), ``summary``, ``config`` and
+    ``modules`` (the module tree of modules.json, read on first use; None when the folder has none).
 
     ``damaged`` names the record shards that could not be read (relative to ``path``).
     A folder without summary.json (a run killed before it could write one) reads with
-    ``summary == {"status": "incomplete", ...}``.
+    ``summary == {"status": "incomplete", ...}``. Read with ``load_run(strict=False)``, a
+    damaged file reads as empty and ``problems`` says which and why.
 
     A run of several processes (torchrun): ``ranks`` lists them; ``records`` are those of
     ``rank`` (0 unless :func:`load_run` was given another); ``stats`` and ``trace`` hold every
@@ -607,10 +526,22 @@ class Run:
     damaged: list = field(default_factory=list)
     ranks: list = field(default_factory=lambda: [0])  # the ranks whose parts the folder holds
     rank: int = 0  # whose records ``records`` holds
+    problems: list = field(default_factory=list)  # strict=False: each file that read as empty, and why
+    strict: bool = True
+    _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 
     @property
     def status(self) -> str:
         return str(self.summary.get("status", "unknown"))
+
+    @property
+    def modules(self) -> list | None:
+        """modules.json: ``[{name, type, params}]`` in ``named_modules()`` order, read on first use."""
+        if self._modules is _UNREAD:
+            self._modules = _read(
+                read_json, self.path / layout.MODULES, list, strict=self.strict, problems=self.problems, empty=None
+            )
+        return self._modules
 
     def records_by_rank(self) -> dict[int, Mapping]:
         """Every rank's records, ``{rank: records}`` (each read lazily, as ``records`` is)."""
@@ -621,19 +552,21 @@ class Run:
         return self.status == "completed" and not self.damaged
 
 
-MARKER = ".hookgraph"  # written first by the runner: a folder holding it belongs to a run, finished or not
-# Everything a run writes, so a new run never overwrites it. Not hookgraph.log: Hydra writes the
-# current run's log into the folder before the runner looks at it.
-_CONTENT = (
-    MARKER, "summary.json", "plan.json", "records", "stats.csv", "trace.csv",
-    "modules.json", "plan.svg", "report.html", "figures", "tensorboard", "ranks",
-)
-
-
 def run_content(path: str | Path) -> list[str]:
     """The hookgraph files and folders present in ``path`` (empty: not a run folder)."""
     root = Path(path)
-    return [name for name in _CONTENT if _exists(root / name)]
+    return [name for name in layout.RUN_CONTENT if exists(root / name)]
+
+
+def _read(fn: Any, *args: Any, strict: bool, problems: list, empty: Any) -> Any:
+    """``fn(*args)``; not ``strict``, a file that cannot be read is ``empty`` and a line in ``problems``."""
+    try:
+        return fn(*args)
+    except HookGraphError as exc:
+        if strict:
+            raise
+        problems.append(str(exc))
+        return empty
 
 
 def _rank_rows(root: Path, name: str, ranks: list[int], rank: int | None) -> list[dict]:
@@ -641,47 +574,61 @@ def _rank_rows(root: Path, name: str, ranks: list[int], rank: int | None) -> lis
     rank 0 died before merging them still reads), every row with its rank."""
     rows: list[dict] = []
     for k in ranks if rank is None else [rank]:
-        rows += _read_csv(root / "ranks" / f"rank-{k}" / name)
+        rows += read_csv(root / layout.rank_file(k, name))
     return rows
 
 
-def load_run(path: str | Path, rank: int | None = None) -> Run:
+def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`.
 
     ``rank``: for a run of several processes, whose records to read (default 0) and whose
     table rows to keep (default: every rank's). A rank the folder does not hold is a
-    HookGraphError naming the valid ranks."""
+    HookGraphError naming the valid ranks.
+
+    ``strict``: a file that is there but cannot be read is a HookGraphError naming it; with
+    False (what the report page does), it reads as empty and ``Run.problems`` names it."""
     root = Path(path)
     if not root.is_dir():
         raise HookGraphError(
-            f"{root} is not a hookgraph run folder ({'not a folder' if _exists(root) else 'no such folder'})"
+            f"{root} is not a hookgraph run folder ({'not a folder' if exists(root) else 'no such folder'})"
         )
     present = run_content(root)
     if not present:
         raise HookGraphError(
-            f"{root} is not a hookgraph run folder (no summary.json, plan.json, records/ or stats.csv); "
-            "give the folder of a hookgraph run (runs/<date>/<time> by default)"
+            f"{root} is not a hookgraph run folder (no {layout.SUMMARY}, {layout.PLAN}, {layout.RECORDS}/ or "
+            f"{layout.STATS}); give the folder of a hookgraph run (runs/<date>/<time> by default)"
         )
-    summary = _json(root / "summary.json", dict)
-    if summary is None:
-        summary = {"status": "incomplete", "note": "no summary.json: the run ended before writing one (killed?); "
-                   f"read what it left: {', '.join(present)}"}
-        warnings.warn(f"{root}: no summary.json; reading an incomplete run", stacklevel=2)
-    records = load_records(root, rank)
     ranks = run_ranks(root)
+    if rank is not None:  # a wrong rank is the caller's mistake, never a damaged file read as empty
+        _check_rank(root, rank, ranks if _ranked(root) else [0])
+    problems: list[str] = []
+
+    def read(fn: Any, *args: Any, empty: Any = None) -> Any:
+        return _read(fn, *args, strict=strict, problems=problems, empty=empty)
+
+    summary = read(read_json, root / layout.SUMMARY, dict, empty={})  # damaged: status unknown
+    if summary is None:
+        summary = {"status": "incomplete", "note": f"no {layout.SUMMARY}: the run ended before writing one "
+                   f"(killed?); read what it left: {', '.join(present)}"}
+        warnings.warn(f"{root}: no {layout.SUMMARY}; reading an incomplete run", stacklevel=2)
+    records = read(load_records, root, rank, empty=_Records({}, []))
     if _ranked(root):
-        stats, trace = _rank_rows(root, "stats.csv", ranks, rank), _rank_rows(root, "trace.csv", ranks, rank)
+        stats = read(_rank_rows, root, layout.STATS, ranks, rank, empty=[])
+        trace = read(_rank_rows, root, layout.TRACE, ranks, rank, empty=[])
     else:
-        stats, trace = _read_csv(root / "stats.csv"), _read_csv(root / "trace.csv")
+        stats = read(read_csv, root / layout.STATS, empty=[])
+        trace = read(read_csv, root / layout.TRACE, empty=[])
     return Run(
         path=root,
         records=records,
         stats=stats,
         trace=trace,
-        plan=_json(root / "plan.json", list) or [],
+        plan=read(read_json, root / layout.PLAN, list) or [],
         summary=summary,
-        config=_config(root / ".hydra" / "config.yaml"),
+        config=read(read_config, root / layout.CONFIG),
         damaged=list(records.damaged),
         ranks=ranks,
         rank=0 if rank is None else rank,
+        problems=problems,
+        strict=strict,
     )

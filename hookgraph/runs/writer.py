@@ -34,6 +34,7 @@ from safetensors.torch import save as st_save
 
 from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError
+from hookgraph.runs import layout
 
 __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json"]
 
@@ -122,7 +123,7 @@ class RunWriter:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self.records_dir = self.dir / "records" if rank is None else self.dir / "records" / f"rank-{rank}"
+        self.records_dir = self.dir / (layout.RECORDS if rank is None else layout.rank_records(rank))
         self.max_bytes = max_bytes
         self.bytes_written = 0
         self.shards: list[str] = []
@@ -142,8 +143,15 @@ class RunWriter:
         return path
 
     def csv(self, name: str, rows: Sequence[dict], columns: Sequence[str] | None = None) -> Path | None:
+        """A table; none is written for no rows. A column the layout names otherwise in the
+        folder (:func:`hookgraph.runs.layout.renamed`: ``point`` is ``at``) is written under
+        that name."""
         if not rows:
             return None
+        renames = layout.renamed(name)
+        if renames:
+            rows = [{renames.get(k, k): v for k, v in r.items()} for r in rows]
+            columns = [renames.get(c, c) for c in columns] if columns else None
         cols = list(columns or dict.fromkeys(k for r in rows for k in r))
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
@@ -158,7 +166,7 @@ class RunWriter:
 
     def rank_path(self, name: str) -> str:
         """``name`` inside this rank's own folder (``ranks/rank-N/name``), relative to the run."""
-        return name if self.rank is None else f"ranks/rank-{self.rank}/{name}"
+        return name if self.rank is None else layout.rank_file(self.rank, name)
 
     def flush_records(self, records: dict[str, Any], step: int) -> int:
         """Write what ``records`` (``records[spec][target]``: a list of values, one per call)
@@ -199,7 +207,7 @@ class RunWriter:
         if self.rank is not None:
             self.records_dir.parent.mkdir(exist_ok=True)  # records/, then records/rank-N
         self.records_dir.mkdir(exist_ok=True)
-        name = f"step-{step:06d}.safetensors"
+        name = layout.shard_name(step)
         compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
         meta = {
             "hookgraph": FORMAT,
@@ -239,7 +247,7 @@ class TensorBoardSink:
             raise ConfigError(
                 key, f"needs the tensorboard package ({exc}); pip install hookgraph[tensorboard], or set {key}=false"
             ) from None
-        self.dir = Path(run_dir) / "tensorboard"
+        self.dir = Path(run_dir) / layout.TENSORBOARD
         self._writer = SummaryWriter(log_dir=str(self.dir))
 
     def histograms(self, records: dict[str, Any], step: int) -> int:

@@ -1,0 +1,154 @@
+"""Reading the files of a run folder other than its record shards: the one parser of each
+format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner's rank merge
+and the report pages.
+
+Public names: DamagedFileError, exists, read_text, read_json, read_csv, read_config,
+read_overrides, number_or_text.
+
+A missing file reads as None (a table as no rows); a file that is there but cannot be read
+or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
+report page, the sweep table) catches one type and says which file and why.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hookgraph.errors import HookGraphError
+from hookgraph.runs import layout
+
+__all__ = [
+    "DamagedFileError",
+    "exists",
+    "read_text",
+    "read_json",
+    "read_csv",
+    "read_config",
+    "read_overrides",
+    "number_or_text",
+]
+
+
+class DamagedFileError(HookGraphError):
+    """A file of a run folder is there but cannot be read (``readable`` False: the OS or its
+    encoding refused) or parsed (True). ``path`` is the file, ``reason`` why."""
+
+    def __init__(self, path: Path, reason: str, readable: bool = True):
+        self.path, self.reason, self.readable = path, reason, readable
+        super().__init__(f"{path} is damaged: {reason}" if readable else f"{path} cannot be read ({reason})")
+
+
+def exists(path: Path) -> bool:
+    """Whether anything is at ``path``: lexists, so a dangling link or a link loop is there,
+    though it cannot be opened."""
+    try:
+        path.lstat()
+        return True
+    except OSError:
+        return False
+
+
+def read_text(path: Path) -> str | None:
+    """The file's text; None when there is no such file (a directory, a link loop, no
+    permission or bytes that are not UTF-8: DamagedFileError)."""
+    if not exists(path):
+        return None
+    try:
+        return path.read_bytes().decode("utf-8")  # no newline translation: csv needs the raw ends
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DamagedFileError(path, why, readable=False) from None
+
+
+def read_json(path: Path, kind: type = dict) -> Any:
+    """A JSON object (``kind`` dict) or array (list); None when there is no such file."""
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise DamagedFileError(path, f"not JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise DamagedFileError(
+            path, f"a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
+        )
+    return value
+
+
+def read_csv(path: Path) -> list[dict]:
+    """A table's rows, each cell as the writer wrote it: JSON lists and objects, numbers,
+    else text. A column the layout renamed (:func:`hookgraph.runs.layout.renamed`, e.g.
+    ``point`` -> ``at``) reads under its new name from older folders too."""
+    text = read_text(path)
+    if text is None:
+        return []
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except csv.Error as exc:
+        raise DamagedFileError(path, str(exc)) from None
+    header = reader.fieldnames or []
+    renames = {old: new for old, new in layout.renamed(path.name).items() if old in header and new not in header}
+    for i, r in enumerate(rows):
+        if None in r or None in r.values():
+            raise DamagedFileError(path, f"row {i + 2} does not have the header's columns")
+        for k, v in r.items():
+            try:
+                r[k] = json.loads(v) if v and v[0] in "[{" else number_or_text(v)
+            except ValueError:
+                pass
+        if renames:  # an older folder's name for the column
+            rows[i] = {renames.get(k, k): v for k, v in r.items()}
+    return rows
+
+
+def number_or_text(v: str) -> Any:
+    """A CSV cell as int, float or the text itself."""
+    if "_" in v:
+        return v  # int("4242_0") is 42420: a SLURM array job id is a name, not a number
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            continue
+    return v
+
+
+def _yaml(path: Path) -> Any:
+    """The file through OmegaConf's own YAML loader, as Hydra wrote it; None when absent."""
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return OmegaConf.load(io.StringIO(text))
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise DamagedFileError(path, f"{type(exc).__name__}: {first}") from None
+
+
+def read_config(path: Path) -> DictConfig | None:
+    """A YAML mapping Hydra saved (``.hydra/config.yaml``, ``.hydra/hydra.yaml``); None when absent."""
+    config = _yaml(path)
+    if config is not None and not isinstance(config, DictConfig):
+        raise DamagedFileError(path, "a YAML list, expected a config mapping")
+    return config
+
+
+def read_overrides(path: Path) -> list[str] | None:
+    """The command line's overrides Hydra saved (``.hydra/overrides.yaml``); None when absent."""
+    listed = _yaml(path)
+    if listed is None:
+        return None
+    if not isinstance(listed, ListConfig):
+        raise DamagedFileError(path, f"a list of overrides expected, got {type(listed).__name__}")
+    # Not resolved: an override may hold an interpolation only Hydra's job could resolve.
+    return [str(o) for o in OmegaConf.to_container(listed, resolve=False) or []]
