@@ -41,7 +41,7 @@ from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_targets, list_targets
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
-from hookgraph.data import build_data, data_params, default_data
+from hookgraph.data import build_data, section_options
 from hookgraph.errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from hookgraph.models import build_model
 from hookgraph.report import module_tree, write_plan_svg, write_report
@@ -196,27 +196,11 @@ def _check_forward_only(graph: HookGraph) -> None:
 
 
 def _data(cfg: DictConfig, model: torch.nn.Module, world: World):
-    d = cfg.data
-    kind = d.kind
-    # build_data converts OmegaConf containers itself.
-    params: dict[str, Any] = {
-        "shape": d.shape,
-        "num_classes": d.num_classes,
-        "size": d.size,
-        "root": d.root,
-        "image_size": d.image_size,
-        "seed": d.seed,
-        "normalize": d.normalize,
-    }
-    params.update(data_params(d, model))
-    if kind == "auto":
-        # The model's own default input (seed nets carry one), token ids for a language model,
-        # otherwise random tensors of data.shape.
-        default = default_data(model)
-        kind = default.pop("kind")
-        params.update(default)
     # runner.batch_size is per rank: each rank gets its slice of the global batch.
-    return build_data(kind, batch_size=cfg.runner.batch_size, rank=world.rank, world_size=world.size, **params)
+    return build_data(
+        cfg.data.kind, batch_size=cfg.runner.batch_size, rank=world.rank, world_size=world.size, model=model,
+        **section_options(cfg.data),
+    )
 
 
 # ---------------------------------------------------------------- the run's state
