@@ -30,7 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hookgraph.actions.registry import resolve_action
 from hookgraph.config.plain import to_plain
+from hookgraph.core.points import HookPoint
+from hookgraph.core.spec import check_specs
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.device import resolve_device
 
@@ -180,10 +183,6 @@ def replacing_specs(hooks: Any) -> list[str]:
     and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
     Specs with problems are skipped here: compiling them reports the problems.
     """
-    from hookgraph.actions.registry import resolve_action
-    from hookgraph.core.points import HookPoint
-    from hookgraph.core.spec import check_specs
-
     specs, _, _ = check_specs(hooks, prefix="hooks")
     out = []
     for spec in specs:
@@ -212,7 +211,7 @@ def wrap_model(
             )
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # lazy: FSDP2's module, only for runner.distributed=fsdp
 
     classes = _class_names(model)
     for name in shard:

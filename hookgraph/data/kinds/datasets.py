@@ -200,7 +200,7 @@ def torchvision_data(cfg: TorchvisionData, ctx: DataContext) -> Batches:
     names = sorted(
         n for n in tvd.__all__ if isinstance(getattr(tvd, n, None), type) and issubclass(getattr(tvd, n), Dataset)
     )
-    if name not in names:
+    if not isinstance(name, str) or name not in names:
         raise ConfigError(
             f"{key}.name", f"unknown torchvision dataset {name!r}; {did_you_mean(str(name), names, 'known datasets')}"
         )
