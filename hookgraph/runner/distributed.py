@@ -73,10 +73,11 @@ class World:
         return self.size > 1
 
 
-def _env_int(name: str, default: int | None) -> int | None:
+def _env_int(name: str) -> int | None:
+    """The integer in the environment variable ``name``; None when it is unset."""
     text = os.environ.get(name)
     if text is None:
-        return default
+        return None
     try:
         return int(text)
     except ValueError:
@@ -87,12 +88,13 @@ def _env_int(name: str, default: int | None) -> int | None:
 
 def world_from_env() -> World:
     """The world torchrun describes in the environment; a single process when WORLD_SIZE is unset."""
-    size = _env_int("WORLD_SIZE", None)
+    size = _env_int("WORLD_SIZE")
     if size is None:
         return World()
-    rank = _env_int("RANK", 0)
-    local = _env_int("LOCAL_RANK", rank)
-    assert rank is not None and local is not None
+    rank = _env_int("RANK")
+    rank = 0 if rank is None else rank
+    local = _env_int("LOCAL_RANK")
+    local = rank if local is None else local
     if size < 1 or not 0 <= rank < size:
         raise ConfigError("RANK", f"RANK={rank} and WORLD_SIZE={size} do not describe a rank of the world")
     return World(rank=rank, size=size, local_rank=local, launched=True)
