@@ -28,8 +28,7 @@ from hookgraph.errors import (
     RecordBudgetError,
     SpecError,
 )
-
-__version__ = "0.1.0"
+from hookgraph.version import __version__
 
 __all__ = [
     "ACTIONS",
@@ -47,6 +46,7 @@ __all__ = [
     "Problem",
     "RecordBudgetError",
     "SpecError",
+    "__version__",
     "compile",
     "format_targets",
     "list_targets",
@@ -58,6 +58,6 @@ __all__ = [
 def load_run(path, rank=None):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
     """Read a run folder back (records, stats, plan, summary; ``rank``: whose records, for a run
     of several processes). See hookgraph.runs.load_run."""
-    from hookgraph.runs import load_run as _load_run
+    from hookgraph.runs import load_run as _load_run  # lazy: `import hookgraph` does not load the reader
 
     return _load_run(path, rank)

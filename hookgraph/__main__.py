@@ -15,14 +15,14 @@ COMMANDS = ("report", "plan")
 def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] == "report":
-        from hookgraph.report.__main__ import main as report_main
+        from hookgraph.report.__main__ import main as report_main  # lazy: a report loads no Hydra, no runner
 
         sys.exit(report_main(argv[1:]))
     if argv and argv[0] == "plan":
-        from hookgraph.cli.plan import main as plan_main
+        from hookgraph.cli.plan import main as plan_main  # lazy: each command loads only what it needs
 
         sys.exit(plan_main(argv[1:]))
-    from hookgraph.cli.app import main as app_main  # Hydra and the configs load only for runs
+    from hookgraph.cli.app import main as app_main  # lazy: Hydra and the configs load only for runs
 
     app_main()
 

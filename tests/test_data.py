@@ -173,3 +173,89 @@ def test_images_empty_folder_names_extensions(tmp_path: Path) -> None:
         build_data("images", root=tmp_path, key="probe.data")
     assert info.value.key == "probe.data.root"
     assert ".png" in str(info.value) and ".jpg" in str(info.value)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_a_key_no_kind_has_names_the_kinds_keys_nearest_first() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_data("random", shap=[3])
+    assert info.value.key == "data.shap"
+    assert "unknown key for data kind 'random'; its keys, nearest first: shape, num_classes, seed" in str(info.value)
+    with pytest.raises(ConfigError, match="data kind 'none' takes no keys") as info:
+        build_data("none", colour=1)
+    assert info.value.key == "data.colour"
+
+
+def test_keys_of_other_kinds_are_ignored() -> None:
+    # One data section serves every kind: tokens does not use shape or size.
+    (batch,) = build_data("tokens", vocab_size=7, seq_len=3, shape=[9], size=2).take(1)
+    assert batch[0]["input_ids"].shape == (1, 3) and int(batch[0]["input_ids"].max()) < 7
+
+
+def test_a_new_kind_is_a_config_and_a_builder() -> None:
+    from dataclasses import dataclass
+
+    from hookgraph.data import DATA_KINDS, Batches, DataContext, register_data
+
+    @dataclass(frozen=True, kw_only=True)
+    class Ramp:
+        length: int = 2  # values per sample
+
+    @register_data("ramp_test", Ramp)
+    def ramp(cfg: Ramp, ctx: DataContext) -> Batches:
+        x = torch.arange(float(cfg.length)).expand(ctx.batch_size, cfg.length)
+        return Batches("ramp_test", lambda: iter([((x,), None)]), batch_size=ctx.batch_size, epoch_length=1)
+
+    try:
+        (x,), _ = build_data("ramp_test", length=3, batch_size=2).take(1)[0]
+        assert x.tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+        # Generated data is cut per rank: rank 1 of 2 keeps the second half of the global batch.
+        (part,), _ = build_data("ramp_test", batch_size=1, rank=1, world_size=2).take(1)[0]
+        assert part.tolist() == [[0.0, 1.0]]
+        with pytest.raises(ConfigError, match="its keys, nearest first: length"):
+            build_data("ramp_test", lenght=3)
+    finally:
+        del DATA_KINDS["ramp_test"]
+
+
+def test_a_kind_config_must_be_a_frozen_dataclass_with_defaults() -> None:
+    from dataclasses import dataclass
+
+    from hookgraph.data import register_data
+
+    @dataclass
+    class Loose:
+        n: int = 1
+
+    @dataclass(frozen=True, kw_only=True)
+    class NoDefault:
+        n: int
+
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        register_data("loose_test", Loose)
+    with pytest.raises(TypeError, match=r"\['n'\] have none"):
+        register_data("no_default_test", NoDefault)
+
+
+def test_every_kind_key_is_in_the_schema_the_command_line_is_checked_against() -> None:
+    from dataclasses import fields
+
+    from hookgraph.config.schema import DataConfig
+    from hookgraph.data import DATA_KINDS
+
+    schema = {("target" if f.name == "_target_" else f.name) for f in fields(DataConfig)}
+    for name, entry in DATA_KINDS.items():
+        assert set(entry.keys) <= schema, (name, set(entry.keys) - schema)
+    assert {"none", "random", "fake", "images", "custom", "torchvision", "tokens", "text", "auto"} <= set(DATA_KINDS)
+
+
+def test_auto_feeds_the_model_its_own_default() -> None:
+    from hookgraph.models import build_model
+
+    model = build_model("tiny_linear")
+    (x,), _ = build_data("auto", model=model, shape=[5]).take(1)[0]
+    assert x.shape == (1, *model.default_data["shape"])  # the model's shape wins over data.shape
+    (y,), _ = build_data("auto", shape=[5]).take(1)[0]  # no model: random tensors of shape
+    assert y.shape == (1, 5)

@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.runner import loop, run
+from hookgraph.runner import claim as claiming
+from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts
+from hookgraph.runner.parts import as_config
 from hookgraph.runs.writer import RunWriter
 from tests.test_run_lifecycle import cfg, strict_json
 
@@ -131,13 +133,13 @@ def test_hydras_log_of_this_run_is_not_an_earlier_run(tmp_path):
 
 def test_a_run_that_claims_the_folder_between_check_and_claim_wins(tmp_path, monkeypatch):
     other = json.dumps({"hookgraph": "0.1", "pid": 1}).encode()
-    check = loop.check_run_dir
+    check = claiming.check_run_dir
 
     def check_then_lose_the_race(out_dir):
         check(out_dir)  # the folder is new ...
         (tmp_path / MARKER).write_bytes(other)  # ... and another run claims it now
 
-    monkeypatch.setattr(loop, "check_run_dir", check_then_lose_the_race)
+    monkeypatch.setattr(claiming, "check_run_dir", check_then_lose_the_race)
     with pytest.raises(hg.ConfigError) as err:
         run(cfg(), tmp_path)
     assert err.value.key == "hydra.run.dir"
@@ -147,13 +149,13 @@ def test_a_run_that_claims_the_folder_between_check_and_claim_wins(tmp_path, mon
 
 
 def test_claiming_the_same_folder_twice_refuses_the_second(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "check_run_dir", lambda out_dir: None)  # both passed the check
-    conf = loop._cfg(cfg())
-    first = loop._claim(conf, tmp_path, {})
+    monkeypatch.setattr(claiming, "check_run_dir", lambda out_dir: None)  # both passed the check
+    conf = as_config(cfg())
+    first = claiming.claim(conf, tmp_path, {})
     marker = (tmp_path / MARKER).read_bytes()
     assert json.loads(marker)["pid"] == os.getpid() and first.summary["status"] == "running"
     with pytest.raises(hg.ConfigError, match="holds an earlier run"):
-        loop._claim(conf, tmp_path, {})
+        claiming.claim(conf, tmp_path, {})
     assert (tmp_path / MARKER).read_bytes() == marker
     with pytest.raises(hg.ConfigError, match=r"holds an earlier run \(\.hookgraph\)"):
         check_run_dir(tmp_path)

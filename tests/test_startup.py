@@ -60,8 +60,8 @@ def test_a_run_reads_torchvisions_version_without_importing_it():
     # Importing torchvision pulls in torch._dynamo: 4 of the 5 s a dry run took on 2 cores.
     code = (
         "import sys\n"
-        "from hookgraph.runner.loop import _versions\n"
-        "version = _versions()['torchvision']\n"
+        "from hookgraph.runner.versions import versions\n"
+        "version = versions()['torchvision']\n"
         "assert 'torchvision' not in sys.modules\n"
         "import torchvision\n"
         "assert version == torchvision.__version__, (version, torchvision.__version__)\n"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -171,8 +172,6 @@ def _app(cfg: DictConfig) -> float | None:
 
 def _yaml_syntax(argv: list[str]) -> str | None:
     """The first YAML syntax error in the files of ``--config-dir`` folders, as file:line:column."""
-    import yaml
-
     dirs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
     dirs += [a.split("=", 1)[1] for a in argv if a.startswith("--config-dir=")]
     for d in dirs:

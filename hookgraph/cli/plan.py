@@ -11,15 +11,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from hookgraph.cli.app import CONFIG_DIR
+from hookgraph.core.compiler import compile as compile_graph
+from hookgraph.errors import HookGraphError
+from hookgraph.report import module_tree, write_plan_svg
+from hookgraph.runner import build_from_config, register_configs
 from hookgraph.runs.layout import PLAN_SVG
 
+__all__ = ["main"]
 
-def _compose(overrides: list[str], config_dir: str | None):
-    from hydra import compose, initialize_config_dir
 
-    from hookgraph.cli.app import CONFIG_DIR
-    from hookgraph.runner import register_configs
-
+def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
     register_configs()  # the schema conf/config.yaml names first; the Hydra app registers it in main()
 
     if config_dir:
@@ -42,14 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=clamp_conv model=resnet18")
     args = parser.parse_args(argv)
-
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from hookgraph.core.compiler import compile as compile_graph
-    from hookgraph.errors import HookGraphError
-    from hookgraph.report import module_tree, write_plan_svg
-    from hookgraph.runner import build_from_config
 
     try:
         cfg = _compose(list(args.overrides), args.config_dir)

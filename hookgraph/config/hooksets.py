@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
@@ -71,8 +72,6 @@ def _as_list(value: Any) -> Any:
 def _task_overrides() -> list[str] | None:
     """The command line's overrides, or None when no Hydra app runs (then no packaged hook set
     was composed: specs passed to ``runner.run`` as a dict are the user's own)."""
-    from hydra.core.hydra_config import HydraConfig
-
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 

@@ -55,7 +55,7 @@ def missing_extra(err: BaseException) -> str:
 
 def import_target(target: str, key: str) -> Callable[..., Any]:
     """The callable a dotted path names; a ConfigError at ``<key>._target_`` otherwise."""
-    from hydra.utils import get_object
+    from hydra.utils import get_object  # lazy: Hydra loads only when a config names a _target_
 
     _offline()
     try:
@@ -108,7 +108,7 @@ def instantiate_nested(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
     if not _has_target(kwargs):
         return kwargs
     _check_targets(kwargs, key)
-    from hydra.utils import instantiate
+    from hydra.utils import instantiate  # lazy: Hydra loads only when a config names a _target_
 
     out = {}
     for k, v in kwargs.items():

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import torch
 import torch.nn as nn
@@ -64,7 +65,7 @@ def register_model(name: str) -> Callable[[_M], _M]:
 
 
 def _torchvision_names() -> list[str]:
-    import torchvision.models
+    import torchvision.models  # lazy: torchvision imports torch._dynamo (seconds); seed nets never need it
 
     return list(torchvision.models.list_models())
 
@@ -146,8 +147,6 @@ def load_weights_only(path: Path, key: str, advice: str) -> Any:
 
 def hub_checkpoint_path(url: str) -> Path:
     """Where torch.hub caches the file of a weights URL: ``$TORCH_HOME/hub/checkpoints/<name>``."""
-    from urllib.parse import urlparse
-
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
 
 
@@ -181,7 +180,7 @@ def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
     Swapping the one method keeps everything else the builder does with named weights
     (num_classes from the weights' categories, transform_input, aux_logits...).
     """
-    from torchvision.models._api import WeightsEnum
+    from torchvision.models._api import WeightsEnum  # lazy: torchvision is slow to import
 
     def get_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _cached_state_dict(self.url, name, weights, key)
@@ -196,7 +195,7 @@ def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
 
 
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
-    import torchvision.models as tvm
+    import torchvision.models as tvm  # lazy: torchvision is slow to import
 
     if weights is not None:
         # Check the name before anything can reach the cache.
@@ -286,8 +285,8 @@ def build_model(
 def _read_checkpoint(path: Path, key: str) -> Any:
     ck = f"{key}.checkpoint"
     if path.suffix.lower() == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors import SafetensorError  # lazy: only .safetensors checkpoints need it
+        from safetensors.torch import load_file  # lazy: as above
 
         try:
             return load_file(str(path), device="cpu")

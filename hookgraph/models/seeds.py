@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules import activation
 
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.models.build import register_model
@@ -274,8 +275,6 @@ class NanNet(nn.Module):
 
 
 def _activation_names() -> list[str]:
-    from torch.nn.modules import activation
-
     return [n for n in activation.__all__ if isinstance(getattr(nn, n, None), type)]
 
 

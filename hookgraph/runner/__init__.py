@@ -3,15 +3,21 @@
 Public names: run, build_from_config, HookgraphConfig, register_configs, RunFolderError,
 RunInterrupted, closing_lines.
 
-Modules: config (the schema), loop (run's steps), lifecycle (the folder claim and signals),
-messages (what a run's end says), device, distributed (the process group and the wrapped
-model under torchrun), ranks (rank 0 gathering the ranks' summaries and tables).
+Modules, in the order a run goes through them: job (``run``: the course of one run), claim
+(the run folder claimed), checks (settings, then what needs the compiled specs), parts (the
+config read, the model built and wrapped, the specs compiled), steps (the step loop), outputs
+(tables, figures, and whatever happened the summary), with state (the run's typed state),
+versions (what the folder records), lifecycle (the folder claim and signals), messages (what a
+run's end says), batches (inputs, model calls, losses), metrics, device, distributed (the
+process group and the wrapped model under torchrun), ranks (rank 0 gathering the ranks'
+summaries and tables).
 """
 
 from hookgraph.config.schema import HookgraphConfig, register_configs
+from hookgraph.runner.job import run
 from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
-from hookgraph.runner.loop import build_from_config, run
 from hookgraph.runner.messages import closing_lines
+from hookgraph.runner.parts import build_from_config
 
 __all__ = [
     "HookgraphConfig",

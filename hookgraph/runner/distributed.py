@@ -30,7 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hookgraph.actions.registry import resolve_action
 from hookgraph.config.plain import to_plain
+from hookgraph.core.points import HookPoint
+from hookgraph.core.spec import check_specs
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.device import resolve_device
 
@@ -70,10 +73,11 @@ class World:
         return self.size > 1
 
 
-def _env_int(name: str, default: int | None) -> int | None:
+def _env_int(name: str) -> int | None:
+    """The integer in the environment variable ``name``; None when it is unset."""
     text = os.environ.get(name)
     if text is None:
-        return default
+        return None
     try:
         return int(text)
     except ValueError:
@@ -84,12 +88,13 @@ def _env_int(name: str, default: int | None) -> int | None:
 
 def world_from_env() -> World:
     """The world torchrun describes in the environment; a single process when WORLD_SIZE is unset."""
-    size = _env_int("WORLD_SIZE", None)
+    size = _env_int("WORLD_SIZE")
     if size is None:
         return World()
-    rank = _env_int("RANK", 0)
-    local = _env_int("LOCAL_RANK", rank)
-    assert rank is not None and local is not None
+    rank = _env_int("RANK")
+    rank = 0 if rank is None else rank
+    local = _env_int("LOCAL_RANK")
+    local = rank if local is None else local
     if size < 1 or not 0 <= rank < size:
         raise ConfigError("RANK", f"RANK={rank} and WORLD_SIZE={size} do not describe a rank of the world")
     return World(rank=rank, size=size, local_rank=local, launched=True)
@@ -180,10 +185,6 @@ def replacing_specs(hooks: Any) -> list[str]:
     and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
     Specs with problems are skipped here: compiling them reports the problems.
     """
-    from hookgraph.actions.registry import resolve_action
-    from hookgraph.core.points import HookPoint
-    from hookgraph.core.spec import check_specs
-
     specs, _, _ = check_specs(hooks, prefix="hooks")
     out = []
     for spec in specs:
@@ -212,7 +213,7 @@ def wrap_model(
             )
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # lazy: FSDP2's module, only for runner.distributed=fsdp
 
     classes = _class_names(model)
     for name in shard:

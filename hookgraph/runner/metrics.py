@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hookgraph.config.instantiate import import_target
+from hookgraph.config.plain import to_plain
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import _lm_loss, first_tensor
 
@@ -37,19 +39,13 @@ METRICS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 }
 
 
-def _plain(cfg: Any) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, (DictConfig, ListConfig)) else cfg
-
-
 def _int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
 def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
     """``runner.metric`` -> (name or dotted target, arguments); ConfigError for anything wrong."""
-    cfg = _plain(cfg_metric)
+    cfg = to_plain(cfg_metric)
     if isinstance(cfg, str):
         cfg = {"name": cfg}
     if not isinstance(cfg, Mapping):
@@ -106,8 +102,6 @@ def _token(logits: torch.Tensor, token: int, key: str) -> torch.Tensor:
 
 
 def _call_target(path: str, args: dict[str, Any], output: Any, batch: Any) -> Any:
-    from hookgraph.config.instantiate import import_target
-
     fn: Callable[..., Any] = import_target(path, KEY)
     try:
         return fn(output, batch, **args)

@@ -1,0 +1,146 @@
+"""The checks a run makes before its model runs: settings first, then what needs the compiled specs.
+
+Public names: OPTIMIZERS, GRADCAM_KEYS, Settings, check_settings, check_compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from hookgraph.config.plain import to_plain
+from hookgraph.config.schema import GradcamConfig
+from hookgraph.core.graph import HookGraph
+from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.runner.batches import LOSSES
+from hookgraph.runner.distributed import World, check_distributed
+from hookgraph.runner.metrics import check_metric
+
+__all__ = ["OPTIMIZERS", "GRADCAM_KEYS", "Settings", "check_settings", "check_compiled"]
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+GRADCAM_KEYS = ("activations", "gradients", "target")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the checks of the settings hand on to the build."""
+
+    shard: list[str]  # runner.shard: the module classes fully_shard wraps (fsdp)
+    gradcam: dict[str, str] | None  # sink.gradcam with its defaults filled in
+
+
+def check_settings(cfg: DictConfig, world: World) -> Settings:
+    """runner and sink settings, checked before the model is built."""
+    r = cfg.runner
+    _check_runner(r)
+    shard = check_distributed(r)
+    if world.ranked and r.distributed == "none" and r.optimizer is not None:
+        raise ConfigError(
+            "runner.distributed",
+            f"none with runner.optimizer={r.optimizer} on {world.size} ranks: nothing would keep the ranks' "
+            "weights equal; set runner.distributed=ddp or fsdp",
+        )
+    return Settings(shard, _check_sink(cfg.sink))
+
+
+def _check_runner(r: DictConfig) -> None:
+    if r.loss not in LOSSES:
+        raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
+    if r.mode not in ("train", "eval"):
+        raise ConfigError("runner.mode", f"must be train or eval, got {r.mode!r}")
+    if r.optimizer is not None and r.optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            "runner.optimizer",
+            f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}",
+        )
+    if r.steps < 0 or r.batch_size < 1:
+        raise ConfigError(
+            "runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1"
+        )
+    if r.autocast not in (None, "bf16", "fp16"):
+        raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
+    if r.metric is not None:
+        check_metric(r.metric)
+    check_distributed(r)
+
+
+def _check_sink(sink: DictConfig) -> dict[str, str] | None:
+    """Sink options are checked before the model runs; returns sink.gradcam with its defaults."""
+    picks = to_plain(sink.feature_maps)
+    if picks is None:
+        picks = []
+    if not isinstance(picks, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
+        raise ConfigError(
+            "sink.feature_maps",
+            f"must be a list of integers (positions among a spec's recorded 4-D targets, e.g. [0, 1] or [-1]), "
+            f"got {picks!r}",
+        )
+    g = to_plain(sink.gradcam)
+    if g is None:
+        return None
+    if not isinstance(g, dict):
+        raise ConfigError(
+            "sink.gradcam", f"must be a mapping {{activations: <spec>, gradients: <spec>, target: <layer>}}, got {g!r}"
+        )
+    unknown = [k for k in g if k not in GRADCAM_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"sink.gradcam.{unknown[0]}", f"unknown key; {did_you_mean(str(unknown[0]), GRADCAM_KEYS, 'valid keys')}"
+        )
+    out = {"activations": GradcamConfig.activations, "gradients": GradcamConfig.gradients, **g}
+    for k in GRADCAM_KEYS:
+        if not isinstance(out.get(k), str) or not out[k]:
+            raise ConfigError(f"sink.gradcam.{k}", f"must be a name (a string), got {out.get(k)!r}")
+    return out
+
+
+def check_compiled(cfg: DictConfig, gradcam: dict[str, str] | None, graph: HookGraph) -> None:
+    """What needs the compiled specs, checked before any pass runs."""
+    if gradcam is not None:
+        _check_gradcam(gradcam, cfg, graph)
+    if not cfg.runner.backward:
+        _check_forward_only(graph)
+
+
+def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None:
+    """sink.gradcam names two record specs that hook its target."""
+    bound: dict[str, list] = {}
+    for b in graph.bindings:
+        bound.setdefault(b.spec.name, []).append(b)
+    wanted = {"activations": (HookPoint.forward,), "gradients": (HookPoint.output_grad, HookPoint.backward_pre)}
+    for name_key, points in wanted.items():
+        key, name = f"sink.gradcam.{name_key}", g[name_key]
+        if name not in bound:
+            raise ConfigError(
+                key, f"no spec {name!r} is bound under hooks; {did_you_mean(str(name), bound, 'bound specs')}"
+            )
+        first = bound[name][0]
+        if first.action.name != "record" or first.at not in points:
+            raise ConfigError(
+                key,
+                f"spec {name!r} must record (action: record) at {' or '.join(map(str, points))}, "
+                f"it does {first.action.name} at {first.at}",
+            )
+        targets = [b.target for b in bound[name]]
+        if g["target"] not in targets:
+            raise ConfigError(
+                "sink.gradcam.target",
+                f"spec {name!r} does not hook {g['target']!r}; "
+                f"{did_you_mean(str(g['target']), targets, 'its targets')}",
+            )
+    if not cfg.runner.backward:
+        raise ConfigError("runner.backward", "sink.gradcam needs the gradient of its target: set runner.backward=true")
+
+
+def _check_forward_only(graph: HookGraph) -> None:
+    """A gradient hook in a run without backward would silently never fire: refuse it."""
+    problems = sorted({(b.spec.name, str(b.at)) for b in graph.bindings if POINTS[b.at].needs_backward})
+    if problems:
+        specs = ", ".join(f"hooks.{name}.at ({point})" for name, point in problems)
+        raise ConfigError(
+            "runner.backward", f"false, but {specs} need a backward pass; set runner.backward=true or drop them"
+        )

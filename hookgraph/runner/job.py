@@ -1,0 +1,132 @@
+"""run(): a config in, a run folder out.
+
+Public names: run.
+
+``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a folder;
+the Hydra entry point only supplies the folder. It reads as its steps: claim the folder
+(:mod:`~hookgraph.runner.claim`), check the settings (:mod:`~hookgraph.runner.checks`),
+build the model and compile the specs (:mod:`~hookgraph.runner.parts`), run the steps
+(:mod:`~hookgraph.runner.steps`), write the tables and figures, and, whatever happened,
+write ``summary.json`` (:mod:`~hookgraph.runner.outputs`).
+
+Records leave memory as one shard per step, so a run that fails still leaves its earlier
+steps readable; it writes ``summary.json`` with ``status: failed`` and the error, then
+re-raises. SIGTERM (what schedulers and ``kill`` send) is handled like Ctrl-C while the
+run lasts: status ``interrupted``, the records so far flushed, the summary written.
+
+With ``sink.gradcam`` set, the first step's input (sample 0) is kept in memory, on the
+host, for the Grad-CAM overlay only. It is not written as a record: records hold what the
+hooks saw, and an extra tensor there would show up in ``load_run``, in the record budget
+and in the other figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hookgraph.core.discovery import format_targets, list_targets
+from hookgraph.core.graph import HookGraph
+from hookgraph.runner.checks import check_compiled, check_settings
+from hookgraph.runner.claim import claim
+from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
+from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
+from hookgraph.runner.outputs import close, fail, write_outputs
+from hookgraph.runner.parts import as_config, build_parts, compile_specs, open_tensorboard, write_plan
+from hookgraph.runner.ranks import RankFailedError
+from hookgraph.runner.state import Job, Parts, Progress
+from hookgraph.runner.steps import run_steps
+
+__all__ = ["run"]
+
+
+def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one job described by ``cfg`` and write its folder; returns the summary.
+
+    The summary's ``loss`` (last step) is what Hydra sweepers can optimise. A folder that
+    holds anything an earlier run wrote is refused (:class:`ConfigError`) before it is touched.
+    ``summary``: a dict filled with the summary as the run goes, for callers that want it
+    when ``run`` raises (it is also in ``summary.json``, when the folder is writable).
+    """
+    cfg = as_config(cfg)
+    world = world_from_env()
+    if not world.ranked and cfg.runner.distributed == "none":
+        return _run(cfg, out_dir, summary, world)
+    quiet = logging.getLogger("hookgraph")
+    level = quiet.level
+    try:
+        # Joined before the folder is claimed: the other ranks learn rank 0's folder through the group.
+        check_distributed(cfg.runner)
+        with process_group(cfg.runner, pick_device(cfg.runner.device, world)) as world:
+            if not world.main:
+                quiet.setLevel(logging.WARNING)  # progress and information on rank 0 only
+            result = _run(cfg, out_dir, summary, world)
+    except BaseException:
+        if not world.main:  # the empty folder Hydra made for this rank, when the run never got to rank 0's
+            with contextlib.suppress(OSError):
+                Path(out_dir).rmdir()
+        raise
+    finally:
+        quiet.setLevel(level)
+    if result.get("failed_ranks") and result.get("status") != "completed":
+        # Rank 0 itself completed, another rank did not: the job failed, and says which rank.
+        raise RankFailedError(str((result.get("error") or {}).get("message", "a rank failed")))
+    return result
+
+
+def _run(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:
+    job = claim(cfg, out_dir, {} if summary is None else summary, world)
+    progress = Progress()
+    failing = True
+    with signals_as_interrupts() as signals:
+        try:
+            settings = check_settings(cfg, world)
+            progress.tb = open_tensorboard(job)
+            parts = build_parts(job, settings, progress)
+            if cfg.list_targets is not None:
+                failing = False
+                return _list(job, parts)
+            graph = progress.graph = compile_specs(job, parts, progress)
+            check_compiled(cfg, parts.gradcam, graph)
+            write_plan(job, parts, graph)
+            if cfg.dry_run:
+                failing = False
+                return _plan_only(job, graph)
+            run_steps(job, parts, graph, progress)
+            write_outputs(job, parts, graph, progress)
+            job.summary["status"] = "completed"
+            failing = False
+            return job.summary
+        except KeyboardInterrupt as exc:
+            signals.hold()  # what was recorded gets written, whatever signal follows
+            fail(job, progress, exc if isinstance(exc, RunInterrupted) else RunInterrupted(signal.SIGINT))
+            raise
+        except BaseException as exc:
+            signals.hold()
+            fail(job, progress, exc)
+            raise
+        finally:
+            close(job, progress, failing)
+
+
+def _list(job: Job, parts: Parts) -> dict[str, Any]:
+    """list_targets: the model's matching names, printed; nothing compiles or runs."""
+    rows = list_targets(parts.bare, job.cfg.list_targets, params=job.cfg.list_params, require_match=True)
+    if job.world.main:
+        print(format_targets(rows))
+    job.summary.update(status="listed", targets=len(rows))
+    return job.summary
+
+
+def _plan_only(job: Job, graph: HookGraph) -> dict[str, Any]:
+    """dry_run: the compiled plan, printed; nothing runs."""
+    plan = graph.plan()
+    if job.world.main:
+        print(plan)
+    job.summary.update(status="planned", bindings=len(plan))
+    return job.summary

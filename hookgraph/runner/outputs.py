@@ -1,0 +1,217 @@
+"""Writing a run's outputs: tables and figures after the steps, and whatever happened, the summary.
+
+Public names: write, write_tables, write_outputs, fail, close.
+
+Records leave memory during the steps (one shard per step); a run that fails still leaves its
+earlier steps readable: :func:`fail` flushes what the failing step recorded and the tables,
+and :func:`close` writes ``summary.json`` (``status: failed`` and the error) and the page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hookgraph.core.graph import HookGraph
+from hookgraph.errors import NonFiniteError, RecordBudgetError
+from hookgraph.report import write_report
+from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
+from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
+from hookgraph.runner.state import Job, Parts, Progress
+from hookgraph.runs import layout
+from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
+
+__all__ = ["write", "write_tables", "write_outputs", "fail", "close"]
+
+log = logging.getLogger("hookgraph")
+
+
+def write(fn: Callable[..., Any], *args: Any) -> Any:
+    """A write into the run folder; an OS error (read-only, disk full) becomes a RunFolderError."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise RunFolderError(f"cannot write into the run folder: {exc}") from exc
+
+
+def _trace_rows(graph: HookGraph) -> list[dict]:
+    return list(rows_with_spec(graph.rows))
+
+
+def _ranked(rows: list[dict], rank: int | None) -> list[dict]:
+    return rows if rank is None else [{"rank": rank, **r} for r in rows]
+
+
+def write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None = None) -> None:
+    """stats.csv and trace.csv; with several ranks, this rank's (with a rank column) in ranks/rank-N/."""
+    stats = graph.stats
+    writer.csv(writer.rank_path(layout.STATS), _ranked(stats, writer.rank))
+    if tb is not None:
+        tb.scalars(stats, graph.store.stats.names)
+    writer.csv(writer.rank_path(layout.TRACE), _ranked(_trace_rows(graph), writer.rank))
+
+
+def write_outputs(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
+    """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run."""
+    t = time.perf_counter()
+    write(write_tables, job.writer, graph, progress.tb)
+    if job.cfg.sink.figures and job.world.main:  # rank 0's records
+        try:
+            from hookgraph.report.figures import write_figures  # lazy: matplotlib only when figures are wanted
+
+            job.summary["figures"] = write_figures(
+                job.writer.dir,
+                graph,
+                job.cfg.sink,
+                image=progress.first_input,
+                warnings=progress.warnings,
+                gradcam=parts.gradcam,
+            )
+        except Exception as exc:  # the records are the result; figures only show them
+            progress.warnings.append(f"figures: {type(exc).__name__}: {exc}")
+    progress.lap("write_s", t)
+
+
+def fail(job: Job, progress: Progress, exc: BaseException) -> None:
+    """Status and error in the summary; whatever was recorded before the fault stays readable."""
+    s = job.summary
+    s["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    s["error"] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, RunInterrupted):
+        s["signal"] = signal.Signals(exc.signum).name
+    if isinstance(exc, NonFiniteError):
+        s["first_nonfinite"] = {
+            "spec": exc.spec,
+            "module": exc.target,
+            "point": exc.point,
+            "step": exc.step,
+            "nan": exc.nan,
+            "inf": exc.inf,
+            "total": exc.total,
+        }
+    graph = progress.graph
+    if graph is None:
+        return
+    # Over budget, the step that tripped it is dropped: writing it would trip the budget again.
+    if not isinstance(exc, RecordBudgetError):
+        try:
+            job.writer.flush_records(graph.records, s["steps"])
+        except Exception as inner:  # the original error matters more
+            progress.warnings.append(f"could not write the partial records of step {s['steps']}: {inner}")
+    try:
+        write_tables(job.writer, graph, progress.tb)
+    except Exception as inner:
+        progress.warnings.append(f"could not write the stats and trace tables: {inner}")
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # strict JSON has no NaN or Infinity
+
+
+def close(job: Job, progress: Progress, failing: bool) -> None:
+    """Fill in the summary and write it, whatever happened; raises only when the run itself succeeded."""
+    if progress.tb is not None:
+        with contextlib.suppress(Exception):
+            progress.tb.close()
+    s, writer, world = job.summary, job.writer, job.world
+    progress.timings["total_s"] = time.perf_counter() - progress.t0
+    s["timings"] = progress.timings
+    if progress.losses:
+        last = progress.losses[-1]
+        s["loss"] = _finite(last)
+        if s["loss"] is None:
+            s["loss_nonfinite"] = str(last)  # "nan", "inf" or "-inf": why loss is null
+        s["losses"] = [_finite(v) for v in progress.losses]
+    if progress.metrics:
+        s["metric"] = _finite(progress.metrics[-1])
+        s["metrics"] = [_finite(v) for v in progress.metrics]
+    if progress.graph is not None:
+        s["specs"] = _headline(progress.graph, writer)
+        _silent_specs(s, progress.graph)
+        s.setdefault("first_nonfinite", _first_nonfinite(progress.graph))
+        if s["first_nonfinite"] is None:
+            del s["first_nonfinite"]
+    s["records_bytes"] = writer.bytes_written
+    s["shards"] = writer.shards
+    if progress.warnings:
+        s["warnings"] = progress.warnings
+    if world.ranked:
+        own = progress.own_losses or progress.losses  # a failed run never averaged its losses
+        if own:
+            s["loss_rank"] = _finite(own[-1])  # this rank's own; ``loss`` is the mean over ranks
+        try:  # this rank's own summary, which rank 0 gathers; written whatever happened
+            writer.json(writer.rank_path(layout.SUMMARY), s)
+        except OSError as exc:
+            log.error("rank %d: could not write its summary into %s: %s", world.rank, writer.dir, exc)
+        if not world.main:
+            return
+        # Every rank ends on its own; a failing run waits only briefly for ranks that may be stuck.
+        timeout = float(job.cfg.runner.dist_timeout_s)
+        wait = timeout if not failing else min(10.0, timeout)
+        merge_ranks(s, rank_summaries(writer.dir, world.size, wait))
+        try:
+            merge_tables(writer, world.size)
+        except OSError as exc:
+            s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
+    try:
+        writer.json(layout.SUMMARY, s)
+    except OSError as exc:
+        msg = f"could not write {layout.SUMMARY} into {writer.dir}: {exc}"
+        s.setdefault("warnings", []).append(msg)
+        if not failing:
+            raise RunFolderError(msg) from exc
+        log.error("%s", msg)
+        return
+    if s.get("status") != "listed":
+        try:  # after summary.json, which the page reads; a page must never hide the run's result
+            write_report(writer.dir)
+        except Exception as exc:
+            log.warning("no %s: %s: %s", layout.REPORT, type(exc).__name__, exc)
+
+
+def _silent_specs(summary: dict[str, Any], graph: HookGraph) -> None:
+    """Specs that matched nothing, and specs bound but never run: named in the summary."""
+    unmatched = dict(getattr(graph, "unmatched", None) or {})
+    if unmatched:
+        summary["unmatched"] = unmatched
+    if summary["steps"] > 0:
+        # Bound but never run: e.g. input_grad where no input needs a gradient.
+        silent = sorted(name for name, n in graph.calls.items() if n == 0)
+        if silent:
+            summary["never_fired"] = silent
+
+
+def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:
+    """The first check_finite row (rows are in execution order): where NaN/Inf started."""
+    checkers = {b.spec.name for b in graph.bindings if b.action.name == "check_finite"}
+    for row in _trace_rows(graph):
+        if row["spec"] in checkers and (row.get("nan") or row.get("inf")):
+            return {
+                "spec": row["spec"],
+                "module": row["module"],
+                "point": row.get("point"),
+                "step": row.get("step"),
+                "nan": row.get("nan"),
+                "inf": row.get("inf"),
+                "total": row.get("total"),
+            }
+    return None
+
+
+def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
+    # Only bound specs record anything, so the bindings give every key.
+    per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
+    for b in graph.bindings:
+        per_spec[b.spec.name]["bindings"] += 1
+        if b.recomputed:  # forward calls re-run by gradient checkpointing: not acted on twice, but said
+            per_spec[b.spec.name]["recomputed"] = per_spec[b.spec.name].get("recomputed", 0) + b.recomputed
+    for spec, n in writer.counts.items():
+        per_spec[spec]["records"] = n
+    for spec, n in graph.store.counts().items():  # rows and statistics rows
+        per_spec[spec]["records"] += n
+    return per_spec

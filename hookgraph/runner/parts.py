@@ -1,0 +1,97 @@
+"""Building a run's parts: the config read against the schema, the model on its device, the graph.
+
+Public names: as_config, build_from_config, open_tensorboard, build_parts, compile_specs, write_plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hookgraph.config.hooksets import require_matches_where_retargeted
+from hookgraph.config.schema import HookgraphConfig
+from hookgraph.core.compiler import compile_graph
+from hookgraph.core.graph import HookGraph
+from hookgraph.models import build_model
+from hookgraph.report import module_tree, write_plan_svg
+from hookgraph.runner.checks import Settings
+from hookgraph.runner.device import resolve_dtype
+from hookgraph.runner.distributed import pick_device, replacing_specs, wrap_model
+from hookgraph.runner.outputs import write
+from hookgraph.runner.state import Job, Parts, Progress
+from hookgraph.runs import layout
+from hookgraph.runs.writer import TensorBoardSink
+
+__all__ = ["as_config", "build_from_config", "open_tensorboard", "build_parts", "compile_specs", "write_plan"]
+
+log = logging.getLogger("hookgraph")
+
+
+def as_config(cfg: Any) -> DictConfig:
+    """``cfg`` (a DictConfig, or a dict merged over the schema's defaults) as the runner reads it."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    return OmegaConf.merge(OmegaConf.structured(HookgraphConfig), cfg)  # type: ignore[return-value]
+
+
+def build_from_config(cfg: Any) -> torch.nn.Module:
+    """The model a config's ``model`` section describes (seeded by ``runner.seed``)."""
+    cfg = as_config(cfg)
+    torch.manual_seed(cfg.runner.seed)
+    m = cfg.model
+    target = m.get("_target_")
+    return build_model(
+        None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint
+    )
+
+
+def open_tensorboard(job: Job) -> TensorBoardSink | None:
+    """sink.tensorboard's writer (rank 0's histograms and scalars only), or None."""
+    if job.cfg.sink.tensorboard and job.world.main:
+        return TensorBoardSink(job.writer.dir)  # before the model is built: a missing package fails fast
+    return None
+
+
+def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
+    """The model on its device, its module tree written, wrapped as runner.distributed asks."""
+    cfg, r, world = job.cfg, job.cfg.runner, job.world
+    device = pick_device(r.device, world)
+    dtype = resolve_dtype(r.dtype)
+    job.summary["device"] = str(device)
+    bare = build_from_config(cfg).to(device=device, dtype=dtype)
+    bare.train(r.mode == "train")
+    progress.lap("build_s", progress.t0)
+    # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
+    modules = module_tree(bare)
+    if world.main:
+        write(job.writer.json, layout.MODULES, modules)
+    # Wrapped before compiling: the specs bind to the modules the wrapped model runs.
+    unused = r.find_unused_parameters
+    if unused is None and r.distributed == "ddp":  # auto: a spec that may cut parameters out of the backward
+        replacing = replacing_specs(cfg.hooks)
+        unused = bool(replacing)
+        if replacing:
+            log.info("runner.find_unused_parameters: on for ddp, for the specs %s", ", ".join(replacing))
+    model = wrap_model(bare, r.distributed, settings.shard, device, find_unused_parameters=bool(unused))
+    return Parts(device, dtype, bare, model, settings.gradcam, modules)
+
+
+def compile_specs(job: Job, parts: Parts, progress: Progress) -> HookGraph:
+    """The specs compiled against the model (the wrapped one: it runs)."""
+    t = time.perf_counter()
+    require_matches_where_retargeted(job.cfg.hooks)  # a packaged hook set pointed elsewhere must match
+    graph = compile_graph(parts.model, job.cfg.hooks, prefix="hooks")
+    progress.lap("compile_s", t)
+    return graph
+
+
+def write_plan(job: Job, parts: Parts, graph: HookGraph) -> None:
+    """plan.json and plan.svg (rank 0)."""
+    if job.world.main:
+        plan = graph.plan()
+        write(job.writer.json, layout.PLAN, list(plan))
+        write(write_plan_svg, plan, parts.modules, job.writer.dir / layout.PLAN_SVG)

@@ -1,0 +1,113 @@
+"""The step loop: forward/backward passes with the hooks attached, one records shard per step.
+
+Public names: run_steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from hookgraph.core.graph import HookGraph
+from hookgraph.data import Batches, build_data, section_options
+from hookgraph.errors import ConfigError
+from hookgraph.runner.batches import call_model, compute_loss, to_device
+from hookgraph.runner.checks import OPTIMIZERS
+from hookgraph.runner.metrics import compute_metric
+from hookgraph.runner.outputs import write
+from hookgraph.runner.state import Job, Parts, Progress
+
+__all__ = ["run_steps"]
+
+
+def _data(job: Job, parts: Parts) -> Batches:
+    # runner.batch_size is per rank: each rank gets its slice of the global batch.
+    cfg, world = job.cfg, job.world
+    return build_data(
+        cfg.data.kind,
+        batch_size=cfg.runner.batch_size,
+        rank=world.rank,
+        world_size=world.size,
+        model=parts.bare,
+        **section_options(cfg.data),
+    )
+
+
+def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
+    """DDP's error for parameters that got no gradient, as the setting that avoids it."""
+    if r.distributed == "ddp" and "Expected to have finished reduction" in str(exc):
+        raise ConfigError(
+            "runner.find_unused_parameters",
+            "some parameters got no gradient in the last backward (a spec or the model cut them out), and "
+            "DistributedDataParallel waits for them; set runner.find_unused_parameters=true (or null: on "
+            "whenever a spec may replace a forward value)",
+        ) from None
+
+
+def _autocast(r: DictConfig, device: torch.device) -> Any:
+    if not r.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
+
+
+def _picture(inputs: Any) -> torch.Tensor | None:
+    """Sample 0 of an image batch, before any cast: the Grad-CAM overlay's picture."""
+    if isinstance(inputs, tuple) and inputs and inputs[0].dim() >= 3:
+        return inputs[0][0].detach().cpu()
+    return None
+
+
+def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
+    """runner.steps passes; each step's records leave memory as one shard."""
+    cfg, r, world, model = job.cfg, job.cfg.runner, job.world, parts.model
+    data = iter(_data(job, parts))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
+    autocast = _autocast(r, parts.device)
+    # Specs resolve against the bare model; the compiled wrapper shares its modules.
+    forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
+    t = time.perf_counter()
+    with graph.attach(compiled=r.compile):
+        hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
+        for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
+            graph.set_step(step)
+            inputs, labels = next(data)
+            if step == 0 and parts.gradcam is not None:
+                progress.first_input = _picture(inputs)
+            inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
+            with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
+                try:
+                    out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                except RuntimeError as exc:
+                    _unused_parameters(exc, r)
+                    raise
+                loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                if r.metric is not None:
+                    progress.metrics.append(compute_metric(r.metric, out, inputs))
+            if r.backward:
+                if not loss.requires_grad:
+                    raise ConfigError(
+                        "runner.backward",
+                        "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false",
+                    )
+                loss.backward()
+                if opt is not None:
+                    opt.step()
+                model.zero_grad(set_to_none=True)
+            progress.losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
+            if progress.tb is not None:
+                progress.tb.histograms(graph.records, step)  # before the flush empties the slots
+            write(job.writer.flush_records, graph.records, step)
+            job.summary["steps"] = step + 1
+    progress.own_losses = list(progress.losses)
+    if world.ranked and progress.losses:
+        # The job's loss: the mean over ranks (with a mean loss, the loss of the global batch).
+        total = torch.tensor(progress.losses, dtype=torch.float64)
+        torch.distributed.all_reduce(total)
+        progress.losses = (total / world.size).tolist()
+    progress.lap("run_s", t)
