@@ -24,6 +24,7 @@ from torch import Tensor
 
 from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions, source_label
 from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.points import HookPoint
 from hookgraph.errors import HookGraphError
 
 __all__ = ["head_view", "n_heads_of"]
@@ -108,8 +109,6 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
     its first positional input. The pass runs in the model's current mode (eval, in the
     runner's default) and through any other graph attached at that moment."""
-    from hookgraph.core.points import HookPoint
-
     if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
         raise ValueError(
             f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run"

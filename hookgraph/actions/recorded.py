@@ -34,15 +34,13 @@ def source_label(source: Any) -> str:
 def _run_records(path: str, stamp: int) -> Mapping:
     # One index per run folder for all the targets of a spec (``stamp`` invalidates it when
     # the run is rewritten); tensors are still read per target, lazily.
-    from hookgraph.runs import load_run
+    from hookgraph.runs import load_run  # lazy: the reader needs safetensors, `import hookgraph` stays light
 
     return load_run(path).records
 
 
 def _records_of(source: Any) -> Mapping:
     """The spec -> target -> entries mapping behind a source."""
-    from hookgraph.core.graph import HookGraph
-
     if isinstance(source, (str, Path)):
         root = Path(source).expanduser()
         if not root.is_dir():
@@ -52,9 +50,7 @@ def _records_of(source: Any) -> Mapping:
             return _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
         except HookGraphError as exc:
             raise ValueError(f"run: {exc}") from None
-    if isinstance(source, HookGraph):
-        return source.records
-    records = getattr(source, "records", None)  # a Run
+    records = getattr(source, "records", None)  # a HookGraph or a Run
     if isinstance(records, Mapping):
         return records
     if isinstance(source, Mapping):

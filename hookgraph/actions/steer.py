@@ -25,7 +25,7 @@ from torch import Tensor
 
 from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions
 from hookgraph.actions.registry import ActionContext, register_action
-from hookgraph.errors import HookGraphError
+from hookgraph.errors import HookGraphError, did_you_mean
 
 __all__ = ["steering_vector"]
 
@@ -33,7 +33,7 @@ _RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
 
 
 def _from_file(path: Any, key: str | None) -> Tensor:
-    from safetensors import safe_open
+    from safetensors import safe_open  # lazy: heavy, and `import hookgraph` stays light
 
     p = Path(str(path)).expanduser()
     if p.suffix != ".safetensors":
@@ -49,8 +49,6 @@ def _from_file(path: Any, key: str | None) -> Tensor:
                 )
             key = keys[0]
         if key not in keys:
-            from hookgraph.errors import did_you_mean
-
             raise ValueError(f"vector.key: {key!r} is not in {str(p)!r}; {did_you_mean(key, keys, 'tensors there')}")
         return f.get_tensor(key)
 

@@ -96,7 +96,7 @@ _FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
 @functools.cache
 def _schema() -> Any:
     """HookSpec as an OmegaConf schema, built on the first compile."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
 
     schema = OmegaConf.structured(HookSpec)
     # Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
@@ -108,7 +108,7 @@ def _schema() -> Any:
 
 def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     """Any accepted input form -> a mapping of spec name -> spec body."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
 
     if specs is None:
         return {}
@@ -154,8 +154,8 @@ def _first_line(exc: OmegaConfBaseException) -> str:
 def _resolved(container: Any, key: str) -> tuple[Any, list[Problem]]:
     """OmegaConf containers -> plain ones. A value whose interpolation cannot be resolved is
     left out and reported under its full key, so the rest of the spec is still checked."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
 
     if not isinstance(container, (DictConfig, ListConfig)):
         return container, []
@@ -193,8 +193,8 @@ def _merge_problem(exc: OmegaConfBaseException, key: str) -> Problem:
 def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
     """The fields merged onto the schema. Where that fails, each field (and each field of
     ``when`` and ``expect``) is merged alone, so every bad one is reported and dropped."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
 
     schema = _schema()
     try:
@@ -230,8 +230,8 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     Returning a partial spec lets the compiler go on to check names and arguments, so one
     run reports everything wrong at once.
     """
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
 
     problems: list[Problem] = []
     if isinstance(body, HookSpec):

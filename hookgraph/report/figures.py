@@ -35,7 +35,7 @@ def _figure(**kwargs: Any) -> Any:
     """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
     chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
     alive between figures."""
-    from matplotlib.figure import Figure  # here, not on import: matplotlib costs about a second
+    from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
 
     # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
     logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
@@ -83,7 +83,7 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     for i in range(n):
         r, c = divmod(i, cols)
         canvas[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
-    import matplotlib  # here, not on import: matplotlib costs about a second
+    import matplotlib  # lazy: matplotlib costs about a second on import
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
     fig = _figure(figsize=(cols * 1.2, rows * 1.2))

@@ -73,10 +73,10 @@ def patching_heatmap(
 ) -> Path | None:
     """Layers (rows) x positions (columns), coloured by the metric; None without any metric."""
     # matplotlib only when a heatmap is drawn: importing it costs about a second.
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy; only a run that draws figures pays for it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy; only a run that draws figures pays for it
 
     got = [r for r in rows if isinstance(r.get("metric"), (int, float))]
     if not got:
