@@ -41,6 +41,7 @@ from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_targets, list_targets
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import build_data, data_params, default_data
 from hookgraph.errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from hookgraph.models import build_model
@@ -402,7 +403,7 @@ def _plan_only(st: _Run) -> dict[str, Any]:
 
 def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
     """DDP's error for parameters that got no gradient, as the setting that avoids it."""
-    if r.distributed == "ddp" and "Expected to have finished reduction" in str(exc):
+    if r.distributed == "ddp" and ddp_unfinished_reduction(exc):
         raise ConfigError(
             "runner.find_unused_parameters",
             "some parameters got no gradient in the last backward (a spec or the model cut them out), and "
