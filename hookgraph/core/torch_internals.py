@@ -13,6 +13,7 @@ DTensor).
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import sys
@@ -162,14 +163,15 @@ def _dynamo_caches() -> _Caches | str:
 
 
 def _holds_a(root: Any, wanted: Callable[[type], bool]) -> bool:
-    """Whether a guard tree guards a value of a type ``wanted`` accepts."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
+    """Whether a guard tree guards a value of a type ``wanted`` accepts. Breadth first: the
+    module a frame runs is near the root (a local, a global, a closure cell)."""
+    queue = collections.deque([root])
+    while queue:
+        node = queue.popleft()
         kind = node.get_type_of_guarded_value()
         if isinstance(kind, type) and wanted(kind):
             return True
-        stack.extend(node.get_child_managers())
+        queue.extend(node.get_child_managers())
     return False
 
 
