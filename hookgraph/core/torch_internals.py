@@ -216,7 +216,7 @@ def drop_compiled_code(wanted: Callable[[type], bool], reason: str) -> int:
 
 @functools.cache
 def _optimized_module_type() -> type | None:
-    """torch.compile's module wrapper class (torch 2.0 to 2.14), None where it moved."""
+    """torch.compile's module wrapper class (as of torch 2.14), None where it moved."""
     from torch._dynamo import eval_frame
 
     return getattr(eval_frame, "OptimizedModule", None)
@@ -230,7 +230,7 @@ def compiled_module_of(m: nn.Module) -> nn.Module | None:
     wrapper = _optimized_module_type()
     if wrapper is not None and not isinstance(m, wrapper):
         return None
-    orig = getattr(m, "_orig_mod", None)  # set by OptimizedModule.__init__ (torch 2.0 to 2.14)
+    orig = getattr(m, "_orig_mod", None)  # set by OptimizedModule.__init__ (as of torch 2.14)
     return orig if isinstance(orig, nn.Module) else None
 
 
