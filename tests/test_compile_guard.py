@@ -13,6 +13,7 @@ import torch._dynamo
 from torch import nn
 
 import hookgraph as hg
+from hookgraph.core.hooks import compiled
 
 SPECS = {
     "rec": {"target": "0", "action": "record"},
@@ -189,12 +190,12 @@ def test_stale_code_that_cannot_be_dropped_is_an_error(monkeypatch):
     c = torch.compile(model, backend="eager")
     step(c, x_in())
 
-    def broken() -> None:
+    def broken(*args) -> None:
         raise RuntimeError("cache locked")
 
     graph = hg.compile(model, SPECS)
     with monkeypatch.context() as patch:  # undone before the fixture resets dynamo
-        patch.setattr(torch._dynamo, "reset_code_caches", broken)
+        patch.setattr(compiled, "drop_compiled_code", broken)
         expected = r"could not drop it \(RuntimeError: cache locked\); call torch.compiler.reset\(\)"
         with pytest.raises(hg.HookGraphError, match=expected):
             graph.attach()
@@ -216,3 +217,108 @@ def test_attach_does_not_load_dynamo_when_nothing_was_compiled():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # importing dynamo costs over a second
+
+
+def counting(calls: list) -> object:
+    """A dynamo backend that runs the graph as traced and counts its compilations."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        calls.append(gm)
+        return gm.forward
+
+    return backend
+
+
+class Scaled(nn.Module):
+    """Another library's model: no module type in common with mlp()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4,), 3.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def test_code_others_compiled_stays_cached_across_attach_and_detach():
+    model = mlp()
+    x = x_in()
+    plain = model(x).detach()
+    theirs: list = []
+    other = torch.compile(lambda t: torch.tanh(t) * 3 + 1, backend=counting(theirs))
+    expected = torch.tanh(x) * 3 + 1
+    c = torch.compile(model, backend="eager")
+    torch.testing.assert_close(other(x), expected)
+    torch.testing.assert_close(step(c, x), plain)
+    graph = hg.compile(model, SPECS)
+    for _ in range(2):
+        with graph.attach():
+            torch.testing.assert_close(step(c, x), 2 * plain)  # compiled before attach: sees the hooks
+            torch.testing.assert_close(other(x), expected)
+        torch.testing.assert_close(step(c, x), plain)
+        torch.testing.assert_close(other(x), expected)
+    assert counts(graph) == (2, 2, 2)
+    assert len(theirs) == 1  # never recompiled: its cached code survived both attach/detach cycles
+
+
+def test_hook_guards_drop_only_the_models_code_and_put_dynamos_setting_back():
+    config = torch._dynamo.config
+    model = mlp()
+    x = x_in()
+    plain = model(x).detach()
+    mine: list = []
+    theirs: list = []
+    c = torch.compile(model, backend=counting(mine))
+    co = torch.compile(Scaled(), backend=counting(theirs))  # shares c's wrapper frame (one code object)
+    step(c, x)
+    torch.testing.assert_close(co(x), 3 * x)
+    assert (len(mine), len(theirs)) == (1, 1)
+    guards = compiled.HookGuards(model)  # what attach does before it registers hooks
+    try:
+        assert config.skip_nnmodule_hook_guards is False
+        handle = model[2].register_forward_hook(lambda m, args, out: out * 2)
+        torch.testing.assert_close(step(c, x), 2 * plain)  # compiled before: recompiled with the hook
+        torch.testing.assert_close(co(x), 3 * x)
+        assert (len(mine), len(theirs)) == (2, 1)
+        handle.remove()
+    finally:
+        guards.close()
+    assert config.skip_nnmodule_hook_guards is True  # as the fixture set it before
+    torch.testing.assert_close(step(c, x), plain)  # the hooked code checked the hooks: recompiled
+    torch.testing.assert_close(co(x), 3 * x)
+    assert (len(mine), len(theirs)) == (3, 1)
+    guards.close()  # idempotent: releases nothing twice
+    assert config.skip_nnmodule_hook_guards is True
+
+
+def test_hook_guards_put_the_setting_back_after_the_last_attachment():
+    config = torch._dynamo.config
+    first, second = compiled.HookGuards(mlp(0)), compiled.HookGuards(Scaled())
+    try:
+        assert config.skip_nnmodule_hook_guards is False
+        first.close()
+        assert config.skip_nnmodule_hook_guards is False  # the second attachment still needs it
+    finally:
+        first.close()
+        second.close()
+    assert config.skip_nnmodule_hook_guards is True
+    config.skip_nnmodule_hook_guards = False  # a user's own choice stays as it was
+    compiled.HookGuards(mlp(0)).close()
+    assert config.skip_nnmodule_hook_guards is False
+
+
+def test_hook_guards_drop_code_compiled_with_the_hooks_before_dynamo_was_seen(monkeypatch):
+    loaded = [False]
+    monkeypatch.setattr(compiled, "dynamo_loaded", lambda: loaded[0])
+    model = mlp()
+    x = x_in()
+    plain = model(x).detach()
+    guards = compiled.HookGuards(model)  # attached while nothing was compiled
+    handle = model[2].register_forward_hook(lambda m, args, out: out * 2)
+    loaded[0] = True  # then the model is compiled, the hook traced in and no hook guards
+    c = torch.compile(model, backend="eager")
+    torch.testing.assert_close(step(c, x), 2 * plain)
+    handle.remove()
+    guards.close()
+    torch.testing.assert_close(step(c, x), plain)
+    assert torch._dynamo.config.skip_nnmodule_hook_guards is True

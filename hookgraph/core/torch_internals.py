@@ -13,6 +13,20 @@ DTensor).
 
 from __future__ import annotations
 
+import collections
+import functools
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+import torch
+import torch.utils._pytree as _pytree  # torch has no public pytree module (2.1 to 2.14)
+from torch import Tensor, nn
+
 # ---------------------------------------------------------------------------------------------
 # Module hooks: registration fast paths and the hook dicts (core/hooks).
 # ---------------------------------------------------------------------------------------------
@@ -38,6 +52,194 @@ from __future__ import annotations
 # torch.compile (dynamo): hook guards, code caches, disabling a hook.
 # ---------------------------------------------------------------------------------------------
 
+# Importing dynamo costs over a second (4 s of a 5 s dry run on a 2-core machine): nothing here
+# imports it before something else has (torch.compile does), and until then nothing is compiled.
+_DYNAMO = "torch._dynamo"
+
+
+def dynamo_loaded() -> bool:
+    """Whether dynamo is loaded in this process (``torch.compile`` loads it)."""
+    return _DYNAMO in sys.modules
+
+
+def compiler_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run eagerly beside compiled code, never traced (one graph break).
+
+    The public ``torch.compiler.disable`` (torch 2.1 on); dynamo's own where it is missing.
+    Either imports dynamo: call it only for a model that runs compiled.
+    """
+    public = getattr(torch.compiler, "disable", None)
+    if public is not None:
+        return public(fn)
+    import torch._dynamo as dynamo
+
+    return dynamo.disable(fn)
+
+
+# What torch.compiler.assume_constant_result sets on a function (as of torch 2.14), written
+# directly so that marking a function does not import dynamo; tests/test_torch_internals.py
+# checks the name against the public function.
+_CONSTANT_RESULT = "_dynamo_marked_constant"
+
+
+def mark_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` marked as ``torch.compiler.assume_constant_result`` marks it, without importing
+    dynamo: traced code keeps the value ``fn`` returned while tracing."""
+    setattr(fn, _CONSTANT_RESULT, True)
+    return fn
+
+
+# Dynamo's setting for module hook guards (torch 2.x; True by default in 2.14): compiled code
+# does not check whether hooks were added to or removed from the modules it ran.
+_HOOK_GUARD_SETTING = "skip_nnmodule_hook_guards"
+
+
+def hook_guards_skipped() -> bool | None:
+    """Dynamo's ``skip_nnmodule_hook_guards``: True when code compiled from now on ignores module
+    hook changes; None where this torch has no such setting. Only once dynamo is loaded."""
+    import torch._dynamo as dynamo
+
+    value = getattr(dynamo.config, _HOOK_GUARD_SETTING, None)
+    return None if value is None else bool(value)
+
+
+def skip_hook_guards(skip: bool) -> None:
+    """Set dynamo's ``skip_nnmodule_hook_guards`` (for the process: callers restore it)."""
+    import torch._dynamo as dynamo
+
+    setattr(dynamo.config, _HOOK_GUARD_SETTING, skip)
+
+
+class CompiledCodeUnreadable(RuntimeError):
+    """Dynamo's code caches are not laid out as in torch 2.14: which cached code can run a
+    given model is unknown."""
+
+
+class _Caches:
+    """Dynamo's code caches as torch 2.14 keeps them: one list of entries per code object
+    (``_debug_get_cache_entry_list``), each with a guard tree whose nodes know the type of the
+    value they guard; one entry goes by ``ExtraState.invalidate``, a code object's whole list
+    by ``reset_code``."""
+
+    def __init__(self) -> None:
+        import torch._dynamo as dynamo
+        from torch._dynamo import convert_frame
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+        self.trackers = (convert_frame.input_codes, convert_frame.output_codes)
+        self.lock: Any = getattr(convert_frame, "compile_lock", None) or threading.RLock()
+        self.entries = _debug_get_cache_entry_list
+        self.reset_code = reset_code
+        self.deleted = DeletedGuardManagerWrapper
+        self.config = dynamo.config
+        for tracker in self.trackers:
+            if not isinstance(tracker.seen, list):
+                raise TypeError(f"{type(tracker).__name__}.seen is a {type(tracker.seen).__name__}")
+
+    def codes(self) -> list[CodeType]:
+        """Every code object dynamo compiled or made (weakly held: the live ones)."""
+        found: dict[int, CodeType] = {}
+        for tracker in self.trackers:
+            for ref in tracker.seen:
+                code = ref()
+                if code is not None:
+                    found[id(code)] = code
+        return list(found.values())
+
+    def pile_up(self) -> int:
+        """Invalidated entries stay in their code object's list and count towards dynamo's
+        recompile limit (8): past half of it, the whole list goes instead."""
+        return max(1, int(getattr(self.config, "recompile_limit", 8)) // 2)
+
+
+@functools.cache
+def _dynamo_caches() -> _Caches | str:
+    """The probe, once: torch 2.14's cache layout, or why it is not there."""
+    try:
+        return _Caches()
+    except (ImportError, AttributeError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _holds_a(root: Any, wanted: Callable[[type], bool]) -> bool:
+    """Whether a guard tree guards a value of a type ``wanted`` accepts. Breadth first: the
+    module a frame runs is near the root (a local, a global, a closure cell)."""
+    queue = collections.deque([root])
+    while queue:
+        node = queue.popleft()
+        kind = node.get_type_of_guarded_value()
+        if isinstance(kind, type) and wanted(kind):
+            return True
+        queue.extend(node.get_child_managers())
+    return False
+
+
+def drop_compiled_code(wanted: Callable[[type], bool], reason: str) -> int:
+    """Drop the code dynamo cached for frames that can run a module of a type ``wanted``
+    accepts; returns how many cache entries went.
+
+    An entry goes when its guards hold such a value (the module compiled, a function that
+    calls it, a compiled submodule, a resumed frame holding ``self``): dynamo recompiles it at
+    its next call. Entries that hold none (code compiled for other functions and modules) stay
+    cached. One exception keeps dynamo compiling: where entries of other modules share a code
+    object with dropped ones (every ``torch.compile``'d module runs through one wrapper frame)
+    and invalidated entries would pile up towards dynamo's recompile limit, that code object's
+    list is cleared whole.
+
+    Raises:
+        CompiledCodeUnreadable: dynamo's caches are not laid out as in torch 2.14.
+    """
+    caches = _dynamo_caches()
+    if isinstance(caches, str):
+        raise CompiledCodeUnreadable(caches)
+    dropped = 0
+    try:
+        with caches.lock:
+            for code in caches.codes():
+                entries = caches.entries(code)
+                live = [e for e in entries if not isinstance(e.guard_manager, caches.deleted)]
+                doomed = [e for e in live if _holds_a(e.guard_manager.root, wanted)]
+                if not doomed:
+                    continue
+                dropped += len(doomed)
+                if len(doomed) == len(live) or len(entries) - len(live) + len(doomed) > caches.pile_up():
+                    caches.reset_code(code)
+                    continue
+                for entry in doomed:
+                    state: Any = entry.guard_manager.extra_state  # set once the entry is cached
+                    state.invalidate(entry, caches.deleted(reason))
+    except (AttributeError, TypeError) as exc:
+        raise CompiledCodeUnreadable(f"{type(exc).__name__}: {exc}") from exc
+    return dropped
+
+
+@functools.cache
+def _optimized_module_type() -> type | None:
+    """torch.compile's module wrapper class (as of torch 2.14), None where it moved."""
+    from torch._dynamo import eval_frame
+
+    return getattr(eval_frame, "OptimizedModule", None)
+
+
+def compiled_module_of(m: nn.Module) -> nn.Module | None:
+    """The module a ``torch.compile`` wrapper (an OptimizedModule) wraps; None for any other
+    module. Without dynamo loaded nothing was compiled, and nothing is imported."""
+    if not dynamo_loaded():
+        return None
+    wrapper = _optimized_module_type()
+    if wrapper is not None and not isinstance(m, wrapper):
+        return None
+    orig = getattr(m, "_orig_mod", None)  # set by OptimizedModule.__init__ (as of torch 2.14)
+    return orig if isinstance(orig, nn.Module) else None
+
+
+def compiled_allows_graph_breaks(wrapper: nn.Module) -> bool:
+    """Whether a ``torch.compile`` wrapper lets the graph break (not ``fullgraph=True`` nor
+    ``error_on_graph_break``): read from the options dynamo keeps on it."""
+    ctx = getattr(wrapper, "dynamo_ctx", None)
+    return not (getattr(ctx, "fullgraph", False) or getattr(ctx, "error_on_graph_break", False))
+
 
 # (end of torch.compile)
 
@@ -45,5 +247,162 @@ from __future__ import annotations
 # Distributed: DDP, FSDP2, DTensor.
 # ---------------------------------------------------------------------------------------------
 
+# DDP raises a plain RuntimeError from its C++ reducer when parameters got no gradient in the
+# last backward, with no type, code or state to test beforehand; torch 1.x to 2.14 word it so.
+_DDP_UNFINISHED_REDUCTION = "Expected to have finished reduction in the prior iteration"
+
+
+def ddp_unfinished_reduction(exc: BaseException) -> bool:
+    """Whether ``exc`` is DistributedDataParallel's refusal to start a pass while parameters
+    of the last one still wait for a gradient (``find_unused_parameters`` avoids it)."""
+    return isinstance(exc, RuntimeError) and _DDP_UNFINISHED_REDUCTION in str(exc)
+
+
+def current_parameter(owner: nn.Module, name: str) -> Tensor | None:
+    """The parameter ``owner`` holds under ``name`` now, or None: FSDP2 swaps its sharded and
+    unsharded parameters in and out of the module for each pass.
+
+    A lookup in ``Module._parameters`` (this runs in forward pre-hooks); the public walk of
+    ``named_parameters`` where a module keeps no such mapping.
+    """
+    params = getattr(owner, "_parameters", None)
+    if params is not None:  # a scripted module's wrapper has `in` and [] but no .get
+        return params[name] if name in params else None
+    return dict(owner.named_parameters(recurse=False, remove_duplicate=False)).get(name)
+
+
+def fsdp_managed_params(manager: nn.Module) -> dict[int, bool] | None:
+    """For the parameters the FSDP2 module ``manager`` shards: id(sharded parameter) -> whether
+    it was a DTensor before ``fully_shard`` (tensor parallel under FSDP). None where FSDP's
+    private state is not laid out as in torch 2.14 (no public API lists them): callers
+    then judge by the DTensor's placements."""
+    try:
+        state = manager._get_fsdp_state()  # type: ignore[operator]
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.14: a list of groups
+        if groups is None:
+            groups = [state._fsdp_param_group]  # earlier FSDP2: one group per module
+        return {
+            id(fp.sharded_param): bool(getattr(fp, "is_dtensor", False))
+            for group in groups
+            if group is not None
+            for fp in group.fsdp_params
+        }
+    except Exception:  # private API: a change there must not break hookgraph.compile
+        return None
+
+
+@functools.cache
+def _local_shape_and_offset() -> Callable[..., tuple[Sequence[int], Sequence[int]]] | None:
+    """DTensor's own arithmetic for a rank's shard (as of torch 2.14), None where it moved."""
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:
+        return None
+    return compute_local_shape_and_global_offset
+
+
+def local_slice(full: Tensor, dtensor: Any) -> Tensor:
+    """The part of ``full`` (the whole tensor that ``dtensor`` shards) held by this rank's
+    shard of ``dtensor``. Without DTensor's private arithmetic, the public
+    ``distribute_tensor`` with ``src_data_rank=None`` cuts it (a copy, no communication)."""
+    shape_and_offset = _local_shape_and_offset()
+    if shape_and_offset is not None:
+        shape, offset = shape_and_offset(full.shape, dtensor.device_mesh, dtensor.placements)
+        return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full, dtensor.device_mesh, dtensor.placements, src_data_rank=None).to_local()
+
 
 # (end of distributed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other: pytree (core/tree.py), torch.load's refusals (models/build.py), the probes' report.
+# ---------------------------------------------------------------------------------------------
+
+# torch.utils._pytree is the only pytree torch ships (2.1 to 2.14). The live registry: types
+# registered later (Hugging Face's ModelOutput registers itself on import) are in it too.
+tree_flatten = _pytree.tree_flatten
+tree_unflatten = _pytree.tree_unflatten
+PYTREE_NODES: dict[type, Any] = _pytree.SUPPORTED_NODES
+
+
+def pytree_children(x: Any) -> list[Any]:
+    """The children of a value whose type is in ``PYTREE_NODES``, as pytree flattens it."""
+    children, _ = PYTREE_NODES[type(x)].flatten_fn(x)
+    return list(children)
+
+
+def _is_namedtuple(x: Any) -> bool:
+    cls = type(x)
+    fields = getattr(cls, "_fields", None)
+    return (
+        issubclass(cls, tuple)
+        and isinstance(fields, tuple)
+        and all(type(f) is str for f in fields)
+        and callable(getattr(cls, "_make", None))
+        and callable(getattr(cls, "_asdict", None))
+    )
+
+
+def _is_structseq(x: Any) -> bool:
+    cls = type(x)
+    return (
+        cls.__bases__ == (tuple,)
+        and isinstance(getattr(cls, "n_sequence_fields", None), int)
+        and isinstance(getattr(cls, "n_fields", None), int)
+        and isinstance(getattr(cls, "n_unnamed_fields", None), int)
+    )
+
+
+# pytree's own tests where this torch has them (2.14 does); the fallbacks above apply the same rules.
+is_namedtuple: Callable[[Any], bool] = getattr(_pytree, "is_namedtuple_instance", _is_namedtuple)
+is_structseq: Callable[[Any], bool] = getattr(_pytree, "is_structseq_instance", _is_structseq)
+
+# torch.load(weights_only=True) names what it refused in its message (as torch 2.14 words it;
+# no exception type or attribute carries it); the public get_unsafe_globals_in_checkpoint
+# (torch 2.5 on) reads the same from the file, so the text is only the fallback.
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def unsafe_global(path: Path, err: BaseException) -> str | None:
+    """The first Python object a checkpoint references that ``torch.load(weights_only=True)``
+    refused to unpickle, or None if unknown."""
+    listed = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if listed is not None:
+        try:
+            names = listed(path)
+        except Exception:  # a file torch.load could not read either: fall back to its message
+            names = []
+        if names:
+            return str(names[0])
+    found = _UNSAFE_GLOBAL.search(str(err))
+    return found.group(1) if found else None
+
+
+def capabilities() -> dict[str, bool]:
+    """Every probe of the sections above, run now: name -> whether this torch has the private
+    name (or layout) hookgraph uses, rather than its fallback. Imports dynamo and
+    torch.distributed; for tests and bug reports."""
+    import torch._dynamo as dynamo
+    from torch.distributed.fsdp import FSDPModule
+
+    def marks(fn: Callable[..., Any]) -> bool:
+        return getattr(torch.compiler.assume_constant_result(fn), _CONSTANT_RESULT, False) is True
+
+    return {
+        "torch.compiler.disable": hasattr(torch.compiler, "disable"),
+        "dynamo constant-result mark": marks(lambda: 0),
+        "dynamo hook guard setting": hasattr(dynamo.config, _HOOK_GUARD_SETTING),
+        "dynamo code caches": not isinstance(_dynamo_caches(), str),
+        "OptimizedModule": _optimized_module_type() is not None,
+        "FSDP2 state": hasattr(FSDPModule, "_get_fsdp_state"),
+        "DTensor shard arithmetic": _local_shape_and_offset() is not None,
+        "pytree namedtuple test": is_namedtuple is not _is_namedtuple,
+        "pytree structseq test": is_structseq is not _is_structseq,
+        "torch.load unsafe globals": hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"),
+    }
+
+
+# (end of other)

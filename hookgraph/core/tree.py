@@ -2,7 +2,7 @@
 
 Public names: tree_map, tree_replace, tensors, tensors_with_paths, positions, set_item, to_plain, describe, rebuild.
 
-Built on ``torch.utils._pytree``: tuples, lists, dicts (any key type, in order),
+Built on torch's pytree (through ``core.torch_internals``): tuples, lists, dicts (any key type, in order),
 namedtuples, ``torch.return_types``, OrderedDict/defaultdict/deque and every type
 registered with pytree (Hugging Face ``ModelOutput`` registers itself) are walked and
 rebuilt as the same type. A dict, list or tuple subclass that is not registered (a
@@ -25,8 +25,16 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch.utils._pytree as pytree
 from torch import Tensor
+
+from hookgraph.core.torch_internals import (
+    PYTREE_NODES,
+    is_namedtuple,
+    is_structseq,
+    pytree_children,
+    tree_flatten,
+    tree_unflatten,
+)
 
 __all__ = [
     "tree_map",
@@ -47,8 +55,8 @@ def _unregistered_container(x: Any) -> bool:
     # pytree treats these as leaves; they still hold tensors we must reach.
     return (
         isinstance(x, (dict, list, tuple))
-        and type(x) not in pytree.SUPPORTED_NODES
-        and not pytree.is_namedtuple_instance(x)
+        and type(x) not in PYTREE_NODES
+        and not is_namedtuple(x)
     )
 
 
@@ -75,7 +83,7 @@ def tree_map(fn: Callable[[Tensor], Any], value: Any) -> Any:
         return fn(value)
     if isinstance(value, Tensor):
         return fn(value)
-    leaves, spec = pytree.tree_flatten(value)
+    leaves, spec = tree_flatten(value)
     out = []
     for x in leaves:
         if isinstance(x, Tensor):
@@ -84,7 +92,7 @@ def tree_map(fn: Callable[[Tensor], Any], value: Any) -> Any:
             out.append(_rebuild_container(x, [tree_map(fn, v) for v in (x.values() if isinstance(x, dict) else x)]))
         else:
             out.append(x)
-    return pytree.tree_unflatten(out, spec)
+    return tree_unflatten(out, spec)
 
 
 def tree_replace(fn: Callable[[Tensor], Tensor | None], value: Any) -> Any:
@@ -116,9 +124,8 @@ def to_plain(value: Any, leaf: Callable[[Tensor], Any]) -> Any:
         return {k: to_plain(v, leaf) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
         return [to_plain(v, leaf) for v in value]
-    if type(value) in pytree.SUPPORTED_NODES:
-        children, _ = pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)
-        return [to_plain(v, leaf) for v in children]
+    if type(value) in PYTREE_NODES:
+        return [to_plain(v, leaf) for v in pytree_children(value)]
     return value
 
 
@@ -131,7 +138,7 @@ def set_item(container: Any, index: Any, item: Any) -> Any:
         return new
     items = list(container)
     items[index] = item
-    if pytree.is_namedtuple_instance(container):
+    if is_namedtuple(container):
         return type(container)(*items)
     return _rebuild_container(container, items)
 
@@ -154,7 +161,7 @@ def _walk_keys(value: Any, named: bool) -> list[tuple[tuple, Tensor]]:
     def walk(x: Any, keys: tuple) -> None:
         if isinstance(x, Tensor):
             out.append((keys, x))
-        elif pytree.is_namedtuple_instance(x):
+        elif is_namedtuple(x):
             for i, (f, v) in enumerate(zip(x._fields, x, strict=True)):
                 walk(v, keys + ((".", f) if named else (i,),))
         elif isinstance(x, dict):
@@ -163,9 +170,8 @@ def _walk_keys(value: Any, named: bool) -> list[tuple[tuple, Tensor]]:
         elif isinstance(x, (list, tuple)):
             for i, v in enumerate(x):
                 walk(v, keys + (i,))
-        elif type(x) in pytree.SUPPORTED_NODES:
-            children, _ = pytree.SUPPORTED_NODES[type(x)].flatten_fn(x)
-            for i, v in enumerate(children):
+        elif type(x) in PYTREE_NODES:
+            for i, v in enumerate(pytree_children(x)):
                 walk(v, keys + (i,))
 
     walk(value, ())
@@ -230,7 +236,7 @@ def describe(value: Any) -> tuple[list[Tensor], Any]:
             return None
         if isinstance(x, _SCALARS):
             return {"value": x}
-        if pytree.is_namedtuple_instance(x) or pytree.is_structseq_instance(x):
+        if is_namedtuple(x) or is_structseq(x):
             fields = list(getattr(x, "_fields", None) or [f"f{i}" for i in range(len(x))])
             return {"namedtuple": type(x).__name__, "fields": fields, "items": [walk(v) for v in x]}
         if isinstance(x, dict):
@@ -239,9 +245,8 @@ def describe(value: Any) -> tuple[list[Tensor], Any]:
             out = {"tuple": [walk(v) for v in x]}
         elif isinstance(x, list):
             out = {"list": [walk(v) for v in x]}
-        elif type(x) in pytree.SUPPORTED_NODES:
-            children, _ = pytree.SUPPORTED_NODES[type(x)].flatten_fn(x)
-            out = {"list": [walk(v) for v in children]}
+        elif type(x) in PYTREE_NODES:
+            out = {"list": [walk(v) for v in pytree_children(x)]}
         else:
             return {"repr": repr(x)}
         if type(x) not in (dict, tuple, list):

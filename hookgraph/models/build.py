@@ -18,7 +18,6 @@ import functools
 import inspect
 import os
 import pickle
-import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -31,6 +30,7 @@ import torch.nn as nn
 
 from hookgraph.config.instantiate import import_target, instantiate_nested, missing_extra
 from hookgraph.config.plain import to_plain
+from hookgraph.core.torch_internals import unsafe_global
 from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = ["MODEL_REGISTRY", "register_model", "build_model", "load_checkpoint"]
@@ -135,8 +135,8 @@ def load_weights_only(path: Path, key: str, advice: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        culprit = f" (it references {found.group(1)})" if found else ""
+        found = unsafe_global(path, err)
+        culprit = f" (it references {found})" if found else ""
         raise ConfigError(
             key,
             f"refused to load {str(path)!r}: it holds Python objects other than tensors and plain "

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from hookgraph.core.graph import HookGraph
+from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError
 from hookgraph.runner.batches import call_model, compute_loss, to_device
@@ -40,7 +41,7 @@ def _data(job: Job, parts: Parts) -> Batches:
 
 def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
     """DDP's error for parameters that got no gradient, as the setting that avoids it."""
-    if r.distributed == "ddp" and "Expected to have finished reduction" in str(exc):
+    if r.distributed == "ddp" and ddp_unfinished_reduction(exc):
         raise ConfigError(
             "runner.find_unused_parameters",
             "some parameters got no gradient in the last backward (a spec or the model cut them out), and "

@@ -1,55 +1,172 @@
 """Keep torch.compile's cached code in step with the hooks hookgraph adds and removes.
 
-Public names: sync_compiled_code, is_compiled.
+Public names: HookGuards, sync_compiled_code, is_compiled.
 
-Dynamo does not guard on module hook dictionaries by default
-(``torch._dynamo.config.skip_nnmodule_hook_guards``): code compiled before ``attach``
-keeps running without our hooks, code compiled while attached keeps running our hooks
-after ``remove``, and a second model of the same architecture reuses the first one's
-code. Turning the hook guards on makes every later compilation check the hook
-dictionaries (an attach or a detach then recompiles, or falls back to eager once dynamo's
-recompile limit is hit); code compiled before that has no such guards and is dropped once.
+Dynamo does not guard on module hook dictionaries by default (its ``skip_nnmodule_hook_guards``
+setting): code compiled before ``attach`` keeps running without our hooks, code compiled while
+attached keeps running our hooks after ``remove``, and a second model of the same architecture
+reuses the first one's code. For each attachment, :class:`HookGuards`:
+
+- turns dynamo's hook guards on while the attachment lives (the setting it found is put back
+  when the last attachment goes): code compiled meanwhile checks the hook dictionaries, so an
+  attach or a detach recompiles it, and another model's code does not run ours;
+- drops the code dynamo cached without those guards that can run the attached model (cache
+  entries whose guards hold one of its module types: the compiled model, a function calling it,
+  a compiled submodule), at attach and for what was compiled while dynamo loaded late. Code
+  compiled for other functions and modules stays cached.
+
+``sync_compiled_code()`` is the older, process-wide form, kept while ``Attachment`` calls it.
 """
 
 from __future__ import annotations
 
-import sys
+import warnings
+from collections.abc import Callable
 
 from torch import nn
 
+from hookgraph.core.torch_internals import (
+    compiled_allows_graph_breaks,
+    compiled_module_of,
+    drop_compiled_code,
+    dynamo_loaded,
+    hook_guards_skipped,
+    skip_hook_guards,
+)
 from hookgraph.errors import HookGraphError
 
-__all__ = ["sync_compiled_code", "is_compiled"]
+__all__ = ["HookGuards", "sync_compiled_code", "is_compiled"]
+
+_REASON = "hookgraph changed the hooks of a module this code runs"
+
+# The hook guard setting is the process's: the attachments that hold it on, and what it was
+# before the first of them.
+_holders = 0
+_before: bool | None = None
+_warned = False
+
+
+def _drop(wanted: Callable[[type], bool]) -> None:
+    try:
+        drop_compiled_code(wanted, _REASON)
+    except Exception as exc:  # dynamo internals: say what to do rather than run stale code
+        raise HookGraphError(
+            "torch.compile has cached code that does not check module hooks, and hookgraph could not "
+            f"drop it ({type(exc).__name__}: {exc}); call torch.compiler.reset() before attach"
+        ) from exc
+
+
+def _hold() -> bool:
+    """Turn the hook guards on for one more attachment; False where this torch has no such
+    setting (then every attach, change and detach drops the model's code instead)."""
+    global _holders, _before, _warned
+    skipped = hook_guards_skipped()
+    if skipped is None:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                "this torch has no dynamo setting for module hook guards: hookgraph drops the model's "
+                "compiled code at every hook change, and two models of one architecture may share code",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return False
+    if _holders == 0:
+        _before = skipped
+        if skipped:
+            skip_hook_guards(False)
+    _holders += 1
+    return True
+
+
+def _release() -> None:
+    global _holders, _before
+    _holders -= 1
+    if _holders == 0:
+        if _before and hook_guards_skipped() is False:  # untouched since: put the user's setting back
+            skip_hook_guards(True)
+        _before = None
+
+
+class HookGuards:
+    """Dynamo's side of one attachment of ``model``: made before its hooks are registered,
+    ``sync()`` before registrations change, ``close()`` after they are all removed.
+
+    Nothing is imported or done while dynamo is not loaded (nothing is compiled then).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._types: frozenset[type] | None = None
+        self._started = False  # dynamo seen loaded: the model's unguarded code dropped once
+        self._held = False  # this attachment holds the hook guards on (False: no such setting)
+        self._closed = False
+        self.sync()
+
+    def _wanted(self, kind: type) -> bool:
+        if self._types is None:
+            self._types = frozenset(type(m) for m in self._model.modules())
+        return kind in self._types
+
+    def sync(self) -> None:
+        """Before hooks are registered or removed. The first time dynamo is seen loaded (at
+        attach, or later if something compiled while attached), the guards go on and the
+        model's unguarded code goes: it cannot see the hooks, or kept the ones it traced."""
+        if self._closed or self._held or not dynamo_loaded():
+            return
+        if self._started:  # this torch has no hook guard setting: every change drops the code
+            _drop(self._wanted)
+            return
+        self._started = True
+        self._held = _hold()
+        try:
+            _drop(self._wanted)
+        except BaseException:
+            self._let_go()
+            raise
+
+    def close(self) -> None:
+        """After every hook is removed: code compiled with the hooks and no guards goes (dynamo
+        loaded since the last ``sync``, or no guard setting), and the guards are released.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._held and dynamo_loaded():
+                _drop(self._wanted)
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self._started = False
+        if self._held:
+            self._held = False
+            _release()
 
 
 def sync_compiled_code() -> None:
     """Make dynamo guard on module hooks; drop code it compiled without those guards.
 
-    Called before hooks are registered and after they are removed. Does nothing (and
-    imports nothing) while dynamo is not loaded: then nothing has been compiled yet.
+    The older, process-wide form of :class:`HookGuards` (which ``Attachment`` is to call
+    instead): called before hooks are registered and after they are removed, it turns the
+    hook guards on for good, and the first time drops the unguarded code that runs any module
+    (code compiled for functions of tensors alone stays). Does nothing, and imports nothing,
+    while dynamo is not loaded.
     """
-    if "torch._dynamo" not in sys.modules:
+    if not dynamo_loaded():
         return
-    import torch._dynamo as dynamo
-
-    if not dynamo.config.skip_nnmodule_hook_guards:
-        return  # every cached entry was compiled with hook guards: they see our changes
-    dynamo.config.skip_nnmodule_hook_guards = False
+    skipped = hook_guards_skipped()
+    if skipped is False:
+        return  # every entry cached since was compiled with hook guards: they see our changes
+    if skipped:
+        skip_hook_guards(False)
     try:
-        from torch._dynamo import convert_frame
-
-        if not (convert_frame.input_codes.seen or convert_frame.output_codes.seen):
-            return  # nothing compiled yet
-    except (ImportError, AttributeError):
-        pass  # private names moved: drop the caches to be safe
-    try:
-        dynamo.reset_code_caches()
-    except Exception as exc:  # dynamo internals: say what to do rather than run stale code
-        dynamo.config.skip_nnmodule_hook_guards = True  # so the next attach tries again
-        raise HookGraphError(
-            "torch.compile has cached code that does not check module hooks, and hookgraph could not "
-            f"drop it ({type(exc).__name__}: {exc}); call torch.compiler.reset() before attach"
-        ) from exc
+        _drop(lambda kind: issubclass(kind, nn.Module))
+    except BaseException:
+        if skipped:
+            skip_hook_guards(True)  # so the next attach tries again
+        raise
 
 
 def is_compiled(model: nn.Module) -> bool:
@@ -60,14 +177,13 @@ def is_compiled(model: nn.Module) -> bool:
     the model, or by ``Module.compile()``, cannot be seen from here: the hook guards make
     traced hooks fire in those cases.
     """
-    if "torch._dynamo" not in sys.modules:
+    if not dynamo_loaded():
         return False  # nothing was compiled in this process
     current: object = model
     for _ in range(8):
         if not isinstance(current, nn.Module):
             return False
-        if isinstance(getattr(current, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
-            ctx = getattr(current, "dynamo_ctx", None)
-            return not (getattr(ctx, "fullgraph", False) or getattr(ctx, "error_on_graph_break", False))
+        if compiled_module_of(current) is not None:
+            return compiled_allows_graph_breaks(current)
         current = getattr(current, "module", None)  # DataParallel / DistributedDataParallel
     return False

@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 from hookgraph.core.dtensors import is_dtensor, is_fsdp_module
 from hookgraph.core.hooks.sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
 from hookgraph.core.points import HookPoint
+from hookgraph.core.torch_internals import current_parameter, fsdp_managed_params, local_slice
 from hookgraph.errors import ActionError, HookGraphError
 
 __all__ = ["ShardedParam", "shard_of", "registrar", "REGISTRARS", "REFUSALS"]
@@ -68,31 +69,18 @@ def shard_of(name: str, param: Tensor, modules: dict[str, nn.Module]) -> Sharded
         path = path.rpartition(".")[0]
     if manager is None:
         return "tp"  # a DTensor parameter without FSDP: tensor parallel or a hand-made DTensor
-    managed = _fsdp_params(manager)
+    managed = fsdp_managed_params(manager)
     if managed is not None:
-        fsdp_param = managed.get(id(param))
-        if fsdp_param is None:
+        was_dtensor = managed.get(id(param))
+        if was_dtensor is None:
             return "tp"  # a DTensor the FSDP module leaves alone (ignored_params)
-        if getattr(fsdp_param, "is_dtensor", False):
+        if was_dtensor:
             return "2d"  # a DTensor before fully_shard: tensor parallel under FSDP
     else:  # FSDP's internals differ from torch 2.14's: judge by the placements
         sharded_dims = [p for p in param.placements if not p.is_replicate()]  # type: ignore[attr-defined]
         if len(sharded_dims) > 1:
             return "2d"
     return ShardedParam(manager=manager, owner=modules[owner_name], attr=attr, sharded=param)
-
-
-def _fsdp_params(manager: nn.Module) -> dict[int, Any] | None:
-    """id(sharded parameter) -> FSDP's record of it, for the parameters ``manager`` shards;
-    None where FSDP's private state is not laid out as in torch 2.14."""
-    try:
-        state = manager._get_fsdp_state()  # type: ignore[operator]
-        groups = getattr(state, "_fsdp_param_groups", None)
-        if groups is None:
-            groups = [state._fsdp_param_group]
-        return {id(fp.sharded_param): fp for g in groups if g is not None for fp in g.fsdp_params}
-    except Exception:  # private API: a change there must not break compile
-        return None
 
 
 class _Lazy:
@@ -113,7 +101,7 @@ class _Lazy:
 
 
 def _unsharded(b: Binding, s: ShardedParam) -> Tensor:
-    p = s.owner._parameters.get(s.attr)
+    p = current_parameter(s.owner, s.attr)
     if p is None or p is s.sharded or is_dtensor(p):
         raise ActionError(
             f"{b.key}: {b.target!r} is still sharded when {type(s.manager).__name__} runs its forward "
@@ -164,14 +152,6 @@ def _param_accumulated(b: Binding) -> list[Any]:
     return _on_unsharded(b, lambda p: p.register_post_accumulate_grad_hook(hook))
 
 
-def _local_slice(full: Tensor, sharded: Any) -> Tensor:
-    """The part of ``full`` this rank's shard holds."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(full.shape, sharded.device_mesh, sharded.placements)
-    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
-
-
 def _param_value(b: Binding) -> list[Any]:
     """Once per forward of the model (as on the bare model; not again when checkpointing
     recomputes): the action edits the unsharded parameter, and the edit is written into the
@@ -185,7 +165,7 @@ def _param_value(b: Binding) -> list[Any]:
     s: ShardedParam = b.shard
     call, want = make_caller(b), b.want_training
     # The sharded parameter as it is now: FSDP swaps in a new one on model.to() and the like.
-    current = s.owner._parameters.get(s.attr)
+    current = current_parameter(s.owner, s.attr)
     sharded: Any = current if is_dtensor(current) else s.sharded  # a DTensor
     done = [False]  # edited in this forward of the model
     passes = [False]  # the model's own pre-hook has run (see sites._param_value)
@@ -200,8 +180,10 @@ def _param_value(b: Binding) -> list[Any]:
         done[0] = passes[0]
         b.calls += 1
         full = _unsharded(b, s)
-        local = sharded._local_tensor  # read now: FSDP re-pads it at lazy init
         with torch.no_grad():
+            # The rank's shard (without grad, to_local() is its storage, not an autograd copy);
+            # read now: FSDP re-pads it at lazy init.
+            local = sharded.to_local()
             if full.dtype != local.dtype:
                 master = sharded.full_tensor()
                 new = call(master, args, None)
@@ -214,7 +196,7 @@ def _param_value(b: Binding) -> list[Any]:
                     return
                 if new is not full:
                     full.copy_(new)
-            local.copy_(_local_slice(new, sharded))
+            local.copy_(local_slice(new, sharded))
 
     handles = []
     if b.root is not None:  # first of the model's pre-hooks, so the edit below sees a new pass
@@ -266,8 +248,7 @@ def registrar(b: Binding) -> Callable[[Binding], list[Any]] | None:
     if b.shard is not None:
         return REGISTRARS[b.at]
     if b.param is not None:
-        params, name = b.module._parameters, b.target.rpartition(".")[2]
-        now = params[name] if name in params else None  # a scripted module's wrapper has no .get
+        now = current_parameter(b.module, b.target.rpartition(".")[2])
         if now is not b.param and is_dtensor(now):
             raise HookGraphError(
                 f"{b.key}: {b.target!r} was sharded by fully_shard after hookgraph.compile(), so hooks on the "
