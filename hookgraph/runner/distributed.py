@@ -181,13 +181,13 @@ def replacing_specs(hooks: Any) -> list[str]:
     Specs with problems are skipped here: compiling them reports the problems.
     """
     from hookgraph.actions.registry import resolve_action
-    from hookgraph.core.points import HookPoint
+    from hookgraph.core.points import POINTS
     from hookgraph.core.spec import check_specs
 
     specs, _, _ = check_specs(hooks, prefix="hooks")
     out = []
     for spec in specs:
-        if spec.enabled and spec.at in (HookPoint.forward, HookPoint.forward_pre):
+        if spec.enabled and POINTS[spec.at].activation:
             defn, _ = resolve_action(spec.action, f"hooks.{spec.name}.action")
             if defn is not None and defn.replaces:
                 out.append(spec.name)

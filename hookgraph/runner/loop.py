@@ -40,7 +40,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_targets, list_targets
 from hookgraph.core.graph import HookGraph
-from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.points import POINTS
 from hookgraph.data import build_data, data_params, default_data
 from hookgraph.errors import ConfigError, NonFiniteError, RecordBudgetError, did_you_mean
 from hookgraph.models import build_model
@@ -157,7 +157,9 @@ def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None
     bound: dict[str, list] = {}
     for b in graph.bindings:
         bound.setdefault(b.spec.name, []).append(b)
-    wanted = {"activations": (HookPoint.forward,), "gradients": (HookPoint.output_grad, HookPoint.backward_pre)}
+    # A module's output and the gradient w.r.t. it, at whichever points hand them over.
+    wanted = {name: [p for p, info in POINTS.items() if info.value_of == value]
+              for name, value in (("activations", "output"), ("gradients", "grad_output"))}
     for name_key, points in wanted.items():
         key, name = f"sink.gradcam.{name_key}", g[name_key]
         if name not in bound:
@@ -623,8 +625,9 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
     for b in graph.bindings:
         per_spec[b.spec.name]["bindings"] += 1
-        if b.recomputed:  # forward calls re-run by gradient checkpointing: not acted on twice, but said
-            per_spec[b.spec.name]["recomputed"] = per_spec[b.spec.name].get("recomputed", 0) + b.recomputed
+    for name, n in graph.recomputed.items():
+        if n:  # forward calls re-run by gradient checkpointing: not acted on twice, but said
+            per_spec[name]["recomputed"] = n
     for spec, n in writer.counts.items():
         per_spec[spec]["records"] = n
     for spec, n in graph.store.counts().items():  # rows and statistics rows
