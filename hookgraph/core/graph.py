@@ -192,7 +192,7 @@ class Attachment:
     def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
         """The binding's hooks, by its point's registrar: the traced one where dynamo traces
         them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
-        if st.log is not None and b.traced:
+        if st.log is not None and b.compiled_mode() == "traced":
             return TRACED_REGISTRARS[b.at](b, st)
         if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
             return REGISTRARS[b.at](b, st)

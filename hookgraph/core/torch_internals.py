@@ -214,9 +214,14 @@ def _never_the_same(t: Tensor) -> int:
     return next(_unknown)
 
 
+def _counter(t: Tensor) -> int:
+    return t._version
+
+
 # ``version(t)``: the tensor's in-place version counter; record watches it to keep outputs
-# uncopied (see store.Entries). attrgetter: a C call, no Python frame per read.
-version: Callable[[Tensor], int] = operator.attrgetter("_version") if _version_probe() else _never_the_same
+# uncopied (see store.Entries). A Python function, not operator.attrgetter: hooks that dynamo
+# traces (a model compiled with fullgraph=True) read it too, and dynamo cannot trace attrgetter.
+version: Callable[[Tensor], int] = _counter if _version_probe() else _never_the_same
 
 
 def _children_probe() -> bool:
