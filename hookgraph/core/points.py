@@ -1,7 +1,7 @@
 """Hook points: where in a forward/backward pass a spec's action runs.
 
-Public names: HookPoint, PointInfo, POINTS, REGISTRARS, TRACED_REGISTRARS, register_point,
-unregister_point.
+Public names: HookPoint, PointInfo, VALUES, POINTS, Registrar, REGISTRARS, TRACED_REGISTRARS,
+register_point, unregister_point.
 
 One table maps every point to what it targets (modules or parameters), the value the
 action sees, whether a returned value replaces it, and what the rest of hookgraph asks of
@@ -20,7 +20,8 @@ from enum import Enum
 from typing import Any
 
 __all__ = [
-    "HookPoint", "PointInfo", "POINTS", "REGISTRARS", "TRACED_REGISTRARS", "register_point", "unregister_point",
+    "HookPoint", "PointInfo", "VALUES", "POINTS", "Registrar", "REGISTRARS", "TRACED_REGISTRARS", "register_point",
+    "unregister_point",
 ]
 
 
