@@ -25,7 +25,7 @@ from hookgraph.core.points import POINTS
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
 from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore
-from hookgraph.core.torch_internals import compiled_inner, direct_parameters, named_modules
+from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
 from hookgraph.errors import Problem, SpecError, full_key
 
 __all__ = ["compile", "compile_graph", "unwrap_model"]
@@ -40,7 +40,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 8:
         seen += 1
-        inner = compiled_inner(model)  # torch.compile's OptimizedModule
+        inner = compiled_module_of(model)  # torch.compile's OptimizedModule
         if inner is not None:
             model = inner
             continue
@@ -207,7 +207,7 @@ def _multi_device(model: nn.Module) -> bool:
     while isinstance(inner, nn.Module):
         if isinstance(inner, nn.DataParallel) and len(inner.device_ids) > 1:
             return True
-        inner = compiled_inner(inner) or getattr(inner, "module", None)
+        inner = compiled_module_of(inner) or getattr(inner, "module", None)
     return False
 
 

@@ -286,7 +286,7 @@ direct_parameters: Callable[[nn.Module], Mapping[str, nn.Parameter | None]] = (
 )
 
 
-def compiled_inner(module: object) -> nn.Module | None:
+def compiled_module_of(module: object) -> nn.Module | None:
     """The module a ``torch.compile`` wrapper (OptimizedModule) runs, or None for anything
     else. There is no public accessor; a torch that renames it leaves wrappers unwrapped,
     and the compiler's names then start at the wrapper (an error names them, not silence)."""

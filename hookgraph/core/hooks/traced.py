@@ -26,7 +26,7 @@ from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.callers import Inputs, make_caller, pick, tuple_io
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import TRACED_REGISTRARS, HookPoint
-from hookgraph.core.torch_internals import compiled_inner
+from hookgraph.core.torch_internals import compiled_module_of
 from hookgraph.core.tracelog import TRACE, Call
 from hookgraph.core.tree import tensors
 from hookgraph.errors import HookGraphError
@@ -123,9 +123,9 @@ def block_hooks(model: nn.Module) -> list[RemovableHandle]:
     per forward, so hooked calls inside cost a tuple each instead of an object. On the bare
     model: hooks on a torch.compile wrapper would run outside the trace, and the traced
     hooks would then read a block dynamo did not create (and guard on its length)."""
-    inner = compiled_inner(model)
+    inner = compiled_module_of(model)
     while inner is not None:
-        model, inner = inner, compiled_inner(inner)
+        model, inner = inner, compiled_module_of(inner)
     opened = model.register_forward_pre_hook(_open_block, prepend=True)
     try:
         return [opened, model.register_forward_hook(_close_block, always_call=True)]
