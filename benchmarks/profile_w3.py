@@ -11,7 +11,7 @@ Three views:
    calls), for the hand-written hook and hookgraph's, and one whole hooked ``Linear``
    call, best of ``--repeats`` loops.
 3. With ``--lines`` (needs ``pip install line_profiler``): per-line times of the closures in
-   ``hookgraph/sites.py`` and ``hookgraph/actions/record.py`` that a record call runs.
+   ``hookgraph/core/hooks/eager.py`` and ``hookgraph/actions/record.py`` that a record call runs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from torch.utils.hooks import RemovableHandle
 
 import hookgraph as hg
 from hookgraph.actions import record as record_module
-from hookgraph.core.hooks.sites import add_forward_hook
+from hookgraph.core.torch_internals import add_forward_hook
 
 
 def test_add_forward_hook_leaves_what_register_forward_hook_leaves():
@@ -98,13 +98,13 @@ class _OwnWalk(nn.Module):
 
 
 def test_the_compiler_walks_modules_as_named_modules_does():
-    from hookgraph.core.compiler import _named_modules
+    from hookgraph.core.torch_internals import named_modules
 
     shared = nn.Linear(2, 2)
     model = nn.Sequential(shared, nn.Sequential(shared, nn.ReLU()), _OwnWalk(), nn.Linear(2, 2))
     model.add_module("gap", None)
     model.add_module("deep", nn.Sequential(nn.Sequential(nn.Sequential(nn.Tanh()))))
-    walked = _named_modules(model)
+    walked = named_modules(model)
     assert [(n, id(m)) for n, m in walked] == [(n, id(m)) for n, m in model.named_modules()]
     assert [n for n, _ in walked] == [
         "", "0", "1", "1.1", "2", "2.renamed", "3", "deep", "deep.0", "deep.0.0", "deep.0.0.0"
@@ -112,15 +112,15 @@ def test_the_compiler_walks_modules_as_named_modules_does():
 
 
 def test_another_torch_registration_falls_back_to_the_public_method(monkeypatch):
-    from hookgraph.core.hooks import sites
+    from hookgraph.core import torch_internals
 
-    assert sites._same_as_torch()  # this torch: the fast path is the one the tests above check
-    monkeypatch.setattr(sites, "_same_as_torch", lambda: False)
+    assert torch_internals._same_as_torch()  # this torch: the fast path is the one the tests above check
+    monkeypatch.setattr(torch_internals, "_same_as_torch", lambda: False)
     calls = []
     real = nn.Module.register_forward_hook
     spy = lambda self, hook, **kw: calls.append(1) or real(self, hook, **kw)  # noqa: E731 - a one-line spy
     monkeypatch.setattr(nn.Module, "register_forward_hook", spy)
-    monkeypatch.setattr(sites, "_TORCH_REGISTER_FORWARD_HOOK", nn.Module.register_forward_hook)
+    monkeypatch.setattr(torch_internals, "_TORCH_REGISTER_FORWARD_HOOK", nn.Module.register_forward_hook)
     lin = nn.Linear(2, 2)
     add_forward_hook(lin, lambda m, a, o: None).remove()
     assert calls == [1] and not lin._forward_hooks

@@ -126,9 +126,9 @@ def test_compile_wrapper_attached_without_compiled_runs_hooks_eagerly():
     c = torch.compile(model, backend="eager")
     step(c, x)
     graph = hg.compile(c, SPECS)  # specs against the OptimizedModule
-    with graph.attach():
+    with (attachment := graph.attach()):
         out = step(c, x)
-        assert all(b.eager for b in graph.bindings)  # detected: the compiled-mode hooks
+        assert attachment.compiled  # detected: the compiled-mode hooks
     assert counts(graph) == (1, 1, 1)
     torch.testing.assert_close(out, 2 * model(x).detach())
 
@@ -139,9 +139,9 @@ def test_fullgraph_wrapper_keeps_its_hooks_traced():
     c = torch.compile(model, backend="eager", fullgraph=True)  # a graph break would be an error
     step(c, x)
     graph = hg.compile(c, {"rec": SPECS["rec"], "double": SPECS["double"]})
-    with graph.attach():
+    with (attachment := graph.attach()):
         out = step(c, x)
-        assert not any(b.eager for b in graph.bindings)
+        assert not attachment.compiled
     assert (len(graph.records["rec"]["0"]), graph.calls["double"]) == (1, 1)
     torch.testing.assert_close(out, 2 * model(x).detach())
 

@@ -61,6 +61,9 @@ def test_flags_are_keyword_only():
         needs_backward=True,
         mechanism="register_post_accumulate_grad_hook",
         value="param.grad after accumulation",
+        value_of="param_grad",
+        tensor_only=True,
+        copy_on_record=True,
     )
     assert "at" in {f.name for f in dataclasses.fields(hg.compile(nn.Linear(1, 1), {"r": {"target": ""}}).bindings[0])}
 

@@ -291,11 +291,11 @@ def test_attach_pauses_gc_and_restores_it_when_registration_fails(monkeypatch):
     seen = []
     real = graph_mod.REGISTRARS[HookPoint.forward]
 
-    def spy(b):
+    def spy(b, state):
         seen.append(gc.isenabled())
         if b.target == "2":
             raise RuntimeError("registration failed")
-        return real(b)
+        return real(b, state)
 
     monkeypatch.setitem(graph_mod.REGISTRARS, HookPoint.forward, spy)
     model = mlp()

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions, source_label
 from hookgraph.actions.registry import ActionContext, register_action
-from hookgraph.core.points import HookPoint
+from hookgraph.core.points import POINTS
 from hookgraph.errors import HookGraphError
 
 __all__ = ["head_view", "n_heads_of"]
@@ -109,7 +109,7 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
     its first positional input. The pass runs in the model's current mode (eval, in the
     runner's default) and through any other graph attached at that moment."""
-    if ctx.point not in (HookPoint.forward, HookPoint.forward_pre):
+    if not POINTS[ctx.point].activation:
         raise ValueError(
             f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run"
         )
@@ -125,7 +125,7 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     module = model.get_submodule(ctx.target)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     got: list[Any] = []
-    if ctx.point is HookPoint.forward:
+    if POINTS[ctx.point].value_of == "output":
         handle = module.register_forward_hook(lambda m, args, out: got.append(out))
     else:
         handle = module.register_forward_pre_hook(lambda m, args: got.append(args[0] if args else None))

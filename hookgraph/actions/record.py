@@ -19,7 +19,7 @@ from torch import Tensor
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
-from hookgraph.core.points import HookPoint
+from hookgraph.core.points import POINTS
 from hookgraph.core.store import Entries
 from hookgraph.core.tree import tensors, tree_map
 from hookgraph.errors import HookGraphError
@@ -227,7 +227,7 @@ def _per_spec(
     # A parameter (edited in place), an accumulated .grad (updated in place by the next
     # backward) and a gradient (AccumulateGrad may keep it as .grad, which DDP overwrites
     # with the all-reduced bucket) are rewritten by design: always copy them.
-    clone = clone or ctx.at in (HookPoint.param_value, HookPoint.param_grad, HookPoint.param_accumulated)
+    clone = clone or POINTS[ctx.at].copy_on_record
     last_only = keep == "last"
     plain = not stages and not clone and (device is None or device.type == "cpu")
     per_device = ctx.per_device
@@ -279,7 +279,7 @@ record.per_spec = _per_spec  # type: ignore[attr-defined]  # the compiler calls 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:
     """``pure`` of ``fn.traced = (pure, sink)`` for hooks traced by torch.compile (see
-    ``hookgraph.core.store.TraceLog``); the sink is the slot's append (or keep_last).
+    ``hookgraph.core.tracelog.TraceLog``); the sink is the slot's append (or keep_last).
 
     Traced code cannot watch ``_version`` counters, so every kept tensor is a copy: inductor
     drops a copy of a value nothing edits afterwards (its no-op clone pass), and keeps it

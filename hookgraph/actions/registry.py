@@ -16,7 +16,7 @@ compile time, so argument checks and allocations happen there; ``fn`` runs in th
   forward hooks are then traced into the graph; other actions run eagerly beside it (one graph
   break per hooked module). A traceable ``fn`` that keeps results (record, stats) carries
   ``fn.traced = (pure, sink)``: ``pure(value)`` runs in the trace and returns what to keep,
-  ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.core.store.TraceLog``).
+  ``sink(kept)`` stores it later, outside the trace (see ``hookgraph.core.tracelog.TraceLog``).
 
 A factory may also carry ``factory.per_spec(ctx, **args) -> site(target) -> fn``: the compiler
 then calls it once per spec (with the first site's ``ctx``) and ``site`` once per matched name,

@@ -20,11 +20,12 @@ from hookgraph.actions.registry import ActionContext, ActionDef, check_args, res
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2
-from hookgraph.core.hooks.sites import Binding
-from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.points import POINTS
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
 from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore
+from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
 from hookgraph.errors import Problem, SpecError, full_key
 
 __all__ = ["compile", "compile_graph", "unwrap_model"]
@@ -39,8 +40,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     seen = 0
     while seen < 8:
         seen += 1
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(inner, nn.Module):
+        inner = compiled_module_of(model)  # torch.compile's OptimizedModule
+        if inner is not None:
             model = inner
             continue
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
@@ -88,32 +89,6 @@ def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-_NAMED_MODULES = nn.Module.named_modules
-
-
-def _named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``list(model.named_modules())``, walked by calls instead of nested generators (every
-    name passes up through one generator per level: a third of the walk at 20,000 modules).
-    A module class that overrides named_modules walks its own subtree, as PyTorch lets it."""
-    out: list[tuple[str, nn.Module]] = []
-    memo: set[nn.Module] = set()
-
-    def visit(prefix: str, m: nn.Module) -> None:
-        if type(m).named_modules is not _NAMED_MODULES:
-            out.extend(m.named_modules(memo, prefix))
-            return
-        if m in memo:  # a module under two names keeps its first, as named_modules() does
-            return
-        memo.add(m)
-        out.append((prefix, m))
-        for name, sub in m._modules.items():
-            if sub is not None:
-                visit(f"{prefix}.{name}" if prefix else name, sub)
-
-    visit("", model)
-    return out
-
-
 def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], list[tuple[str, nn.Module]]]:
     """Modules by name (TransformerLens hook points first) and named_modules() in order."""
     modules: dict[str, nn.Module] = {}
@@ -123,7 +98,7 @@ def _walk(model: nn.Module) -> tuple[dict[str, nn.Module], list[tuple[str, nn.Mo
     hook_dict = getattr(model, "hook_dict", None)
     if isinstance(hook_dict, Mapping):
         modules.update((str(n), m) for n, m in hook_dict.items() if isinstance(m, nn.Module))
-    walked = _named_modules(model)
+    walked = named_modules(model)
     if modules:
         for name, m in walked:
             modules.setdefault(name, m)
@@ -138,7 +113,7 @@ def _walk_params(walked: list[tuple[str, nn.Module]]) -> tuple[dict[str, nn.Para
     owners: dict[str, nn.Module] = {}
     seen: set[int] = set()
     for name, m in walked:
-        for pname, p in m._parameters.items():
+        for pname, p in direct_parameters(m).items():
             if p is None or id(p) in seen:  # shared parameters keep their first name, as named_parameters() does
                 continue
             seen.add(id(p))
@@ -148,15 +123,11 @@ def _walk_params(walked: list[tuple[str, nn.Module]]) -> tuple[dict[str, nn.Para
     return params, owners
 
 
-# Points whose hooks live on the parameter itself; every other point registers module hooks.
-_TENSOR_ONLY = (HookPoint.param_grad, HookPoint.param_accumulated)
-
-
 def _holders(modules: dict[str, nn.Module]) -> dict[int, tuple[nn.Module, ...]]:
     """id(parameter) -> every module holding it, in model order (tied weights have several)."""
     out: dict[int, list[nn.Module]] = {}
     for m in modules.values():
-        for p in m._parameters.values():
+        for p in direct_parameters(m).values():
             if p is not None:
                 out.setdefault(id(p), []).append(m)
     return {k: tuple(v) for k, v in out.items()}
@@ -164,9 +135,10 @@ def _holders(modules: dict[str, nn.Module]) -> dict[int, tuple[nn.Module, ...]]:
 
 def _unhookable(spec: Any, module: nn.Module, param: nn.Parameter | None) -> str | None:
     """Why PyTorch would refuse this target at attach ("script", "frozen"), or None."""
-    if spec.at not in _TENSOR_ONLY and isinstance(module, torch.jit.ScriptModule):
+    tensor_only = POINTS[spec.at].tensor_only  # hooks on the parameter itself, not on a module
+    if not tensor_only and isinstance(module, torch.jit.ScriptModule):
         return "script"
-    if param is not None and spec.at in _TENSOR_ONLY and not param.requires_grad:
+    if param is not None and tensor_only and not param.requires_grad:
         return "frozen"
     return None
 
@@ -235,7 +207,7 @@ def _multi_device(model: nn.Module) -> bool:
     while isinstance(inner, nn.Module):
         if isinstance(inner, nn.DataParallel) and len(inner.device_ids) > 1:
             return True
-        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
+        inner = compiled_module_of(inner) or getattr(inner, "module", None)
     return False
 
 
@@ -392,8 +364,10 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     params = targets.params if on_params else {}
     order = spec.order if spec.order is not None else 0
     want_training = None if spec.when.mode is Mode.any else spec.when.mode is Mode.train
-    param_value = at is HookPoint.param_value
-    root = targets.model if param_value else None
+    # A parameter point whose hooks go on modules (param_value) acts once per forward of the
+    # model, before the first module using the parameter: it needs all of them (tied weights).
+    param_modules = on_params and not info.tensor_only
+    root = targets.model if param_modules else None
     factory, args, lock, model = defn.factory, spec.args, store.lock, targets.model
     # An action may split its factory: ``factory.per_spec(ctx, **args)`` does the work that
     # is the same at every site once and returns ``site(target) -> fn`` (see record).
@@ -451,14 +425,14 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
             # keywords, for the ~30,000 module bindings of a 20,000-module model.
             bindings.append(
                 Binding(spec, name, at, module, None, defn, fn, (order, spec_index, target_index), key, start, stop,
-                        True, want_training)
+                        want_training)
             )
             continue
         bindings.append(
             Binding(spec=spec, target=name, at=at, module=module, param=param, action=defn, fn=fn,
                     rank=(order, spec_index, target_index), key=key, start=start, stop=stop,
                     want_training=want_training, lock=lock,
-                    holders=targets.holders(param) if param is not None and param_value else (), root=root,
+                    holders=targets.holders(param) if param is not None and param_modules else (), root=root,
                     shard=shard)
         )
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]

@@ -1,6 +1,10 @@
 """HookGraph: compiled bindings, and the one place where hooks are registered and removed.
 
 Public names: HookGraph, Plan, Attachment.
+
+The bindings are the plan and never change; each attachment keeps what changes while its
+hooks are on (a :class:`~hookgraph.core.hooks.state.SpecState` per spec) and finds a
+binding's registrar through the hook-point table (``points.REGISTRARS``).
 """
 
 from __future__ import annotations
@@ -14,17 +18,24 @@ from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.hooks import fsdp2
-from hookgraph.core.hooks.compiled import is_compiled, sync_compiled_code
-from hookgraph.core.hooks.sites import REGISTRARS, Binding, Switch, block_hooks
-from hookgraph.core.points import POINTS
+from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.hooks.compiled import HookGuards, is_compiled
+from hookgraph.core.hooks.state import SpecState, Switch
+from hookgraph.core.hooks.traced import block_hooks
+from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
 from hookgraph.core.store import Entries, ResultStore
+from hookgraph.core.torch_internals import (
+    full_backward_flag,
+    is_inplace_error_of_backward_hook,
+    is_inplace_error_of_saved_tensor,
+    restore_full_backward_flag,
+)
 from hookgraph.core.transfer import HostCopier
-from hookgraph.errors import HookGraphError, InplaceBackwardError, full_key
+from hookgraph.errors import HookGraphError, InplaceBackwardError
 
 __all__ = ["HookGraph", "Plan", "Attachment"]
 
 _PLAN_COLUMNS = ("spec", "target", "type", "at", "action", "order")
-_FULL_BACKWARD = frozenset(at for at, info in POINTS.items() if info.full_backward)
 
 # register_full_backward_hook sets a module's _is_full_backward_hook for good, and several
 # attachments (of one or more graphs) may hold full hooks on one module at once, removed in
@@ -33,7 +44,7 @@ _FULL_HOOK_FLAGS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDi
 
 
 def _claim_full_backward(m: nn.Module) -> None:
-    _FULL_HOOK_FLAGS.setdefault(m, [m._is_full_backward_hook, 0])[1] += 1
+    _FULL_HOOK_FLAGS.setdefault(m, [full_backward_flag(m), 0])[1] += 1
 
 
 def _release_full_backward(m: nn.Module) -> None:
@@ -45,8 +56,7 @@ def _release_full_backward(m: nn.Module) -> None:
     entry[1] -= 1
     if entry[1] <= 0:
         del _FULL_HOOK_FLAGS[m]
-        if not m._backward_hooks:  # a full hook the user added meanwhile needs the flag kept
-            m._is_full_backward_hook = entry[0]
+        restore_full_backward_flag(m, entry[0])
 
 
 class Plan(list):
@@ -79,8 +89,13 @@ class Attachment:
     the set of live bindings on a module changes, all of that module's hooks from this graph
     are removed (newest first) and the live ones registered again in rank order, so hooks on
     one module always fire in their spec order. Under ``compiled=True`` every binding is
-    registered at attach and switched by its ``active`` flag instead: compiled code may not
-    see hooks added later.
+    registered at attach and switched by its spec's ``active`` flag instead: compiled code
+    may not see hooks added later.
+
+    What changes while the hooks are on lives here, not in the bindings: one
+    :class:`SpecState` per spec (its schedule flag, its call counts), which its bindings'
+    hooks share. At ``remove()`` the counts go to the graph and the states are switched off
+    for good (hooks left on saved activations read them).
 
     Registration happens inside ``try``: if any registration fails, the hooks registered
     so far are removed before the error propagates.
@@ -89,11 +104,13 @@ class Attachment:
     def __init__(self, graph: HookGraph, compiled: bool = False):
         self._graph = graph
         # Code torch.compile cached without hook guards would silently skip our hooks.
-        sync_compiled_code()
+        self._dynamo = HookGuards(graph.model)
         self._compiled = compiled
         log = graph.store.log if compiled else None  # traced hooks keep results there
-        for b in graph.bindings:
-            b.eager, b.log, b.switch = compiled, log, None
+        # One state per spec, with the spec's bindings (adjacent in the graph's order).
+        self._specs: list[tuple[SpecState, tuple[Binding, ...]]] = [
+            (SpecState(group[0], log), group) for group in graph._spec_groups()
+        ]
         self._live = True
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
@@ -111,19 +128,27 @@ class Attachment:
     def attached(self) -> bool:
         return self._live
 
+    @property
+    def compiled(self) -> bool:
+        """The hooks are torch.compile's kind (``attach(compiled=True)``, or a compiled wrapper)."""
+        return self._compiled
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """spec -> calls and spec -> recomputed calls, in this attachment so far."""
+        calls: dict[str, int] = {}
+        recomputed: dict[str, int] = {}
+        for st, group in self._specs:
+            name = group[0].spec.name
+            calls[name] = calls.get(name, 0) + st.calls
+            recomputed[name] = recomputed.get(name, 0) + st.recomputed
+        return calls, recomputed
+
     def sync(self, step: int) -> None:
         """Make the registered hooks match the schedules at ``step``."""
-        graph = self._graph
-        if self._compiled:  # update() also sets the schedule cell that traced hooks read
-            for b in graph.bindings:
-                b.update(step)
-        else:
-            spec, active = None, False
-            for b in graph.bindings:  # Binding.update, without a call per binding
-                if b.spec is not spec:  # a spec's bindings are adjacent and share its schedule
-                    spec, active = b.spec, b.scheduled(step)
-                b.active = active
-        want = [b for b in graph.bindings if b.active or self._compiled]
+        compiled = self._compiled
+        for st, _ in self._specs:
+            st.update(step)  # compiled: also the schedule cells that traced hooks read
+        want = [pair for pair in self._specs if pair[0].active or compiled]
         handles = self._handles
         # Modules with a binding to register, or a registered one no longer wanted; at the
         # first registration (nothing held yet) every wanted binding's module, not built.
@@ -131,12 +156,12 @@ class Attachment:
         changed: set[nn.Module] = set()
         wanted: set[Binding] = set()  # only read for bindings held already
         if not fresh:
-            wanted = set(want)
-            changed = {b.module for b in want if b not in handles}
+            wanted = {b for _, group in want for b in group}
+            changed = {b.module for b in wanted if b not in handles}
             changed.update(b.module for b in handles if b not in wanted)
         if not changed and not (fresh and want):
             return
-        sync_compiled_code()  # dynamo may have been loaded since attach
+        self._dynamo.sync()  # dynamo may have been loaded since attach
         try:
             with gc_paused():
                 dropped = [b for b in list(self._handles) if b.module in changed]
@@ -149,32 +174,29 @@ class Attachment:
                     self._handles[b] = [h for h in self._handles[b] if not isinstance(h, Switch)]
                 self._drop(dropped)
                 register = self._register
-                for b in want:
-                    if fresh or b.module in changed:
-                        # Listed before registering: a refused hook still has its switches removed.
-                        handles[b] = kept = carried.get(b, [])
-                        if b.at in _FULL_BACKWARD:
-                            _claim_full_backward(b.module)
-                            self._full.add(b)
-                        kept.extend(register(b))
+                for st, group in want:
+                    full = POINTS[group[0].at].full_backward  # a spec's bindings share its point
+                    for b in group:
+                        if fresh or b.module in changed:
+                            # Listed before registering: a refused hook still has its switches removed.
+                            handles[b] = kept = carried.get(b, [])
+                            if full:
+                                _claim_full_backward(b.module)
+                                self._full.add(b)
+                            kept.extend(register(b, st))
         except BaseException:
             self.remove()
             raise
 
     @staticmethod
-    def _register(b: Binding) -> list[RemovableHandle]:
-        try:
-            if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
-                return REGISTRARS[b.at](b)
-            return (fsdp2.registrar(b) or REGISTRARS[b.at])(b)
-        except RuntimeError as exc:
-            if "backward hook" in str(exc):
-                raise HookGraphError(
-                    f"{full_key(b.key, 'at')}: cannot register a full backward hook on {b.target!r}: {exc} "
-                    "(the module already has a hook registered with the deprecated register_backward_hook; "
-                    "remove it or use at: output_grad)"
-                ) from exc
-            raise
+    def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
+        """The binding's hooks, by its point's registrar: the traced one where dynamo traces
+        them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
+        if st.log is not None and b.compiled_mode() == "traced":
+            return TRACED_REGISTRARS[b.at](b, st)
+        if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
+            return REGISTRARS[b.at](b, st)
+        return (fsdp2.registrar(b) or REGISTRARS[b.at])(b, st)
 
     def _drop(self, bindings: Iterable[Binding]) -> None:
         """Remove these bindings' hooks, newest first, and give modules their flag back."""
@@ -195,15 +217,16 @@ class Attachment:
         for h in self._blocks:
             h.remove()
         self._blocks = []
-        self._graph.store.log.drain()  # traced calls are counted and kept before the bindings go off
-        # Tensor hooks on activations cannot be unregistered; switching the bindings off makes
+        self._graph.store.log.drain()  # traced calls are counted and kept before the states go off
+        # Tensor hooks on activations cannot be unregistered; switching the states off makes
         # a backward() after detach run none of our actions.
-        for b in self._graph.bindings:
-            b.active = False
+        for st, _ in self._specs:
+            st.active = False
         if self._graph._attachment is self:
             self._graph._attachment = None
+        self._graph._add_counts(*self.counts())
         # Compiled code traced with our hooks must not keep running them.
-        sync_compiled_code()
+        self._dynamo.close()
 
     def __enter__(self) -> HookGraph:
         return self._graph
@@ -214,15 +237,15 @@ class Attachment:
             # Checks deferred on the device (check_finite on an accelerator) are read when the
             # block ends, so a NaN in its last step is not left for a later attach to find.
             self._graph.store.settle_checks()
-        if isinstance(exc, RuntimeError) and "BackwardHookFunction" in str(exc):
+        if is_inplace_error_of_backward_hook(exc):
             raise InplaceBackwardError(
                 "a full backward hook (at: backward or backward_pre) met a tensor modified in place "
                 f"(e.g. by ReLU(inplace=True) after the hooked module); bound specs: {self._graph._backward_specs()}. "
                 "Use at: output_grad or input_grad, which are safe with in-place ops, or make the "
                 "following op out of place."
             ) from exc
-        if isinstance(exc, RuntimeError) and "modified by an inplace operation" in str(exc):
-            specs = sorted({b.spec.name for b in self._graph.bindings if b.at == "param_value"})
+        if is_inplace_error_of_saved_tensor(exc):
+            specs = sorted({b.spec.name for b in self._graph.bindings if POINTS[b.at].value_of == "param"})
             if specs:
                 raise HookGraphError(
                     f"backward met a parameter that a param_value spec ({', '.join(specs)}) edited in place "
@@ -255,6 +278,10 @@ class HookGraph:
         # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
         self.unmatched: dict[str, str] = dict(unmatched or {})
         self._attachment: Attachment | None = None
+        self._groups: list[tuple[Binding, ...]] | None = None  # the bindings by spec, built at the first attach
+        # Calls counted by attachments that ended: spec -> calls, spec -> recomputed calls.
+        self._calls: dict[str, int] = {}
+        self._recomputed: dict[str, int] = {}
         self._step = 0
         self.set_step(0)
 
@@ -274,10 +301,27 @@ class HookGraph:
         self._step = self.store.step = int(step)
         if self._attachment is not None:
             self._attachment.sync(self._step)
-        else:
-            for b in self.bindings:
-                # Detached, everything stays off: tensor hooks left on activations must not act.
-                b.active = False
+        # Detached, nothing acts: tensor hooks left on activations read their attachment's
+        # state, which its remove() switched off for good.
+
+    def _spec_groups(self) -> list[tuple[Binding, ...]]:
+        """The bindings in runs that share a spec (the compiler emits a spec's bindings
+        together, and sorting by ``order`` keeps them so): one state per run."""
+        if self._groups is None:
+            groups: list[tuple[Binding, ...]] = []
+            bindings, start = self.bindings, 0
+            for i in range(1, len(bindings) + 1):
+                if i == len(bindings) or bindings[i].spec is not bindings[start].spec:
+                    groups.append(bindings[start:i])
+                    start = i
+            self._groups = groups
+        return self._groups
+
+    def _add_counts(self, calls: dict[str, int], recomputed: dict[str, int]) -> None:
+        """Keep an ended attachment's counts."""
+        for mine, theirs in ((self._calls, calls), (self._recomputed, recomputed)):
+            for spec, n in theirs.items():
+                mine[spec] = mine.get(spec, 0) + n
 
     # -- registration ---------------------------------------------------------
     def attach(self, *, compiled: bool = False) -> Attachment:
@@ -345,17 +389,20 @@ class HookGraph:
     def calls(self) -> dict[str, int]:
         """spec -> how many times its action ran (0: the spec never fired)."""
         self.store.log.drain()
-        out: dict[str, int] = {}
-        for b in self.bindings:
-            out[b.spec.name] = out.get(b.spec.name, 0) + b.calls
-        return out
+        return self._counts(0)
 
     @property
     def recomputed(self) -> dict[str, int]:
         """spec -> forward calls that gradient checkpointing re-ran in backward (not in ``calls``)."""
-        out: dict[str, int] = {}
-        for b in self.bindings:
-            out[b.spec.name] = out.get(b.spec.name, 0) + b.recomputed
+        return self._counts(1)
+
+    def _counts(self, which: int) -> dict[str, int]:
+        """Every bound spec's count: the ended attachments' plus the live one's."""
+        out = dict.fromkeys((group[0].spec.name for group in self._spec_groups()), 0)
+        live = self._attachment.counts()[which] if self._attachment is not None else {}
+        for counts in ((self._calls, self._recomputed)[which], live):
+            for spec, n in counts.items():
+                out[spec] += n
         return out
 
     def plan(self) -> Plan:

@@ -1,6 +1,6 @@
 """The result store: where actions keep what they find. One per HookGraph.
 
-Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer, TraceLog, TRACE.
+Public names: STAT_NAMES, ResultStore, Entries, StatsBuffer.
 
 Actions reach the store only through their ``ActionContext``, which hands them one typed
 place each:
@@ -14,24 +14,25 @@ place each:
 
 The compiler builds the store, the actions' factories take their slots from it, and the
 graph is built last around both. Hooks traced by ``torch.compile`` keep what they find in
-the store's :class:`TraceLog` first; every reader empties it into the places above.
+the trace log first (``hookgraph.core.tracelog``); every reader empties it into the places above.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from hookgraph.core.torch_internals import version
+from hookgraph.core.tracelog import TRACE
 from hookgraph.core.transfer import HostCopier
 from hookgraph.errors import HookGraphError
 
-__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer", "TraceLog", "TRACE"]
+__all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer"]
 
 STAT_NAMES = ("mean", "std", "min", "max", "absmax", "norm", "zero_frac", "nan", "inf")
 
@@ -98,21 +99,21 @@ class Entries(list):
             if self._probes and not self.replicas:
                 self._decide()  # replicas decide at settle, when every device's thread is done
             if not self.alias and not self.copy_always:
-                self._probes.append((live, live._version))
+                self._probes.append((live, version(live)))
                 return True
         if self.copy_always:
             return True
-        self._watched.append((live, live._version))
+        self._watched.append((live, version(live)))
         return False
 
     def _decide(self) -> None:
         if self._probes:
             probes, self._probes = self._probes, []
-            if any(t._version != version for t, version in probes):
+            if any(version(t) != v for t, v in probes):
                 self.copy_always = True
             else:
                 self.alias = True
-                if self.plain and all(version == 0 for _, version in probes):
+                if self.plain and all(v == 0 for _, v in probes):
                     self.fresh, self._fresh_from = True, len(self)
 
     def settle(self) -> bool:
@@ -122,10 +123,10 @@ class Entries(list):
         tensor (a cache it updates in place) would otherwise rewrite an entry already read.
         """
         self._decide()
-        rewritten = any(t._version != v for t, v in self._watched)
+        rewritten = any(version(t) != v for t, v in self._watched)
         if self.fresh and not rewritten:
             rewritten = any(
-                type(e) is Tensor and e._version != 0 for e in itertools.islice(self, self._fresh_from, None)
+                type(e) is Tensor and version(e) != 0 for e in itertools.islice(self, self._fresh_from, None)
             )
         if rewritten:
             self.alias, self.fresh, self.copy_always = False, False, True
@@ -158,85 +159,6 @@ class Entries(list):
         self._fresh_from = 0
         self._watched.clear()
         self._parts.clear()
-
-
-class _Call:
-    """One traced hook call (the call before it, its sink's number and what it kept), or,
-    with ``sink == BLOCK``, one forward of a model: ``kept`` lists its calls as
-    ``(sink, kept)`` pairs, appended while ``open``."""
-
-    def __init__(self, prev: _Call | None, sink: int, kept: Any, open: bool = False) -> None:  # noqa: A002
-        self.prev = prev
-        self.sink = sink
-        self.kept = kept
-        self.open = open
-
-
-BLOCK = -2  # the sink number of a forward's block of calls
-
-
-class TraceLog:
-    """What hooks traced by ``torch.compile`` keep, in call order, until a reader drains it.
-
-    Dynamo guards on what traced code reads: a list's length, an int's value. A hook that
-    appended to a record list or counted its calls in an int would recompile at every call.
-    A traced hook instead does ``TRACE.head = _Call(TRACE.head, sink, kept)``: the previous
-    head is passed on unread, so the only guard is its type, and dynamo replays the new
-    object after the graph ran (one small object per hooked call, like a hand-written hook's
-    ``list.append``). ``drain()`` walks the chain back, then hands each call's ``kept`` to its
-    sink (the record slot, the stats buffer; the sink also counts the call), oldest first.
-
-    Cheaper still, where the compiled graph's model is the hooked model: a traced pre-hook on
-    the model opens a block (``_Call(head, BLOCK, [], open=True)``), the hooks append
-    ``(sink, kept)`` to the open block's list, created in the trace (replayed as one list of
-    tuples), and a traced hook after the model's forward closes it. A hook that finds the head
-    closed (a submodule called on its own) links its own ``_Call``.
-
-    There is one log per process (``TRACE``), read by traced hooks as a module global: dynamo
-    then guards it once per compiled frame, not once per hook. Draining it serves every graph;
-    sinks are held weakly (by number), so a graph that is gone leaves nothing behind.
-    """
-
-    def __init__(self) -> None:
-        self.root = _Call(None, -1, None)  # the same type as every head: no recompile when drained
-        self.head = self.root
-        self._sinks: weakref.WeakValueDictionary[int, Callable[[Any], None]] = weakref.WeakValueDictionary()
-        self._ids = itertools.count()
-
-    def register(self, sink: Callable[[Any], None]) -> int:
-        """The number a traced hook names ``sink`` by (an int is a constant in the trace).
-        The caller keeps ``sink`` alive (the log holds it weakly)."""
-        sid = next(self._ids)
-        self._sinks[sid] = sink
-        return sid
-
-    def drain(self) -> None:
-        head: _Call | None = self.head
-        if head is self.root:
-            return
-        self.head = self.root
-        calls = []
-        while head is not self.root and head is not None:
-            calls.append(head)
-            head = head.prev
-        sinks = self._sinks
-        for call in reversed(calls):
-            for sid, kept in call.kept if call.sink == BLOCK else ((call.sink, call.kept),):
-                sink = sinks.get(sid)
-                if sink is not None:  # None: its graph is gone
-                    sink(kept)
-
-    def open_block(self) -> None:
-        """A forward of the model begins (a traced pre-hook on the model calls this)."""
-        self.head = _Call(self.head, BLOCK, [], True)
-
-    def close_block(self) -> None:
-        """The forward ended: later calls link on their own until the next one begins."""
-        if self.head.open:
-            self.head.open = False
-
-
-TRACE = TraceLog()
 
 
 class StatsBuffer:

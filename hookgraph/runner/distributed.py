@@ -32,7 +32,7 @@ from torch import nn
 
 from hookgraph.actions.registry import resolve_action
 from hookgraph.config.plain import to_plain
-from hookgraph.core.points import HookPoint
+from hookgraph.core.points import POINTS
 from hookgraph.core.spec import check_specs
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.device import resolve_device
@@ -188,7 +188,7 @@ def replacing_specs(hooks: Any) -> list[str]:
     specs, _, _ = check_specs(hooks, prefix="hooks")
     out = []
     for spec in specs:
-        if spec.enabled and spec.at in (HookPoint.forward, HookPoint.forward_pre):
+        if spec.enabled and POINTS[spec.at].activation:
             defn, _ = resolve_action(spec.action, f"hooks.{spec.name}.action")
             if defn is not None and defn.replaces:
                 out.append(spec.name)

@@ -208,8 +208,9 @@ def _headline(graph: HookGraph, writer: RunWriter) -> dict[str, Any]:
     per_spec = {name: {"bindings": 0, "calls": n, "records": 0} for name, n in graph.calls.items()}
     for b in graph.bindings:
         per_spec[b.spec.name]["bindings"] += 1
-        if b.recomputed:  # forward calls re-run by gradient checkpointing: not acted on twice, but said
-            per_spec[b.spec.name]["recomputed"] = per_spec[b.spec.name].get("recomputed", 0) + b.recomputed
+    for name, n in graph.recomputed.items():
+        if n:  # forward calls re-run by gradient checkpointing: not acted on twice, but said
+            per_spec[name]["recomputed"] = n
     for spec, n in writer.counts.items():
         per_spec[spec]["records"] = n
     for spec, n in graph.store.counts().items():  # rows and statistics rows

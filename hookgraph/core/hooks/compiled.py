@@ -1,6 +1,6 @@
 """Keep torch.compile's cached code in step with the hooks hookgraph adds and removes.
 
-Public names: HookGuards, sync_compiled_code, is_compiled.
+Public names: HookGuards, is_compiled.
 
 Dynamo does not guard on module hook dictionaries by default (its ``skip_nnmodule_hook_guards``
 setting): code compiled before ``attach`` keeps running without our hooks, code compiled while
@@ -14,8 +14,6 @@ reuses the first one's code. For each attachment, :class:`HookGuards`:
   entries whose guards hold one of its module types: the compiled model, a function calling it,
   a compiled submodule), at attach and for what was compiled while dynamo loaded late. Code
   compiled for other functions and modules stays cached.
-
-``sync_compiled_code()`` is the older, process-wide form, kept while ``Attachment`` calls it.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from hookgraph.core.torch_internals import (
 )
 from hookgraph.errors import HookGraphError
 
-__all__ = ["HookGuards", "sync_compiled_code", "is_compiled"]
+__all__ = ["HookGuards", "is_compiled"]
 
 _REASON = "hookgraph changed the hooks of a module this code runs"
 
@@ -143,30 +141,6 @@ class HookGuards:
         if self._held:
             self._held = False
             _release()
-
-
-def sync_compiled_code() -> None:
-    """Make dynamo guard on module hooks; drop code it compiled without those guards.
-
-    The older, process-wide form of :class:`HookGuards` (which ``Attachment`` is to call
-    instead): called before hooks are registered and after they are removed, it turns the
-    hook guards on for good, and the first time drops the unguarded code that runs any module
-    (code compiled for functions of tensors alone stays). Does nothing, and imports nothing,
-    while dynamo is not loaded.
-    """
-    if not dynamo_loaded():
-        return
-    skipped = hook_guards_skipped()
-    if skipped is False:
-        return  # every entry cached since was compiled with hook guards: they see our changes
-    if skipped:
-        skip_hook_guards(False)
-    try:
-        _drop(lambda kind: issubclass(kind, nn.Module))
-    except BaseException:
-        if skipped:
-            skip_hook_guards(True)  # so the next attach tries again
-        raise
 
 
 def is_compiled(model: nn.Module) -> bool:

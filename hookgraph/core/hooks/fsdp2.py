@@ -32,9 +32,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.dtensors import is_dtensor, is_fsdp_module
-from hookgraph.core.hooks.sites import Binding, _grad_hook, _module_hook, _recomputing, make_caller
+from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.hooks.callers import make_caller
+from hookgraph.core.hooks.eager import grad_hook, module_hook
+from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import HookPoint
-from hookgraph.core.torch_internals import current_parameter, fsdp_managed_params, local_slice
+from hookgraph.core.torch_internals import current_parameter, fsdp_managed_params, local_slice, recomputing
 from hookgraph.errors import ActionError, HookGraphError
 
 __all__ = ["ShardedParam", "shard_of", "registrar", "REGISTRARS", "REFUSALS"]
@@ -110,7 +113,7 @@ def _unsharded(b: Binding, s: ShardedParam) -> Tensor:
     return p
 
 
-def _on_unsharded(b: Binding, register: Callable[[Tensor], RemovableHandle]) -> list[Any]:
+def _on_unsharded(b: Binding, st: SpecState, register: Callable[[Tensor], RemovableHandle]) -> list[Any]:
     """A forward pre-hook on the managing FSDP module (after FSDP's own, which unshards)
     that puts a hook on the unsharded parameter the first time it sees that tensor."""
     s: ShardedParam = b.shard
@@ -123,36 +126,36 @@ def _on_unsharded(b: Binding, register: Callable[[Tensor], RemovableHandle]) -> 
             lazy.handles.append(register(p))
             lazy.seen = p
 
-    handle = s.manager.register_forward_pre_hook(_module_hook(b, hook))
+    handle = s.manager.register_forward_pre_hook(module_hook(b, st, hook))
     return [handle, lazy]
 
 
-def _param_grad(b: Binding) -> list[Any]:
+def _param_grad(b: Binding, st: SpecState) -> list[Any]:
     call, owner, want = make_caller(b), b.shard.owner, b.want_training
 
-    def grad_hook(grad: Tensor) -> Tensor | None:
-        if b.active and (want is None or owner.training is want):
-            b.calls += 1
+    def on_grad(grad: Tensor) -> Tensor | None:
+        if st.active and (want is None or owner.training is want):
+            st.calls += 1
             return call(grad, None, None)
         return None
 
-    hook = _grad_hook(b, grad_hook)
-    return _on_unsharded(b, lambda p: p.register_hook(hook))
+    hook = grad_hook(b, st, on_grad)
+    return _on_unsharded(b, st, lambda p: p.register_hook(hook))
 
 
-def _param_accumulated(b: Binding) -> list[Any]:
+def _param_accumulated(b: Binding, st: SpecState) -> list[Any]:
     call, owner, want = make_caller(b), b.shard.owner, b.want_training
 
     def acc_hook(param: Tensor) -> None:
-        if b.active and (want is None or owner.training is want) and param.grad is not None:
-            b.calls += 1
+        if st.active and (want is None or owner.training is want) and param.grad is not None:
+            st.calls += 1
             call(param.grad, None, None)
 
-    hook = _grad_hook(b, acc_hook)
-    return _on_unsharded(b, lambda p: p.register_post_accumulate_grad_hook(hook))
+    hook = grad_hook(b, st, acc_hook)
+    return _on_unsharded(b, st, lambda p: p.register_post_accumulate_grad_hook(hook))
 
 
-def _param_value(b: Binding) -> list[Any]:
+def _param_value(b: Binding, st: SpecState) -> list[Any]:
     """Once per forward of the model (as on the bare model; not again when checkpointing
     recomputes): the action edits the unsharded parameter, and the edit is written into the
     rank's shard, so FSDP's next all-gather and the optimizer see it.
@@ -168,17 +171,17 @@ def _param_value(b: Binding) -> list[Any]:
     current = current_parameter(s.owner, s.attr)
     sharded: Any = current if is_dtensor(current) else s.sharded  # a DTensor
     done = [False]  # edited in this forward of the model
-    passes = [False]  # the model's own pre-hook has run (see sites._param_value)
+    passes = [False]  # the model's own pre-hook has run (see eager.param_value)
 
     def new_pass(module: nn.Module, args: tuple) -> None:
         done[0] = False
         passes[0] = True
 
     def hook(module: nn.Module, args: tuple) -> None:
-        if done[0] or not b.active or (want is not None and s.owner.training is not want) or _recomputing():
+        if done[0] or not st.active or (want is not None and s.owner.training is not want) or recomputing():
             return
         done[0] = passes[0]
-        b.calls += 1
+        st.calls += 1
         full = _unsharded(b, s)
         with torch.no_grad():
             # The rank's shard (without grad, to_local() is its storage, not an autograd copy);
@@ -200,9 +203,9 @@ def _param_value(b: Binding) -> list[Any]:
 
     handles = []
     if b.root is not None:  # first of the model's pre-hooks, so the edit below sees a new pass
-        handles.append(b.root.register_forward_pre_hook(_module_hook(b, new_pass), prepend=True))
+        handles.append(b.root.register_forward_pre_hook(module_hook(b, st, new_pass), prepend=True))
     try:
-        handles.append(s.manager.register_forward_pre_hook(_module_hook(b, hook)))
+        handles.append(s.manager.register_forward_pre_hook(module_hook(b, st, hook)))
     except BaseException:
         for h in handles:
             h.remove()
@@ -210,7 +213,7 @@ def _param_value(b: Binding) -> list[Any]:
     return handles
 
 
-REGISTRARS: dict[HookPoint, Callable[[Binding], list[Any]]] = {
+REGISTRARS: dict[HookPoint, Callable[[Binding, SpecState], list[Any]]] = {
     HookPoint.param_value: _param_value,
     HookPoint.param_grad: _param_grad,
     HookPoint.param_accumulated: _param_accumulated,
@@ -239,7 +242,7 @@ def _refuse_2d(at: HookPoint, shown: str, one: bool) -> str:
 REFUSALS: dict[str, Callable[[HookPoint, str, bool], str]] = {"tp": _refuse_tp, "2d": _refuse_2d}
 
 
-def registrar(b: Binding) -> Callable[[Binding], list[Any]] | None:
+def registrar(b: Binding) -> Callable[[Binding, SpecState], list[Any]] | None:
     """The registrar for an FSDP2-managed parameter's binding; None for every other binding.
 
     A binding compiled before ``fully_shard`` holds the plain parameter FSDP has replaced:

@@ -1,0 +1,125 @@
+"""The compiled binding: one spec bound to one name at one hook point (the plan).
+
+Public names: Binding.
+
+The compiler builds one per (spec, target); nothing changes it afterwards. What changes
+while hooks are attached (whether the schedule includes the step, how often the action ran,
+under torch.compile the traced hooks' switches) is the attachment's, in
+:class:`~hookgraph.core.hooks.state.SpecState`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, dataclass_transform
+
+from torch import nn
+
+from hookgraph.actions.registry import ActionDef
+from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.spec import HookSpec
+
+__all__ = ["Binding"]
+
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def _plan(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass to the type checker, which refuses every assignment to a binding.
+
+    At run time a plain slotted dataclass: a frozen dataclass's __init__ sets each field
+    through object.__setattr__, seven times the cost (measured: 74 ms against 10 ms for the
+    28,556 bindings of benchmarks/bigmodel.py at 20,000 modules, whose whole compile takes
+    ~120 ms). tests/test_binding_state.py checks that nothing assigns to a binding."""
+    return dataclass(eq=False, slots=True)(cls)
+
+
+@_plan
+class Binding:
+    """One spec bound to one name at one hook point: everything its hooks need.
+
+    Built by the compiler (positionally, in this field order, on the hot path), registered
+    and removed by the graph's ``Attachment``. Immutable.
+    """
+
+    spec: HookSpec  # the validated spec this binding comes from
+    target: str  # the module or parameter name it matched
+    at: HookPoint  # the hook point (the spec's ``at``)
+    module: nn.Module  # the module itself, or the parameter's owner: where module hooks go
+    param: nn.Parameter | None  # the parameter, for param_* points; else None
+    action: ActionDef  # the action's registration (flags: replaces, per_tensor, wants_io)
+    fn: Callable[..., Any]  # what the action's factory returned: called in the hook
+    rank: tuple  # (order, spec index, target index): registration and firing order
+    key: str  # the spec's full config key (``hooks.<name>``) for error messages
+    start: int = 0  # first step of ``when.steps`` (inclusive)
+    stop: int | None = None  # end of ``when.steps`` (exclusive); None: no end
+    want_training: bool | None = None  # ``when.mode``: True train, False eval, None any
+    lock: threading.RLock | None = None  # hooks run in several threads (DataParallel): serialise them
+    holders: tuple = ()  # module-hooked parameter points: every module using the parameter (tied weights)
+    root: nn.Module | None = None  # module-hooked parameter points: the model, whose forward starts a pass
+    shard: Any = None  # an FSDP2-managed parameter: its fsdp2.ShardedParam (hooks act on the unsharded one)
+
+    @property
+    def point(self) -> HookPoint:
+        """The hook point (an alias of ``at``, kept for code written before 0.2)."""
+        return self.at
+
+    @property
+    def label(self) -> str:
+        """``hookgraph[spec|target|at]``: the name its hooks carry."""
+        # join reads the point's text as a str: no Enum.__format__ call per hook registered.
+        return "".join(("hookgraph[", self.spec.name, "|", self.target, "|", self.at, "]"))
+
+    def plan_row(self) -> dict:
+        return {
+            "spec": self.spec.name,
+            "target": self.target,
+            "type": type(self.param if self.param is not None else self.module).__name__,
+            "at": str(self.at),
+            "action": self.action.name,
+            "order": self.spec.order if self.spec.order is not None else 0,
+            "when": {"steps": self.spec.when.steps, "every": self.spec.when.every, "mode": self.spec.when.mode.value},
+            "compiled": self.compiled_mode(),
+        }
+
+    @property
+    def traced(self) -> bool:
+        """Under torch.compile, dynamo traces this binding's hooks into the graph.
+
+        True for the module hooks of traceable points (forward, forward_pre) and actions; the
+        others run eagerly beside the compiled code (see :meth:`compiled_mode`).
+        """
+        return not self.compiled_mode().startswith("graph break")
+
+    def compiled_mode(self) -> str:
+        """How the binding's hooks run under torch.compile, as the plan shows it:
+        ``traced``, ``autograd`` (gradient hooks that autograd runs beside the compiled
+        graph) or ``graph break (why)``: the hook runs eagerly, splitting the graph there."""
+        if self.shard is not None:  # fsdp2.py: a forward pre-hook on the FSDP module hooks the unsharded tensor
+            return "graph break (FSDP2: a forward pre-hook on the owning module hooks the unsharded parameter)"
+        info = POINTS[self.at]
+        if info.tensor_only:
+            return "autograd"
+        if not info.traceable:
+            return f"graph break ({self.at} hooks run eagerly)"
+        if not (self.action.traceable and getattr(self.fn, "traceable", True)):
+            return f"graph break (action {self.action.name!r} is not traceable)"
+        if self.lock is not None:
+            return "graph break (replicas run hooks in threads)"
+        return "traced"
+
+    def scheduled(self, step: int) -> bool:
+        """Whether the spec's schedule includes ``step``."""
+        return (
+            self.spec.enabled
+            and step >= self.start
+            and (self.stop is None or step < self.stop)
+            and (step - self.start) % self.spec.when.every == 0
+        )
+
+    def always_on(self) -> bool:
+        """Whether the spec's schedule includes every step from 0 on (no when.steps, every 1)."""
+        return self.start == 0 and self.stop is None and self.spec.when.every == 1

@@ -1,0 +1,99 @@
+"""The trace log: what hooks traced by ``torch.compile`` keep, until a reader empties it.
+
+Public names: TraceLog, TRACE, Call, BLOCK.
+
+Hooks that dynamo traces into a compiled graph cannot append to a record list or count
+their calls in an int (dynamo would guard on the list's length and the int's value, and
+recompile at every call). They link what they keep into this log instead; every reader of a
+graph's results (``records``, ``stats``, ``calls``, ``set_step``) drains it into the
+result store first (see :class:`TraceLog`). The traced hooks themselves are in
+``hookgraph.core.hooks.traced``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TraceLog", "TRACE", "Call", "BLOCK"]
+
+
+class Call:
+    """One traced hook call (the call before it, its sink's number and what it kept), or,
+    with ``sink == BLOCK``, one forward of a model: ``kept`` lists its calls as
+    ``(sink, kept)`` pairs, appended while ``open``."""
+
+    def __init__(self, prev: Call | None, sink: int, kept: Any, open: bool = False) -> None:  # noqa: A002
+        self.prev = prev
+        self.sink = sink
+        self.kept = kept
+        self.open = open
+
+
+BLOCK = -2  # the sink number of a forward's block of calls
+
+
+class TraceLog:
+    """What hooks traced by ``torch.compile`` keep, in call order, until a reader drains it.
+
+    Dynamo guards on what traced code reads: a list's length, an int's value. A hook that
+    appended to a record list or counted its calls in an int would recompile at every call.
+    A traced hook instead does ``TRACE.head = Call(TRACE.head, sink, kept)``: the previous
+    head is passed on unread, so the only guard is its type, and dynamo replays the new
+    object after the graph ran (one small object per hooked call, like a hand-written hook's
+    ``list.append``). ``drain()`` walks the chain back, then hands each call's ``kept`` to its
+    sink (the record slot, the stats buffer; the sink also counts the call), oldest first.
+
+    Cheaper still, where the compiled graph's model is the hooked model: a traced pre-hook on
+    the model opens a block (``Call(head, BLOCK, [], open=True)``), the hooks append
+    ``(sink, kept)`` to the open block's list, created in the trace (replayed as one list of
+    tuples), and a traced hook after the model's forward closes it. A hook that finds the head
+    closed (a submodule called on its own) links its own ``Call``.
+
+    There is one log per process (``TRACE``), read by traced hooks as a module global: dynamo
+    then guards it once per compiled frame, not once per hook. Draining it serves every graph;
+    sinks are held weakly (by number), so a graph that is gone leaves nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self.root = Call(None, -1, None)  # the same type as every head: no recompile when drained
+        self.head = self.root
+        self._sinks: weakref.WeakValueDictionary[int, Callable[[Any], None]] = weakref.WeakValueDictionary()
+        self._ids = itertools.count()
+
+    def register(self, sink: Callable[[Any], None]) -> int:
+        """The number a traced hook names ``sink`` by (an int is a constant in the trace).
+        The caller keeps ``sink`` alive (the log holds it weakly)."""
+        sid = next(self._ids)
+        self._sinks[sid] = sink
+        return sid
+
+    def drain(self) -> None:
+        head: Call | None = self.head
+        if head is self.root:
+            return
+        self.head = self.root
+        calls = []
+        while head is not self.root and head is not None:
+            calls.append(head)
+            head = head.prev
+        sinks = self._sinks
+        for call in reversed(calls):
+            for sid, kept in call.kept if call.sink == BLOCK else ((call.sink, call.kept),):
+                sink = sinks.get(sid)
+                if sink is not None:  # None: its graph is gone
+                    sink(kept)
+
+    def open_block(self) -> None:
+        """A forward of the model begins (a traced pre-hook on the model calls this)."""
+        self.head = Call(self.head, BLOCK, [], True)
+
+    def close_block(self) -> None:
+        """The forward ended: later calls link on their own until the next one begins."""
+        if self.head.open:
+            self.head.open = False
+
+
+TRACE = TraceLog()
