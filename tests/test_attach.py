@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from tests.conftest import hook_snapshot
+from tests.models import hook_snapshot, mlp
 
 # Every hook point, bound on the tiny MLP below.
 ALL_POINTS = {
@@ -23,10 +23,6 @@ ALL_POINTS = {
     "p_grad": {"target": "**.weight", "at": "param_grad", "action": "record"},
     "p_acc": {"target": "2.bias", "at": "param_accumulated", "action": "record"},
 }
-
-
-def mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
 def step(model: nn.Module, x=None) -> torch.Tensor:

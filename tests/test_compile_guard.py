@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 import torch._dynamo
-from torch import nn
 
 import hookgraph as hg
+from tests.models import mlp, x_in
 
 SPECS = {
     "rec": {"target": "0", "action": "record"},
@@ -31,15 +31,6 @@ def fresh_dynamo():
     yield
     config.skip_nnmodule_hook_guards = before
     torch._dynamo.reset()
-
-
-def mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-
-
-def x_in() -> torch.Tensor:
-    return torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10
 
 
 def counts(graph) -> tuple[int, int, int]:

@@ -174,8 +174,7 @@ def test_plan_says_how_every_binding_runs_under_compile():
 def test_traceable_user_function_and_patch_from_a_run(tmp_path):
     from hookgraph.models.seeds import MLP
     from hookgraph.runner import run as run_config
-
-    from .test_records import mlp_cfg
+    from tests.runs import mlp_cfg
 
     run_config(mlp_cfg({"acts": {"target": "fc2", "action": "record"}}, runner={"backward": False}), tmp_path)
     recorded = hg.load_run(tmp_path).records["acts"]["fc2"][0]

@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-
-from .conftest import hook_snapshot
+from tests.models import hook_snapshot
 
 
 def _model() -> nn.Sequential:

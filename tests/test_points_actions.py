@@ -15,6 +15,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import HookSpec, Mode, Schedule
+from tests.models import mlp
 
 # -- tiny models --------------------------------------------------------------------------
 
@@ -76,11 +77,6 @@ class TimesNet(nn.Module):
 
     def forward(self, x, y):
         return self.times(x, y)
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
 def chain() -> nn.Sequential:

@@ -16,7 +16,7 @@ import hookgraph as hg
 from hookgraph.runner import loop, run
 from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts
 from hookgraph.runs.writer import RunWriter
-from tests.test_run_lifecycle import cfg, strict_json
+from tests.runs import cfg, strict_json
 
 
 class SignalAtThirdStep(nn.Module):

@@ -206,8 +206,7 @@ def test_summary_with_a_nan_loss_is_strict_json(tmp_path):
 
 def test_a_run_with_a_nan_loss_writes_a_strict_summary(tmp_path):
     from hookgraph.runner import run
-
-    from .test_records import mlp_cfg
+    from tests.runs import mlp_cfg
 
     summary = run(mlp_cfg({}, model={"name": "nan_net"}, runner={"steps": 1}), tmp_path)
     # The runner says why the loss is null; the writer's own guard then finds nothing left to replace.

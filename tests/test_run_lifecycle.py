@@ -22,21 +22,7 @@ from hookgraph.report.figures import _safe
 from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
 from tests.cli_helpers import run_cli
-
-
-def cfg(**sections):
-    base = {"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
-            "hooks": {"acts": {"target": "conv", "action": "record"}}}
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and key != "hooks" else value
-    return base
-
-
-def strict_json(path: Path) -> dict:
-    def refuse(token: str) -> None:
-        raise ValueError(f"not strict JSON: {token}")
-
-    return json.loads(path.read_text(), parse_constant=refuse)
+from tests.runs import cfg, strict_json
 
 
 class SigtermAtThirdStep(nn.Module):

@@ -7,14 +7,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.runner import run
-
-
-def cfg(**sections):
-    base = {"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
-            "hooks": {"acts": {"target": "conv", "action": "record"}}}
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and key != "hooks" else value
-    return base
+from tests.runs import cfg
 
 
 def test_default_mode_is_eval_so_batchnorm_models_take_a_batch_of_one(tmp_path):

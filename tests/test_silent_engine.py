@@ -15,16 +15,7 @@ from torch.utils.checkpoint import checkpoint
 import hookgraph as hg
 import hookgraph.core.graph as graph_mod
 from hookgraph.core.points import HookPoint
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-
-
-def x_in(grad: bool = False) -> torch.Tensor:
-    return (torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10).requires_grad_(grad)
-
+from tests.models import mlp, x_in
 
 # -- 2. scripted submodules ---------------------------------------------------------------
 

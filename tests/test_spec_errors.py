@@ -9,11 +9,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import Expect, HookSpec, Mode, Schedule, parse_specs
-from tests.conftest import hook_snapshot
-
-
-def tiny() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+from tests.models import hook_snapshot, tiny
 
 
 def problems_of(model: nn.Module, specs, **kw) -> list[hg.Problem]:

@@ -13,10 +13,7 @@ import hookgraph as hg
 from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.models.seeds import MLP, ConvNet
 from tests.cli_helpers import run_cli
-
-
-def tiny() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+from tests.models import tiny
 
 
 def problems_of(model: nn.Module, specs) -> dict[str, list[str]]:
