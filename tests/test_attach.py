@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from tests.models import hook_snapshot, mlp
+from hookgraph.errors import HookGraphError
+from tests.models import hook_snapshot, linear_relu, mlp
 
 # Every hook point, bound on the tiny MLP below.
 ALL_POINTS = {
@@ -432,3 +433,19 @@ def test_gradient_hooks_do_not_act_after_detach():
     with graph.attach():  # a later attach acts again
         model(torch.ones(1, 3)).sum().backward()
     assert len(graph.records["rec"]["0"]) == 1
+
+
+def test_a_failed_attach_leaves_the_graph_detached_and_attachable():
+    model = linear_relu()
+    graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}})
+
+    def boom(values):
+        raise HookGraphError("deferred non-finite")
+
+    graph.store.defer(torch.tensor([1.0, 0.0]), boom)  # what check_finite leaves on an accelerator
+    with pytest.raises(HookGraphError, match="deferred non-finite"):
+        graph.attach()
+    assert not graph.attached and len(model[0]._forward_hooks) == 0
+    with graph.attach():
+        model(torch.ones(1, 2))
+    assert len(graph.records["acts"]["0"]) == 1

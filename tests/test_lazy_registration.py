@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from tests.models import hook_snapshot
+from tests.models import hook_snapshot, linear_relu
 
 
 def _model() -> nn.Sequential:
@@ -74,3 +74,17 @@ def test_compiled_attachments_register_every_binding_at_attach():
         assert len(model[0]._forward_hooks) == 1
         model(torch.zeros(1, 3))
         assert graph.rows["t"] == []
+
+
+def test_a_schedule_change_between_forward_and_backward_keeps_other_specs_gradients():
+    model = linear_relu()
+    graph = hg.compile(model, {
+        "grads": {"target": "0", "at": "output_grad", "action": "record"},
+        "late": {"target": "0", "action": "record", "when": {"steps": "1:2"}},
+    })
+    with graph.attach():
+        y = model(torch.ones(1, 2, requires_grad=True)).sum()
+        graph.set_step(1)  # "late" enters its schedule: the module's hooks are registered again
+        y.backward()
+    assert graph.calls == {"grads": 1, "late": 0}
+    assert graph.records["grads"]["0"][0].shape == (1, 2)

@@ -15,7 +15,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import HookSpec, Mode, Schedule
-from tests.models import mlp
+from tests.models import linear_relu, mlp
 
 # -- tiny models --------------------------------------------------------------------------
 
@@ -852,3 +852,16 @@ def test_record_at_param_value_keeps_each_calls_value():
         for _ in range(2):
             model(torch.tensor([[3.0, 4.0]]))
     assert [r.tolist() for r in graph.records["seen"]["0.weight"]] == [[[1.0, 2.0]], [[2.0, 4.0]]]
+
+
+def test_param_value_edits_every_call_when_the_models_own_forward_never_runs():
+    model = linear_relu()
+    graph = hg.compile(model, {"x2": {"target": "0.weight", "at": "param_value", "action": "scale",
+                                      "args": {"factor": 2.0}}})
+    before = model[0].weight.detach().clone()
+    with graph.attach():
+        for step in range(3):
+            graph.set_step(step)
+            model[0](torch.ones(1, 2))  # a submodule called directly: no pass of the model starts
+    assert graph.calls == {"x2": 3}
+    torch.testing.assert_close(model[0].weight.detach(), before * 8)

@@ -9,7 +9,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import Expect, HookSpec, Mode, Schedule, parse_specs
-from tests.models import hook_snapshot, tiny
+from tests.models import hook_snapshot, linear_relu, tiny
 
 
 def problems_of(model: nn.Module, specs, **kw) -> list[hg.Problem]:
@@ -547,3 +547,32 @@ def test_hookspec_object_with_string_mode_runs_in_train_mode():
 def test_list_of_named_hookspec_objects():
     graph = hg.compile(tiny(), [HookSpec(name="rec", target="0")])
     assert graph.plan()[0]["spec"] == "rec"
+
+
+def test_a_factory_that_fails_reading_its_file_is_a_spec_error(tmp_path):
+    bad = tmp_path / "vector.safetensors"
+    bad.write_bytes(b"\x01\x00")  # not a safetensors file
+    model = linear_relu()
+    with pytest.raises(hg.SpecError, match=r"hooks\.st\.args"):
+        hg.compile(model, {"st": {"target": "0", "action": "steer", "args": {"vector": str(bad)}}})
+
+
+class _Aliased(nn.Module):
+    """A module reachable under a second name, as TransformerLens's hook_dict offers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.hook_dict = {"alias": self.a}
+
+    def forward(self, x):
+        return self.a(x)
+
+
+def test_two_replacing_specs_on_one_module_under_two_names_need_an_order():
+    specs = {"s1": {"target": "alias", "action": "scale", "args": {"factor": 2.0}},
+             "s2": {"target": "a", "action": "scale", "args": {"factor": 3.0}}}
+    with pytest.raises(hg.SpecError, match=r"hooks\.s2\.order.*'s1', 's2'"):
+        hg.compile(_Aliased(), specs)
+    specs["s1"]["order"], specs["s2"]["order"] = 0, 1
+    assert [row["target"] for row in hg.compile(_Aliased(), specs).plan()] == ["alias", "a"]

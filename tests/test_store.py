@@ -13,6 +13,8 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.store import STAT_NAMES, Entries, ResultStore
+from hookgraph.errors import HookGraphError
+from tests.models import linear_relu
 
 
 def _mlp() -> nn.Sequential:
@@ -179,3 +181,26 @@ def test_replicas_decide_copies_at_settle_and_keep_pre_inplace_values():
     recs = graph.records["r"]["0"]
     assert [sum(torch.equal(r, w) for r in recs) for w in want] == [20, 20]
     assert graph.records["r"]["0"].copy_always  # decided once every replica was done
+
+
+def test_a_deferred_check_is_read_when_the_block_ends():
+    model = linear_relu()
+    graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}})
+    seen = []
+    with graph.attach():
+        graph.store.defer(torch.tensor([2.0, 0.0]), seen.append)
+    assert seen == [[2.0, 0.0]]
+
+
+def test_every_deferred_check_runs_when_an_earlier_one_raises():
+    graph = hg.compile(linear_relu(), {"acts": {"target": "0", "action": "record"}})
+    seen = []
+
+    def stop(values):
+        raise HookGraphError("first offender")
+
+    graph.store.defer(torch.tensor([1.0, 0.0]), stop)
+    graph.store.defer(torch.tensor([0.0, 3.0]), seen.append)  # a stop=false check: writes its row
+    with pytest.raises(HookGraphError, match="first offender"):
+        graph.store.settle_checks()
+    assert seen == [[0.0, 3.0]]
