@@ -449,3 +449,25 @@ def test_a_failed_attach_leaves_the_graph_detached_and_attachable():
     with graph.attach():
         model(torch.ones(1, 2))
     assert len(graph.records["acts"]["0"]) == 1
+
+
+def test_a_users_full_backward_hook_added_while_attached_keeps_firing():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    graph = hg.compile(model, {"b": {"target": "0", "at": "backward", "action": "record"}})
+    calls = []
+    with graph.attach():
+        handle = model[0].register_full_backward_hook(lambda m, gi, go: calls.append(1))
+    model(torch.ones(1, 3, requires_grad=True)).sum().backward()
+    assert calls == [1]
+    handle.remove()
+    model[0]._is_full_backward_hook = None  # PyTorch keeps the flag after the user's own removal
+
+
+def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
+    model = nn.Sequential(nn.Linear(3, 3))
+    graph = hg.compile(model, {"g": {"target": "0", "at": "output_grad", "action": "record"}})
+    with graph.attach():
+        out = model(torch.ones(1, 3))
+    graph.set_step(1)
+    out.sum().backward()
+    assert graph.records.get("g", {}).get("0", []) == []

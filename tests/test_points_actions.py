@@ -865,3 +865,18 @@ def test_param_value_edits_every_call_when_the_models_own_forward_never_runs():
             model[0](torch.ones(1, 2))  # a submodule called directly: no pass of the model starts
     assert graph.calls == {"x2": 3}
     torch.testing.assert_close(model[0].weight.detach(), before * 8)
+
+
+def test_an_observer_function_at_a_read_only_point():
+    model = nn.Linear(2, 2)
+    from tests import helpers_actions
+
+    helpers_actions.SEEN.clear()
+    spec = {"target": "weight", "at": "param_accumulated", "action": {"_target_": "tests.helpers_actions.observe"}}
+    with pytest.raises(hg.SpecError, match="PyTorch ignores what a hook returns at param_accumulated"):
+        hg.compile(model, {"o": spec})
+    spec["action"]["replaces"] = False
+    graph = hg.compile(model, {"o": spec})
+    with graph.attach():
+        model(torch.ones(1, 2)).sum().backward()
+    assert helpers_actions.SEEN == [pytest.approx(float(model.weight.grad.norm()))]

@@ -290,3 +290,15 @@ def test_patch_from_a_folder_fits_a_tuple_with_none_and_an_lstm(tmp_path):
         assert torch.equal(model(other_x), clean)
     with torch.no_grad():
         assert not torch.equal(model(other_x), clean)
+
+
+def test_records_sharing_storage_are_written(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    base = torch.arange(12.0).reshape(4, 3)
+    RunWriter(tmp_path).flush_records({"r": {"a": [base], "b": [base[1:]], "c": [base[2]]}}, 0)
+    from hookgraph.runs.reader import load_records
+
+    recs = load_records(tmp_path)
+    torch.testing.assert_close(recs["r"]["b"][0], base[1:])
+    torch.testing.assert_close(recs["r"]["c"][0], base[2])

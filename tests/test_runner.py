@@ -96,3 +96,17 @@ def test_calls_count_every_action_run():
         for _ in range(3):
             model(torch.ones(1, 2)).sum().backward()
     assert graph.calls == {"f": 6, "g": 3, "p": 3}
+
+
+def test_data_that_does_not_fit_the_model_is_a_config_error(tmp_path):
+    with pytest.raises(hg.ConfigError, match=r"data.kind: 'none' gave the model 0 input\(s\)"):
+        run(
+            {
+                "model": {"name": "conv_net"},
+                "data": {"kind": "none"},
+                "runner": {"progress": False},
+                "sink": {"figures": False},
+                "hooks": {},
+            },
+            tmp_path,
+        )

@@ -576,3 +576,21 @@ def test_two_replacing_specs_on_one_module_under_two_names_need_an_order():
         hg.compile(_Aliased(), specs)
     specs["s1"]["order"], specs["s2"]["order"] = 0, 1
     assert [row["target"] for row in hg.compile(_Aliased(), specs).plan()] == ["alias", "a"]
+
+
+def test_index_at_parameter_points_is_refused_at_compile_time():
+    with pytest.raises(hg.SpecError, match=r"hooks\.z\.index: param_grad hands over one tensor"):
+        hg.compile(nn.Linear(2, 2), {"z": {"target": "bias", "at": "param_grad", "action": "zero", "index": 0}})
+
+
+def test_record_to_a_bad_device_is_a_spec_error():
+    with pytest.raises(hg.SpecError, match=r"hooks\.r\.args: record: to: 'gpu' is not a device"):
+        hg.compile(nn.Linear(2, 2), {"r": {"target": "", "action": "record", "args": {"to": "gpu"}}})
+
+
+def test_dotted_torch_types_are_known_like_short_ones():
+    graph = hg.compile(
+        nn.Sequential(nn.Linear(2, 2)),
+        {"r": {"target": "*", "types": ["torch.nn.Linear", "torch.nn.BatchNorm2d"], "action": "record"}},
+    )
+    assert [r["target"] for r in graph.plan()] == ["0"]
