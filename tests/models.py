@@ -1,6 +1,6 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
-Public names: mlp, tiny, linear_relu, x_in, hook_snapshot.
+Public names: mlp, tiny, linear_relu, relu_mlp, x_in, hook_snapshot.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -27,6 +27,12 @@ def linear_relu() -> nn.Sequential:
     """``Linear(2, 2) -> ReLU``, its weights from ``torch.manual_seed(0)``."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+
+def relu_mlp() -> nn.Sequential:
+    """``Linear(4, 6) -> ReLU -> Linear(6, 3)``, its weights from ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
 
 
 def x_in(grad: bool = False) -> torch.Tensor:

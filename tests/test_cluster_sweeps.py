@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 import hookgraph as hg
 from hookgraph.cli import app, callbacks
 from hookgraph.cli.app import CONFIG_DIR
-from hookgraph.cli.callbacks import RETURNS, RunDirGuard, SweepTable, sweep_rows
+from hookgraph.cli.callbacks import RETURNS, RunDirGuard, SweepTable, job_return_row, sweep_rows
 from hookgraph.report.sweep import read_sweep_page
 from hookgraph.runner import register_configs
 from tests.cli_helpers import run_cli
@@ -310,3 +310,25 @@ def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_swe
     proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
+
+
+def test_a_relative_sweep_folder_gives_job_rows_without_an_absolute_folder(tmp_path, monkeypatch):
+    # The basic launcher accepts hydra.sweep.dir=rel; Hydra's output_dir is absolute. The row
+    # compared the two as given and named every job's folder by its absolute path.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel" / "0").mkdir(parents=True)
+    config = _job_config(Path("rel"), tmp_path / "rel" / "0", 0)
+    row = job_return_row(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert "folder" not in row and (row["job"], row["objective"]) == (0, 0.5)
+
+
+def test_a_job_that_changed_directory_writes_its_row_into_the_relative_sweep_folder(tmp_path, monkeypatch):
+    # hydra.job.chdir=true with the basic launcher: on_job_end runs inside the job's folder,
+    # and a relative sweep folder resolved there put job_returns/ inside every run folder.
+    job = tmp_path / "rel" / "0"
+    job.mkdir(parents=True)
+    monkeypatch.chdir(job)
+    config = _job_config(Path("rel"), job, 0)
+    config.hydra.runtime.cwd = str(tmp_path)
+    SweepTable().on_job_end(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert (tmp_path / "rel" / RETURNS / "0.json").is_file() and not (job / "rel").exists()
