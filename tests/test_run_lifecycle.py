@@ -295,3 +295,19 @@ def test_runs_that_stop_before_the_first_step_leave_no_folder_under_runs(tmp_pat
     (mine / "notes.txt").write_text("keep me")
     assert run_cli(["dry_run=true", f"hydra.run.dir={mine}"], cwd=tmp_path).returncode == 0
     assert (mine / "notes.txt").read_text() == "keep me" and (mine / "plan.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_folder_named_in_a_config_file_is_kept_on_a_config_error(tmp_path):
+    mine = tmp_path / "mine"
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "keep.yaml").write_text(
+        f"# @package _global_\nhydra:\n  run:\n    dir: {mine}\nrunner:\n  loss: cross_entropie\n"
+    )
+    proc = run_cli(["--config-dir", str(tmp_path / "conf"), "+experiment=keep"], cwd=tmp_path)
+    assert proc.returncode == 2 and "cross_entropie" in proc.stderr, proc.stderr[-2000:]
+    assert mine.is_dir() and (mine / "summary.json").is_file()
+    # The packaged default (runs/<date>/<time>) still leaves no folder on the same error.
+    assert run_cli(["runner.loss=cross_entropie"], cwd=tmp_path).returncode == 2
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").rglob("*")) == []
