@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -355,6 +357,39 @@ def test_list_targets_sees_through_wrappers():
     assert hg.list_targets(nn.DataParallel(model)) == hg.list_targets(model)
 
 
+def test_wrapped_models_resolve_like_the_bare_one():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    bare = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    wrapped = hg.compile(nn.DataParallel(model), {"r": {"target": "0", "action": "record"}})
+    assert bare.plan() == wrapped.plan()
+    with wrapped.attach():
+        nn.DataParallel(model)(torch.randn(2, 4))
+    assert len(wrapped.records["r"]["0"]) == 1
+
+
+def test_distributed_data_parallel_resolves_like_the_bare_model(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        specs = {
+            "r": {"target": "*", "types": ["Linear"], "action": "record"},
+            "z": {"target": "0.bias", "at": "param_grad", "action": "zero"},
+        }
+        graph = hg.compile(ddp, specs)
+        assert graph.plan() == hg.compile(model, specs).plan()
+        with graph.attach():
+            ddp(torch.randn(3, 4)).sum().backward()
+        assert list(graph.records["r"]) == ["0", "2"]
+        assert torch.equal(model[0].bias.grad, torch.zeros(4))
+    finally:
+        dist.destroy_process_group()
+
+
 # -- results and housekeeping -----------------------------------------------------------------------------
 
 
@@ -471,3 +506,45 @@ def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
     graph.set_step(1)
     out.sum().backward()
     assert graph.records.get("g", {}).get("0", []) == []
+
+
+@pytest.mark.slow  # 2000 attach cycles
+def test_model_and_graph_are_collected_after_many_cycles():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    graph = hg.compile(
+        model,
+        {
+            "r": {"target": "*", "action": "record", "args": {"keep": "last"}},
+            "g": {"target": "*", "at": "output_grad", "action": "stats"},
+            "p": {"target": "**.weight", "at": "param_grad", "action": "clip_norm", "args": {"max_norm": 1.0}},
+        },
+    )
+    x = torch.randn(2, 8)
+    for _ in range(2000):
+        with graph.attach():
+            model(x).sum().backward()
+        graph.clear()
+    assert all(len(m._forward_hooks) == 0 and len(m._forward_pre_hooks) == 0 for m in model.modules())
+    assert all(len(p._backward_hooks or {}) == 0 for p in model.parameters())
+    rec = graph.records["r"]["0"]
+    assert rec == [] and not graph.stats
+    refs = [weakref.ref(model), weakref.ref(graph)]
+    with graph.attach():
+        kept = model(x)
+    # The kept output holds our output_grad tensor hook (a closure over the binding) through its
+    # autograd graph: the reference path the collection check below must not be kept alive by.
+    assert kept.grad_fn is not None
+    assert len(kept._backward_hooks or {}) == 1
+    del model, graph, kept
+    gc.collect()
+    assert all(r() is None for r in refs), "a reference cycle through hooks kept the model or graph alive"
+
+
+def test_many_compiled_graphs_on_one_model_leave_nothing():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    before = {id(h) for m in model.modules() for h in m._forward_hooks.values()}
+    for i in range(300):
+        g = hg.compile(model, {f"s{i}": {"target": "*", "action": "stats"}})
+        with g.attach():
+            model(torch.randn(1, 4))
+    assert {id(h) for m in model.modules() for h in m._forward_hooks.values()} == before == set()

@@ -254,6 +254,44 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path):
     assert not (tmp_path / "records").exists() or list((tmp_path / "records").iterdir()) == []
 
 
+def test_records_sharing_storage_are_written(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    base = torch.arange(12.0).reshape(4, 3)
+    RunWriter(tmp_path).flush_records({"r": {"a": [base], "b": [base[1:]], "c": [base[2]]}}, 0)
+    from hookgraph.runs.reader import load_records
+
+    recs = load_records(tmp_path)
+    torch.testing.assert_close(recs["r"]["b"][0], base[1:])
+    torch.testing.assert_close(recs["r"]["c"][0], base[2])
+
+
+def test_files_are_written_atomically(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    w = RunWriter(tmp_path)
+    w.json("summary.json", {"status": "completed"})
+    w.flush_records({"s": {"t": [torch.ones(2)]}}, 0)
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+    import os as os_mod
+
+    from hookgraph.runs.writer import atomic_write
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os_mod, "fsync", no_space)
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "summary.json", b"{}")
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- patching from a folder ---------------------------------------------------------
 
 
@@ -290,15 +328,3 @@ def test_patch_from_a_folder_fits_a_tuple_with_none_and_an_lstm(tmp_path):
         assert torch.equal(model(other_x), clean)
     with torch.no_grad():
         assert not torch.equal(model(other_x), clean)
-
-
-def test_records_sharing_storage_are_written(tmp_path):
-    from hookgraph.runs.writer import RunWriter
-
-    base = torch.arange(12.0).reshape(4, 3)
-    RunWriter(tmp_path).flush_records({"r": {"a": [base], "b": [base[1:]], "c": [base[2]]}}, 0)
-    from hookgraph.runs.reader import load_records
-
-    recs = load_records(tmp_path)
-    torch.testing.assert_close(recs["r"]["b"][0], base[1:])
-    torch.testing.assert_close(recs["r"]["c"][0], base[2])
