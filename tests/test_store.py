@@ -42,12 +42,25 @@ def test_compile_builds_the_store_and_the_graph_around_it():
 
 
 def test_graph_is_built_complete():
-    graph = hg.compile(_mlp(), {"r": {"target": "0"}})
-    assert not hasattr(graph, "_bind")
-    empty = hg.HookGraph(nn.Linear(1, 1))
-    assert empty.bindings == () and isinstance(empty.store, ResultStore)
+    # compile() builds the bindings and the store and hands both to HookGraph's constructor,
+    # which binds nothing later: a graph built from those two parts records as compile's does.
+    model = _mlp()
+    compiled = hg.compile(model, {"r": {"target": "0"}, "s": {"target": "2", "action": "stats"}})
+    graph = hg.HookGraph(model, compiled.bindings, compiled.store)
+    assert graph.plan() == compiled.plan() and len(graph) == 2
+    with graph.attach():
+        model(torch.randn(2, 4))
+    assert len(graph.records["r"]["0"]) == 1 and [row["target"] for row in graph.stats] == ["2"]
+    assert graph.calls == {"r": 1, "s": 1}
+    # A model alone is an empty graph that attaches, runs and detaches with nothing bound.
+    lin = nn.Linear(1, 1)
+    empty = hg.HookGraph(lin)
+    with empty.attach():
+        lin(torch.ones(1, 1))
+    assert (len(empty), empty.records, empty.stats, empty.calls) == (0, {}, [], {})
 
 
+@pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_no_import_circle_between_graph_sites_and_actions():
     # graph -> sites -> actions.registry must not need graph back: importing the graph
     # module first, in a fresh interpreter, works, and nothing under actions imports graph.
