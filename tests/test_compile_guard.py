@@ -196,6 +196,7 @@ def test_stale_code_that_cannot_be_dropped_is_an_error(monkeypatch):
     torch.testing.assert_close(out, 2 * model(x_in()).detach())
 
 
+@pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_attach_does_not_load_dynamo_when_nothing_was_compiled():
     code = (
         "import sys, torch, hookgraph as hg\n"
