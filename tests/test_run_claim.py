@@ -1,4 +1,4 @@
-"""Review fixes to a run's claim on its folder: a second signal (Ctrl-C or SIGTERM) must not
+"""A run's claim on its folder: a second signal (Ctrl-C or SIGTERM) must not
 cut the summary short, every file a run writes counts as an earlier run's, and the marker is
 created exclusively so two runs given one folder cannot both pass the check."""
 
