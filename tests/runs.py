@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from torch import nn
@@ -32,7 +33,7 @@ def compose(*overrides: str):
 
 def mlp_cfg(hooks: dict, **sections) -> dict:
     """A small runner config: the seeds' MLP on random (16,) inputs, no figures."""
-    cfg = {
+    cfg: dict[str, Any] = {
         "model": {"name": "mlp"},
         "runner": {"device": "cpu", "progress": False},
         "sink": {"figures": False},
