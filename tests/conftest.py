@@ -1,42 +1,29 @@
 """Shared fixtures. The autouse ``no_hook_left`` fixture checks every model that any
 HookGraph was compiled for during a test: after the test its hook dictionaries must be
-exactly what they were when the graph was built."""
+exactly what they were when the graph was built. ``clamp_run``, ``resnet_run`` and
+``big_plan_folder`` are run folders the report tests share, built once per test module.
+
+Helpers that tests import live in modules of their own (models.py, runs.py, ...), never in
+a test module: no test_*.py imports another (test_suite_layout.py checks it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import hookgraph as hg
 import hookgraph.core.graph as graph_mod
+from hookgraph.report import module_tree, write_report
+from tests.models import hook_snapshot
+from tests.runs import make_run
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-
-_MODULE_DICTS = (
-    "_forward_pre_hooks",
-    "_forward_hooks",
-    "_backward_pre_hooks",
-    "_backward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks_with_kwargs",
-)
-
-
-def hook_snapshot(model: nn.Module) -> dict:
-    """Every hook dictionary of every module and parameter, as comparable values."""
-    snap = {}
-    for name, m in model.named_modules():
-        for attr in _MODULE_DICTS:
-            snap[(name, attr)] = list(getattr(m, attr, {}))  # handle ids: no reference to the hooks
-        snap[(name, "_is_full_backward_hook")] = m._is_full_backward_hook
-    for name, p in model.named_parameters():
-        snap[(name, "_backward_hooks")] = list(p._backward_hooks or {})
-        snap[(name, "_post_accumulate_grad_hooks")] = list(getattr(p, "_post_accumulate_grad_hooks", None) or {})
-    return snap
 
 
 @pytest.fixture(autouse=True)
@@ -61,3 +48,37 @@ def no_hook_left(monkeypatch):
 def seeded():
     torch.manual_seed(0)
     return torch.Generator().manual_seed(0)
+
+
+# -- run folders of the report tests --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clamp_run(tmp_path_factory) -> Path:
+    out = make_run(tmp_path_factory.mktemp("clamp"), "+experiment=clamp_conv", "runner.steps=3")
+    write_report(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def resnet_run(tmp_path_factory) -> Path:
+    out = make_run(tmp_path_factory.mktemp("r18"), "model=resnet18", "hooks=[record_convs]", "runner.steps=2",
+                   "sink.figures=false")
+    write_report(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def big_plan_folder(tmp_path_factory) -> Path:
+    """A copied dry-run folder of a 20,041-module model (40 blocks of 500 Linear layers):
+    plan.json and modules.json only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(*(nn.Linear(2, 2) for _ in range(500))) for _ in range(40)))
+    out = tmp_path_factory.mktemp("big")
+    graph = hg.compile(
+        model, {"last": {"target": "39.499", "action": "stats"}, "first": {"target": "0.0", "action": "record"}}
+    )
+    (out / "plan.json").write_text(json.dumps(list(graph.plan())))
+    (out / "modules.json").write_text(json.dumps(module_tree(model)))
+    write_report(out)
+    return out

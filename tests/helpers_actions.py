@@ -1,10 +1,13 @@
-"""Plain functions that tests reach through ``action: {_target_: tests.helpers_actions.<fn>}``.
+"""Plain functions that tests reach through ``action: {_target_: tests.helpers_actions.<fn>}``
+(also under torchrun: fail_on_rank).
 
 They take the hooked value first and their spec ``args`` as keywords, as a user's own
 function would; nothing here touches the action registry.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -32,3 +35,10 @@ SEEN: list = []
 def observe(value: torch.Tensor) -> None:
     """Keep the value's norm and return None: an observer, declared with replaces: false."""
     SEEN.append(float(value.norm()))
+
+
+def fail_on_rank(value: torch.Tensor, rank: int = 1) -> None:
+    """An observer that raises on one rank only (RANK as torchrun sets it): a failure the
+    other ranks do not share."""
+    if int(os.environ.get("RANK", "0")) == rank:
+        raise RuntimeError(f"injected failure on rank {rank}")

@@ -1,15 +1,23 @@
-"""Attach semantics: hookgraph registers only its own hooks and removes exactly those."""
+"""Attach semantics: hookgraph registers only its own hooks and removes exactly those, also
+when attach or the model fails, across several attachments of one model (the full-backward
+flag, tensor hooks of an earlier attachment), through wrappers, and over many cycles (nothing
+leaks). Registration runs with the garbage collector paused."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
 from torch import nn
 
 import hookgraph as hg
-from tests.conftest import hook_snapshot
+import hookgraph.core.graph as graph_mod
+from hookgraph.core.points import HookPoint
+from hookgraph.errors import HookGraphError
+from tests.models import hook_snapshot, linear_relu, mlp, x_in
 
 # Every hook point, bound on the tiny MLP below.
 ALL_POINTS = {
@@ -23,10 +31,6 @@ ALL_POINTS = {
     "p_grad": {"target": "**.weight", "at": "param_grad", "action": "record"},
     "p_acc": {"target": "2.bias", "at": "param_accumulated", "action": "record"},
 }
-
-
-def mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
 def step(model: nn.Module, x=None) -> torch.Tensor:
@@ -140,6 +144,18 @@ def test_user_hook_added_while_attached_survives_removal():
     handle.remove()
 
 
+def test_a_users_full_backward_hook_added_while_attached_keeps_firing():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    graph = hg.compile(model, {"b": {"target": "0", "at": "backward", "action": "record"}})
+    calls = []
+    with graph.attach():
+        handle = model[0].register_full_backward_hook(lambda m, gi, go: calls.append(1))
+    model(torch.ones(1, 3, requires_grad=True)).sum().backward()
+    assert calls == [1]
+    handle.remove()
+    model[0]._is_full_backward_hook = None  # PyTorch keeps the flag after the user's own removal
+
+
 # -- exit on errors ------------------------------------------------------------------------------
 
 
@@ -199,6 +215,49 @@ def test_failed_registration_rolls_back_earlier_hooks():
     assert not graph.attached
     assert model[2]._is_full_backward_hook is False
     assert legacy.id in model[2]._backward_hooks
+
+
+def test_a_failed_attach_leaves_the_graph_detached_and_attachable():
+    model = linear_relu()
+    graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}})
+
+    def boom(values):
+        raise HookGraphError("deferred non-finite")
+
+    graph.store.defer(torch.tensor([1.0, 0.0]), boom)  # what check_finite leaves on an accelerator
+    with pytest.raises(HookGraphError, match="deferred non-finite"):
+        graph.attach()
+    assert not graph.attached and len(model[0]._forward_hooks) == 0
+    with graph.attach():
+        model(torch.ones(1, 2))
+    assert len(graph.records["acts"]["0"]) == 1
+
+
+def test_attach_pauses_gc_and_restores_it_when_registration_fails(monkeypatch):
+    seen = []
+    real = graph_mod.REGISTRARS[HookPoint.forward]
+
+    def spy(b, state):
+        seen.append(gc.isenabled())
+        if b.target == "2":
+            raise RuntimeError("registration failed")
+        return real(b, state)
+
+    monkeypatch.setitem(graph_mod.REGISTRARS, HookPoint.forward, spy)
+    model = mlp()
+    graph = hg.compile(model, {"r": {"target": "*", "action": "record"}})
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="registration failed"):
+        graph.attach()
+    assert seen == [False, False, False]
+    assert gc.isenabled() and not graph.attached
+    gc.disable()  # a caller that paused the collector itself keeps it paused
+    try:
+        with pytest.raises(RuntimeError):
+            graph.attach()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # -- the Attachment handle --------------------------------------------------------------------------
@@ -266,6 +325,35 @@ def test_full_backward_flag_restored_so_user_can_register_backward_hook():
         model[2]._is_full_backward_hook = None  # PyTorch leaves False behind after a legacy hook
 
 
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_flag_restored_whatever_the_removal_order(order):
+    model = mlp()
+    spec = {"b": {"target": "2", "at": "backward", "action": "record"}}
+    graphs = hg.compile(model, spec), hg.compile(model, spec)  # both before attaching: the fixture snapshots
+    first, second = graphs[0].attach(), graphs[1].attach()
+    assert model[2]._is_full_backward_hook is True
+    for attachment in ([first, second] if order == "fifo" else [second, first]):
+        attachment.remove()
+    assert model[2]._is_full_backward_hook is None
+    handle = model[2].register_backward_hook(lambda *args: None)  # refused before the fix (fifo)
+    handle.remove()
+    model[2]._is_full_backward_hook = None  # PyTorch keeps False after the user's hook; the fixture compares
+
+
+def test_flag_kept_while_another_attachment_holds_a_full_hook():
+    model = mlp()
+    spec = {"b": {"target": "2", "at": "backward", "action": "record"}}
+    graphs = hg.compile(model, spec), hg.compile(model, spec)  # both before attaching: the fixture snapshots
+    first, second = graphs[0].attach(), graphs[1].attach()
+    first.remove()
+    assert model[2]._is_full_backward_hook is True
+    with pytest.raises(RuntimeError, match="Cannot use both regular backward hooks and full backward hooks"):
+        model[2].register_backward_hook(lambda *args: None)
+    second.remove()
+    assert model[2]._is_full_backward_hook is None
+    assert not graph_mod._FULL_HOOK_FLAGS
+
+
 @pytest.mark.parametrize("point", ["backward", "backward_pre"])
 def test_inplace_after_full_backward_hook_becomes_inplace_backward_error(point):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
@@ -327,6 +415,48 @@ def test_many_attach_detach_cycles():
     )
 
 
+@pytest.mark.slow  # 2000 attach cycles
+def test_model_and_graph_are_collected_after_many_cycles():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    graph = hg.compile(
+        model,
+        {
+            "r": {"target": "*", "action": "record", "args": {"keep": "last"}},
+            "g": {"target": "*", "at": "output_grad", "action": "stats"},
+            "p": {"target": "**.weight", "at": "param_grad", "action": "clip_norm", "args": {"max_norm": 1.0}},
+        },
+    )
+    x = torch.randn(2, 8)
+    for _ in range(2000):
+        with graph.attach():
+            model(x).sum().backward()
+        graph.clear()
+    assert all(len(m._forward_hooks) == 0 and len(m._forward_pre_hooks) == 0 for m in model.modules())
+    assert all(len(p._backward_hooks or {}) == 0 for p in model.parameters())
+    rec = graph.records["r"]["0"]
+    assert rec == [] and not graph.stats
+    refs = [weakref.ref(model), weakref.ref(graph)]
+    with graph.attach():
+        kept = model(x)
+    # The kept output holds our output_grad tensor hook (a closure over the binding) through its
+    # autograd graph: the reference path the collection check below must not be kept alive by.
+    assert kept.grad_fn is not None
+    assert len(kept._backward_hooks or {}) == 1
+    del model, graph, kept
+    gc.collect()
+    assert all(r() is None for r in refs), "a reference cycle through hooks kept the model or graph alive"
+
+
+def test_many_compiled_graphs_on_one_model_leave_nothing():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    before = {id(h) for m in model.modules() for h in m._forward_hooks.values()}
+    for i in range(300):
+        g = hg.compile(model, {f"s{i}": {"target": "*", "action": "stats"}})
+        with g.attach():
+            model(torch.randn(1, 4))
+    assert {id(h) for m in model.modules() for h in m._forward_hooks.values()} == before == set()
+
+
 # -- wrappers --------------------------------------------------------------------------------------
 
 
@@ -356,6 +486,39 @@ def test_torch_compile_wrapper_resolves_bare_names():
 def test_list_targets_sees_through_wrappers():
     model = mlp()
     assert hg.list_targets(nn.DataParallel(model)) == hg.list_targets(model)
+
+
+def test_wrapped_models_resolve_like_the_bare_one():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    bare = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    wrapped = hg.compile(nn.DataParallel(model), {"r": {"target": "0", "action": "record"}})
+    assert bare.plan() == wrapped.plan()
+    with wrapped.attach():
+        nn.DataParallel(model)(torch.randn(2, 4))
+    assert len(wrapped.records["r"]["0"]) == 1
+
+
+def test_distributed_data_parallel_resolves_like_the_bare_model(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        specs = {
+            "r": {"target": "*", "types": ["Linear"], "action": "record"},
+            "z": {"target": "0.bias", "at": "param_grad", "action": "zero"},
+        }
+        graph = hg.compile(ddp, specs)
+        assert graph.plan() == hg.compile(model, specs).plan()
+        with graph.attach():
+            ddp(torch.randn(3, 4)).sum().backward()
+        assert list(graph.records["r"]) == ["0", "2"]
+        assert torch.equal(model[0].bias.grad, torch.zeros(4))
+    finally:
+        dist.destroy_process_group()
 
 
 # -- results and housekeeping -----------------------------------------------------------------------------
@@ -436,3 +599,32 @@ def test_gradient_hooks_do_not_act_after_detach():
     with graph.attach():  # a later attach acts again
         model(torch.ones(1, 3)).sum().backward()
     assert len(graph.records["rec"]["0"]) == 1
+
+
+def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
+    model = nn.Sequential(nn.Linear(3, 3))
+    graph = hg.compile(model, {"g": {"target": "0", "at": "output_grad", "action": "record"}})
+    with graph.attach():
+        out = model(torch.ones(1, 3))
+    graph.set_step(1)
+    out.sum().backward()
+    assert graph.records.get("g", {}).get("0", []) == []
+
+
+@pytest.mark.parametrize(("at", "target"), [("output_grad", "0"), ("input_grad", "2")])
+def test_tensor_hooks_of_an_earlier_attachment_stay_off(at, target):
+    model = mlp()
+    graph = hg.compile(model, {"g": {"target": target, "at": at, "action": "scale", "args": {"factor": 3.0}}})
+    with graph.attach():
+        stale = model(x_in(grad=True)).sum()  # tensor hook from attachment 1 on this graph
+    x = x_in(grad=True)
+    with graph.attach():
+        fresh = model(x).sum()
+        (stale + fresh).backward()
+    assert graph.calls == {"g": 1}  # 2 before the fix: attachment 1's hook acted again
+    ref = mlp()
+    xr = x_in(grad=True)
+    ref(xr).sum().backward()
+    torch.testing.assert_close(x.grad, 3 * xr.grad)  # every path from x crosses the hooked site
+    # Both graphs reach 0.bias through the hooked site: the fresh one scaled, the stale one not.
+    torch.testing.assert_close(model[0].bias.grad, 4 * ref[0].bias.grad)

@@ -17,7 +17,7 @@ from torch import nn
 import hookgraph as hg
 from benchmarks.bigmodel import GLOBS, SPECS, Model
 from hookgraph.core.resolve import NameIndex
-from tests.test_globs import EXAMPLES, GLOB, NAME, reference_match
+from tests.globs import EXAMPLES, GLOB, NAME, reference_match
 
 
 def _names(blocks: int) -> list[str]:

@@ -281,6 +281,16 @@ def test_unknown_config_key_and_option_are_hydra_errors(tmp_path):
     assert proc.returncode != 0 and "clamp_conv" in proc.stderr  # Hydra lists the available options
 
 
+@pytest.mark.slow  # the command line in a subprocess
+def test_malformed_override_at_the_command_line(tmp_path):
+    proc = run_cli(["+hooks.bad={target: [conv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert (
+        "'{target: [conv'" in proc.stderr and "override_grammar" in proc.stderr
+    )  # Hydra quotes what it could not parse
+    assert not (tmp_path / "run" / "summary.json").exists()  # nothing that looks like a run
+
+
 def test_dry_run_prints_plan_without_running(tmp_path):
     proc = run_cli(["+experiment=clamp_conv", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -56,6 +56,7 @@ def test_the_summary_names_the_graphs_unmatched_specs(tmp_path, monkeypatch):
     assert "'cnv'" in summary["unmatched"]["gone"] and "conv" in summary["unmatched"]["gone"].split("'cnv'", 1)[1]
 
 
+@pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_importing_hookgraph_changes_no_global_state():
     code = textwrap.dedent("""
         import logging, matplotlib

@@ -1,6 +1,7 @@
-"""Cluster sweeps: an absolute sweep folder that jobs running in another working directory
-still write into, sweep.csv built from the rows the jobs return, hydra/launcher=submitit_local
-end to end, and the SLURM and Ray launcher configs."""
+"""Sweeps: an absolute sweep folder that jobs running in another working directory still
+write into, sweep.csv built from the rows the jobs return (also from job folders named by
+their overrides, and from damaged job files), a sweep table that cannot be written failing the
+sweep, hydra/launcher=submitit_local end to end, and the SLURM and Ray launcher configs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from hookgraph.cli.callbacks import RunDirGuard, SweepTable
 from hookgraph.report.sweep import read_sweep_page
 from hookgraph.runner import register_configs
 from hookgraph.runs.layout import JOB_RETURNS as RETURNS
-from hookgraph.runs.sweep import sweep_rows
+from hookgraph.runs.sweep import job_return_row, sweep_rows
 from tests.cli_helpers import run_cli
 
 SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
@@ -312,3 +313,96 @@ def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_swe
     proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
+
+
+def test_a_relative_sweep_folder_gives_job_rows_without_an_absolute_folder(tmp_path, monkeypatch):
+    # The basic launcher accepts hydra.sweep.dir=rel; Hydra's output_dir is absolute. The row
+    # compared the two as given and named every job's folder by its absolute path.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel" / "0").mkdir(parents=True)
+    config = _job_config(Path("rel"), tmp_path / "rel" / "0", 0)
+    row = job_return_row(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert "folder" not in row and (row["job"], row["objective"]) == (0, 0.5)
+
+
+def test_a_job_that_changed_directory_writes_its_row_into_the_relative_sweep_folder(tmp_path, monkeypatch):
+    # hydra.job.chdir=true with the basic launcher: on_job_end runs inside the job's folder,
+    # and a relative sweep folder resolved there put job_returns/ inside every run folder.
+    job = tmp_path / "rel" / "0"
+    job.mkdir(parents=True)
+    monkeypatch.chdir(job)
+    config = _job_config(Path("rel"), job, 0)
+    config.hydra.runtime.cwd = str(tmp_path)
+    SweepTable().on_job_end(config, JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED, _return_value=0.5))
+    assert (tmp_path / "rel" / RETURNS / "0.json").is_file() and not (job / "rel").exists()
+
+
+def _job(folder, num, overrides, status="completed"):
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), folder / ".hydra" / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
+    (folder / "summary.json").write_text(json.dumps({"status": status, "steps": 3}))
+
+
+def test_job_folders_named_by_their_overrides_are_found_by_hydra_job_num(tmp_path):
+    # hydra.sweep.subdir=${hydra.job.override_dirname}; a "/" in a value nests the folder.
+    _job(tmp_path / "runner.steps=2", 1, ["runner.steps=2"])
+    _job(tmp_path / "model=a" / "b", 0, ["model=a/b"])
+    (tmp_path / "runner.steps=2" / "records" / "x" / ".hydra").mkdir(parents=True)  # not a job
+    rows = sweep_rows(tmp_path, expected=["model=a/b", "runner.steps=2"])
+    assert [(r["job"], r["status"], r["overrides"], r["steps"]) for r in rows] == [
+        (0, "completed", "model=a/b", 3),
+        (1, "completed", "runner.steps=2", 3),
+    ]
+
+
+def test_a_damaged_overrides_file_is_a_row_naming_it(tmp_path):
+    _job(tmp_path / "0", 0, ["m=a"])
+    _job(tmp_path / "1", 1, ["m=b"])
+    (tmp_path / "1" / ".hydra" / "overrides.yaml").write_text("- m=b\n  bad: [\n")
+    rows = sweep_rows(tmp_path, expected=["m=a", "m=b"])
+    assert [(r["job"], r["status"]) for r in rows] == [(0, "completed"), (1, "unreadable")]
+    assert rows[1]["error"].startswith(".hydra/overrides.yaml: ") and rows[1]["overrides"] == "m=b"
+
+
+def test_an_earlier_sweep_with_named_job_folders_is_refused(tmp_path):
+    _job(tmp_path / "runner.steps=1", 0, ["runner.steps=1"])
+    with pytest.raises(SystemExit) as stop:
+        RunDirGuard().on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert stop.value.code == 2
+
+
+def test_a_sweep_table_that_raises_fails_the_sweep(tmp_path, monkeypatch, capsys):
+    callbacks.reset()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(callbacks, "sweep_rows", broken)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "sweeper": {"_target_": "x"}}})
+    with pytest.raises(RuntimeError):
+        SweepTable().on_multirun_end(config)
+    assert app._sweep_verdict() == 1
+    assert "the sweep table was not written: RuntimeError: disk on fire" in capsys.readouterr().err
+    callbacks.reset()
+    assert app._sweep_verdict() == 0
+
+
+@pytest.mark.slow
+def test_a_sweep_with_override_named_job_folders_completes(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+        "runner.steps=1,2",
+        "sink.figures=false",
+    ]
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(sweep / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"], r["steps"]) for r in rows] == [("0", "completed", "1"), ("1", "completed", "2")]
+    # The same folder again holds an earlier sweep: refused before any job runs.
+    again = run_cli(args, cwd=tmp_path)
+    assert again.returncode == 2 and "holds an earlier sweep" in again.stderr

@@ -14,6 +14,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.hooks import compiled
+from tests.models import mlp, x_in
 
 SPECS = {
     "rec": {"target": "0", "action": "record"},
@@ -32,15 +33,6 @@ def fresh_dynamo():
     yield
     config.skip_nnmodule_hook_guards = before
     torch._dynamo.reset()
-
-
-def mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-
-
-def x_in() -> torch.Tensor:
-    return torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10
 
 
 def counts(graph) -> tuple[int, int, int]:
@@ -206,6 +198,7 @@ def test_stale_code_that_cannot_be_dropped_is_an_error(monkeypatch):
     torch.testing.assert_close(out, 2 * model(x_in()).detach())
 
 
+@pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_attach_does_not_load_dynamo_when_nothing_was_compiled():
     code = (
         "import sys, torch, hookgraph as hg\n"

@@ -12,6 +12,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hookgraph as hg
+from tests.models import relu_mlp
 
 
 @pytest.fixture(autouse=True)
@@ -174,8 +175,7 @@ def test_plan_says_how_every_binding_runs_under_compile():
 def test_traceable_user_function_and_patch_from_a_run(tmp_path):
     from hookgraph.models.seeds import MLP
     from hookgraph.runner import run as run_config
-
-    from .test_records import mlp_cfg
+    from tests.runs import mlp_cfg
 
     run_config(mlp_cfg({"acts": {"target": "fc2", "action": "record"}}, runner={"backward": False}), tmp_path)
     recorded = hg.load_run(tmp_path).records["acts"]["fc2"][0]
@@ -213,3 +213,22 @@ def test_inductor_gives_the_eager_records(eager_run):
     compiled = run(specs, "inductor", steps=2, calls=1)
     assert_same(eager, compiled)
     assert compiled[2] == 2  # one graph per state of `double`'s schedule
+
+
+@pytest.mark.parametrize("when, factors", [({"steps": "1:2"}, [1, 2, 1, 1]), ({"every": 2}, [2, 1, 2, 1])])
+def test_a_schedule_switches_traced_hooks_under_compile(fresh_dynamo, when, factors):
+    # set_step must reach the traced hooks' schedule cell: the merge of the big-model attach
+    # (no update() call per binding) and the traced hooks (update() sets the cell) lost it,
+    # and a scheduled edit under torch.compile then stayed as it was at attach.
+    model = relu_mlp()
+    with torch.no_grad():
+        ref = model(X)
+    graph = hg.compile(model, {"dbl": {"target": "2", "action": "scale", "args": {"factor": 2.0}, "when": when}})
+    forward = torch.compile(model, backend="eager")
+    got = []
+    with graph.attach(compiled=True), torch.no_grad():
+        for step in range(4):
+            graph.set_step(step)
+            got.append(round(float((forward(X) / ref).mean()), 3))
+    assert got == factors
+    assert graph.calls == {"dbl": factors.count(2)}

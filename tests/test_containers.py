@@ -111,3 +111,30 @@ def test_patch_of_a_tensor_into_a_tuple_suggests_index_0():
     live = (torch.zeros(1, 4, 8), None)
     with pytest.raises(hg.HookGraphError, match="add index: 0"):
         _replacer(torch.ones(1, 4, 8), _ctx(), "run")(live)
+
+
+def test_index_on_a_tensor_value_is_an_error_not_a_row():
+    model = nn.Sequential(nn.Linear(3, 3))
+    graph = hg.compile(model, {"s": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "index": 0}})
+    with (
+        pytest.raises(hg.ActionError, match=r"hooks\.s\.index: 0 does not select an element .* a Tensor"),
+        graph.attach(),
+    ):
+        model(torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("index", [-1, 5])
+def test_input_grad_index(index):
+    model = nn.Sequential(nn.Linear(3, 3))
+    graph = hg.compile(model, {"g": {"target": "0", "at": "input_grad", "action": "record", "index": index}})
+    x = torch.ones(2, 3, requires_grad=True)
+    if index == 5:
+        with (
+            pytest.raises(hg.ActionError, match=r"hooks\.g\.index: 5 does not select one of the 1 positional inputs"),
+            graph.attach(),
+        ):
+            model(x)
+    else:
+        with graph.attach():
+            model(x).sum().backward()
+        assert len(graph.records["g"]["0"]) == 1  # -1 is the last (only) input

@@ -47,3 +47,26 @@ def test_ddp_error_for_unused_parameters_names_the_setting(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match="runner.find_unused_parameters: some parameters got no gradient"):
         run({"runner": runner, "hooks": HOOKS, "sink": {"figures": False}}, tmp_path / "off")
     assert not torch.distributed.is_initialized()
+
+
+def test_ddp_of_a_model_with_nothing_to_train_is_a_config_error(tmp_path, monkeypatch):
+    # DistributedDataParallel refuses such a model with a bare RuntimeError.
+    from torch.distributed import is_initialized
+
+    import hookgraph.runner.parts as parts
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = {"model": {"name": "mlp"}, "runner": {"distributed": "ddp", "progress": False}, "hooks": {},
+           "sink": {"figures": False}}
+    build = parts.build_from_config
+
+    def frozen(c):
+        return build(c).requires_grad_(False)
+
+    monkeypatch.setattr(parts, "build_from_config", frozen)
+    with pytest.raises(ConfigError, match=r"runner\.distributed: ddp synchronises gradients, and no parameter"):
+        run(cfg, tmp_path / "r")
+    assert not is_initialized()
+    s = hg.load_run(tmp_path / "r").summary
+    assert s["status"] == "failed" and s["error"]["type"] == "ConfigError"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torchvision
 from torch import nn
@@ -135,3 +136,8 @@ def test_resnet18_conv_listing():
     assert model.training and not any(m._forward_hooks for m in model.modules())
     with torch.no_grad():
         assert model.conv1(torch.zeros(1, 3, 32, 32)).shape == (1, 64, 16, 16)
+
+
+def test_list_targets_with_a_bad_regex():
+    with pytest.raises(hg.ConfigError, match=r"list_targets: invalid regular expression 're:\['"):
+        hg.list_targets(nn.Linear(2, 2), "re:[")

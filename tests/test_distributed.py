@@ -149,7 +149,7 @@ def test_ddp_two_ranks_write_their_parts_and_match_a_single_process(tmp_path):
 @needs_gloo
 def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
     out = tmp_path / "fail"
-    boom = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.dist_helpers.fail_on_rank",
+    boom = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.helpers_actions.fail_on_rank",
                                                          "replaces": False}, "args": {"rank": 1}}  # fmt: skip
     proc = torchrun(out, "runner.distributed=ddp", "sink.figures=false", _override("boom", boom))
     assert proc.returncode != 0, proc.stdout[-4000:]
@@ -272,9 +272,9 @@ def _tensors(batch) -> list[torch.Tensor]:
 
 
 def test_a_dataset_is_read_only_for_each_rank_s_samples_in_the_single_process_order():
-    from tests.dist_helpers import Counted
+    from tests.user_helpers import Counted
 
-    custom = {"target": "tests.dist_helpers.Counted", "kwargs": {"n": 12}, "shuffle": True, "seed": 5}
+    custom = {"target": "tests.user_helpers.Counted", "kwargs": {"n": 12}, "shuffle": True, "seed": 5}
     whole = build_data("custom", batch_size=4, **custom).take(4)  # 3 batches per epoch, then a new order
     Counted.READ.clear()
     parts = [build_data("custom", batch_size=2, rank=k, world_size=2, **custom).take(4) for k in (0, 1)]
@@ -286,7 +286,7 @@ def test_a_dataset_is_read_only_for_each_rank_s_samples_in_the_single_process_or
     assert whole[0][1].tolist() != [0, 1, 2, 3]  # shuffled
     with pytest.raises(ConfigError, match="runner.batch_size: is per rank: 2 ranks x 8 need batches of 16"):
         build_data("custom", batch_size=8, rank=0, world_size=2, **custom)
-    stream = {"target": "tests.dist_helpers.Stream", "kwargs": {"n": 8}}
+    stream = {"target": "tests.user_helpers.Stream", "kwargs": {"n": 8, "dim": 1}}
     whole = build_data("custom", batch_size=4, **stream).take(2)
     part = build_data("custom", batch_size=2, rank=1, world_size=2, **stream).take(2)
     assert [p[0][0].flatten().tolist() for p in part] == [[2.0, 3.0], [6.0, 7.0]]

@@ -13,8 +13,7 @@ import hookgraph as hg
 from hookgraph.report.figures import gradcam
 from hookgraph.runner import run
 from tests.reference import resnet34_conv_names
-
-from .test_records import compose
+from tests.runs import compose
 
 
 def _not_blank(path) -> bool:

@@ -14,91 +14,18 @@ import os
 import subprocess
 import sys
 import textwrap
-from functools import cache
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 
 import hookgraph.core.resolve as resolve
 from benchmarks.globs import old_match  # hookgraph 0.1's translation, kept to check nothing changed
 from hookgraph.core.resolve import NameIndex, match_names, suggest_names
+from tests.globs import EXAMPLES, GLOB, NAME, reference_match
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# The same examples every run (a red build must be reproducible); more with HYPOTHESIS_PROFILE=long.
-EXAMPLES = settings(max_examples=2000 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 200, deadline=None,
-                    derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-# -- an independent matcher: dynamic programming over segments and characters -------------
-
-
-def _char_ok(token: str, ch: str) -> bool:
-    if token == "?":
-        return True
-    if token.startswith("[") and len(token) > 1:
-        body, negate = token[1:-1], False
-        if body[:1] in ("!", "^"):
-            body, negate = body[1:], True
-        hit, i = False, 0
-        while i < len(body):
-            if i + 2 < len(body) and body[i + 1] == "-":
-                hit |= body[i] <= ch <= body[i + 2]
-                i += 3
-            else:
-                hit |= body[i] == ch
-                i += 1
-        return hit != negate
-    return token == ch
-
-
-def _tokens(seg: str) -> list[str]:
-    out, i = [], 0
-    while i < len(seg):
-        end = seg.find("]", i + 1) if seg[i] == "[" else -1
-        out.append(seg[i : end + 1] if end != -1 else seg[i])
-        i = end + 1 if end != -1 else i + 1
-    return out
-
-
-def _segment_ok(seg: str, text: str) -> bool:
-    toks = _tokens(seg)
-
-    @cache
-    def ok(i: int, j: int) -> bool:
-        if i == len(toks):
-            return j == len(text)
-        if toks[i] == "*":
-            return ok(i + 1, j) or (j < len(text) and ok(i, j + 1))
-        return j < len(text) and _char_ok(toks[i], text[j]) and ok(i + 1, j + 1)
-
-    return ok(0, 0)
-
-
-def reference_match(glob: str, name: str) -> bool:
-    if glob == "" or name == "":
-        return glob == name
-    pat, segs = glob.split("."), name.split(".")
-
-    @cache
-    def ok(i: int, j: int) -> bool:
-        if i == len(pat):
-            return j == len(segs)
-        if pat[i] == "**":
-            return ok(i + 1, j) or (j < len(segs) and ok(i, j + 1))
-        return j < len(segs) and _segment_ok(pat[i], segs[j]) and ok(i + 1, j + 1)
-
-    return ok(0, 0)
-
-
-# -- generated globs and names ----------------------------------------------------------
-
-_words = st.text(alphabet="abc1", min_size=1, max_size=4)
-NAME = st.lists(_words, min_size=1, max_size=6).map(".".join)
-_piece = st.sampled_from(["a", "b", "c", "1", "*", "**", "?", "[ab]", "[!a]", "[a-b]", "["])
-SEGMENT = st.one_of(st.just("**"), st.lists(_piece, min_size=1, max_size=5).map("".join))
-GLOB = st.lists(SEGMENT, min_size=1, max_size=6).map(".".join)
 
 
 @EXAMPLES
@@ -157,6 +84,7 @@ for i in range(100):  # 4,100 names of up to 41 segments
 """
 
 
+@pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
 def test_a_run_of_stars_in_one_segment_over_resnet18():
     out = _run("""
         import torchvision
@@ -167,6 +95,7 @@ def test_a_run_of_stars_in_one_segment_over_resnet18():
     assert out == "['bn1', 'layer2.0.downsample', 'layer3.0.downsample', 'layer4.0.downsample']"
 
 
+@pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
 def test_many_double_stars_over_deep_names():
     out = _run(DEEP_NAMES + """
 from hookgraph.core.resolve import match_names
@@ -177,6 +106,7 @@ print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
     assert out.splitlines() == ["4100 [] 100", f"['{chain}']"]
 
 
+@pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
 def test_many_stars_in_one_segment_between_double_stars():
     out = _run(DEEP_NAMES + """
 from hookgraph.core.resolve import match_names

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-from hookgraph.actions import ActionDef
-from hookgraph.core.points import POINTS, PointInfo
+from hookgraph.core.points import POINTS
 
 
 class Block(nn.Module):
@@ -50,22 +49,16 @@ def test_hooks_are_named_after_spec_target_and_point():
         assert grad.__name__ == "hookgraph[g|0.weight|param_grad]"
 
 
-def test_flags_are_keyword_only():
-    with pytest.raises(TypeError):
-        PointInfo(False, True, "m", "v")  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        ActionDef("x", lambda ctx: None, True, True, False)  # type: ignore[misc]
-    assert POINTS[hg.HookPoint.param_accumulated] == PointInfo(
-        on_params=True,
-        replaceable=False,
-        needs_backward=True,
-        mechanism="register_post_accumulate_grad_hook",
-        value="param.grad after accumulation",
-        value_of="param_grad",
-        tensor_only=True,
-        copy_on_record=True,
-    )
-    assert "at" in {f.name for f in dataclasses.fields(hg.compile(nn.Linear(1, 1), {"r": {"target": ""}}).bindings[0])}
+@pytest.mark.parametrize(
+    "row", [POINTS[hg.HookPoint.param_accumulated], hg.ACTIONS["record"]], ids=["PointInfo", "ActionDef"]
+)
+def test_flags_are_keyword_only(row):
+    # Every field of a real row, in order: the right number of values, so keyword-only flags
+    # are the one reason positional construction can fail; by keyword the same values rebuild it.
+    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
+    with pytest.raises(TypeError, match="positional argument"):
+        type(row)(*values.values())
+    assert type(row)(**values) == row
 
 
 def test_input_grad_reaches_inputs_passed_by_keyword():

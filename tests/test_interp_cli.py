@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .cli_helpers import run_cli
+from tests.cli_helpers import run_cli
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

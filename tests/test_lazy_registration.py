@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
-
-from .conftest import hook_snapshot
+from tests.models import hook_snapshot, linear_relu
 
 
 def _model() -> nn.Sequential:
@@ -44,6 +43,7 @@ def test_schedule_end_removes_the_hook_and_restores_the_flag():
         graph.set_step(2)
         assert hook_snapshot(model) == before  # removed, and _is_full_backward_hook is None again
         model[0].register_backward_hook(lambda *a: None).remove()  # the user's old-style hook is allowed
+    model[0]._is_full_backward_hook = None  # PyTorch leaves False behind after a legacy hook; the fixture compares
 
 
 def test_every_other_step_fires_on_schedule_and_keeps_spec_order():
@@ -75,3 +75,17 @@ def test_compiled_attachments_register_every_binding_at_attach():
         assert len(model[0]._forward_hooks) == 1
         model(torch.zeros(1, 3))
         assert graph.rows["t"] == []
+
+
+def test_a_schedule_change_between_forward_and_backward_keeps_other_specs_gradients():
+    model = linear_relu()
+    graph = hg.compile(model, {
+        "grads": {"target": "0", "at": "output_grad", "action": "record"},
+        "late": {"target": "0", "action": "record", "when": {"steps": "1:2"}},
+    })
+    with graph.attach():
+        y = model(torch.ones(1, 2, requires_grad=True)).sum()
+        graph.set_step(1)  # "late" enters its schedule: the module's hooks are registered again
+        y.backward()
+    assert graph.calls == {"grads": 1, "late": 0}
+    assert graph.records["grads"]["0"][0].shape == (1, 2)

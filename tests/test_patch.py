@@ -10,8 +10,7 @@ import torch
 import hookgraph as hg
 from hookgraph.models.seeds import MLP
 from hookgraph.runner import run
-
-from .test_records import mlp_cfg
+from tests.runs import mlp_cfg
 
 LEAVES = ["fc1", "act1", "fc2", "act2", "head"]
 

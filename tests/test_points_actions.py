@@ -6,6 +6,7 @@ new point or built-in action fails here until it has a case.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -15,6 +16,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import HookSpec, Mode, Schedule
+from tests.models import linear_relu, mlp, x_in
 
 # -- tiny models --------------------------------------------------------------------------
 
@@ -76,11 +78,6 @@ class TimesNet(nn.Module):
 
     def forward(self, x, y):
         return self.times(x, y)
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
 def chain() -> nn.Sequential:
@@ -333,8 +330,11 @@ def test_builtin_action_at_forward(name, capsys, tmp_path):
 
 @pytest.mark.parametrize("name", BUILTIN_ACTIONS)
 def test_every_action_has_a_doc_line(name):
-    assert hg.ACTIONS[name].doc
-    assert hg.ACTIONS[name].name == name
+    # The registry keeps the first line of the factory's docstring; a factory without one fails here.
+    factory = hg.ACTIONS[name].factory
+    assert factory.__doc__, f"action {name!r}: its factory has no docstring"
+    first = inspect.getdoc(factory).splitlines()[0]
+    assert hg.ACTIONS[name].doc == first and len(first) > 10
 
 
 # -- replacing actions at each replaceable point, exact numbers ----------------------------------------
@@ -736,6 +736,21 @@ def test_user_function_is_refused_where_values_are_read_only():
     assert [p.key for p in info.value.problems] == ["hooks.u.action"]
 
 
+def test_an_observer_function_at_a_read_only_point():
+    model = nn.Linear(2, 2)
+    from tests import helpers_actions
+
+    helpers_actions.SEEN.clear()
+    spec = {"target": "weight", "at": "param_accumulated", "action": {"_target_": "tests.helpers_actions.observe"}}
+    with pytest.raises(hg.SpecError, match="PyTorch ignores what a hook returns at param_accumulated"):
+        hg.compile(model, {"o": spec})
+    spec["action"]["replaces"] = False
+    graph = hg.compile(model, {"o": spec})
+    with graph.attach():
+        model(torch.ones(1, 2)).sum().backward()
+    assert helpers_actions.SEEN == [pytest.approx(float(model.weight.grad.norm()))]
+
+
 def triple(ctx, offset: float = 0.0):
     """Multiply by 3 and add ``offset`` (a test action)."""
     assert ctx.point == hg.HookPoint.forward
@@ -856,3 +871,101 @@ def test_record_at_param_value_keeps_each_calls_value():
         for _ in range(2):
             model(torch.tensor([[3.0, 4.0]]))
     assert [r.tolist() for r in graph.records["seen"]["0.weight"]] == [[[1.0, 2.0]], [[2.0, 4.0]]]
+
+
+def test_param_value_edits_every_call_when_the_models_own_forward_never_runs():
+    model = linear_relu()
+    graph = hg.compile(model, {"x2": {"target": "0.weight", "at": "param_value", "action": "scale",
+                                      "args": {"factor": 2.0}}})
+    before = model[0].weight.detach().clone()
+    with graph.attach():
+        for step in range(3):
+            graph.set_step(step)
+            model[0](torch.ones(1, 2))  # a submodule called directly: no pass of the model starts
+    assert graph.calls == {"x2": 3}
+    torch.testing.assert_close(model[0].weight.detach(), before * 8)
+
+
+# -- param_value on a module called twice and on tied weights --------------------------------------
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(torch.tanh(self.lin(x)))
+
+
+class Tied(nn.Module):
+    """``head`` is declared first, so the parameter is named ``head.weight``, but ``body``
+    uses it first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(4, 4, bias=False)
+        self.body = nn.Linear(4, 4, bias=False)
+        self.body.weight = self.head.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(x)))
+
+
+def _reference(model_cls, factor: float, passes: int) -> tuple[list, torch.Tensor]:
+    """Outputs and the weight's accumulated gradient when the weight is scaled by hand."""
+    ref = model_cls()
+    param = next(ref.parameters())
+    outs = []
+    for _ in range(passes):
+        with torch.no_grad():
+            param.mul_(factor)
+        out = ref(x_in())
+        out.sum().backward()
+        outs.append(out.detach())
+    return outs, param.grad
+
+
+@pytest.mark.parametrize(("model_cls", "target"), [(Twice, "lin.weight"), (Tied, "head.weight")])
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+def test_param_value_is_applied_once_per_forward(model_cls, target, factor):
+    model = model_cls()
+    w0 = next(model.parameters()).detach().clone()
+    graph = hg.compile(
+        model,
+        {
+            "seen": {"target": target, "at": "param_value", "action": "record", "args": {"clone": True}},
+            "scale": {"target": target, "at": "param_value", "action": "scale", "args": {"factor": factor}, "order": 1},
+        },
+    )
+    outs = []
+    with graph.attach():
+        for _ in range(2):
+            out = model(x_in())
+            out.sum().backward()  # PyTorch's version-counter error before the fix
+            outs.append(out.detach())
+    ref_outs, ref_grad = _reference(model_cls, factor, 2)
+    for out, ref in zip(outs, ref_outs, strict=True):
+        torch.testing.assert_close(out, ref)
+    param = next(model.parameters())
+    torch.testing.assert_close(param.grad, ref_grad)
+    torch.testing.assert_close(param.detach(), w0 * factor**2)
+    assert graph.calls == {"seen": 2, "scale": 2}
+    torch.testing.assert_close(graph.records["seen"][target][1], w0 * factor)
+
+
+def test_tied_weight_plan_binds_the_name_once():
+    graph = hg.compile(Tied(), {"w": {"target": "**", "at": "param_value", "action": "record"}})
+    assert [r["target"] for r in graph.plan()] == ["head.weight"]
+
+
+def test_two_forwards_before_one_backward_name_the_param_value_spec():
+    model = Twice()
+    spec = {"target": "lin.weight", "at": "param_value", "action": "scale", "args": {"factor": 1.0}}
+    graph = hg.compile(model, {"scale": spec})
+    with pytest.raises(hg.HookGraphError, match=r"param_value spec \(scale\) edited in place"):
+        with graph.attach():
+            loss = model(x_in()).sum() + model(x_in()).sum()
+            loss.backward()

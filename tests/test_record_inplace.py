@@ -121,3 +121,14 @@ def test_outputs_edited_inside_forward_are_watched_and_kept_uncopied():
         model(x).relu_()  # rewritten after the hook
     with pytest.raises(hg.HookGraphError, match="modified in place"):
         _ = graph.records
+
+
+def test_records_are_detached_and_do_not_hold_the_autograd_graph():
+    model = nn.Linear(4, 4)
+    graph = hg.compile(model, {"r": {"target": "", "action": "record"}})
+    with graph.attach():
+        model(torch.randn(1, 4, requires_grad=True))  # the first call is copied while hookgraph
+        out = model(torch.randn(1, 4, requires_grad=True))  # checks for in-place rewrites
+    rec = graph.records["r"][""][1]
+    assert rec.grad_fn is None and not rec.requires_grad
+    assert rec.data_ptr() == out.data_ptr()  # no copy on CPU: detach only

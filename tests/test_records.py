@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,32 +14,8 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.data import build_data
 from hookgraph.models.seeds import MLP
-from hookgraph.runner import build_from_config, register_configs, run
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-def compose(*overrides: str):
-    """The packaged config with command-line style overrides, as ``python -m hookgraph`` sees it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
-
-
-def mlp_cfg(hooks: dict, **sections) -> dict:
-    """A small runner config: the seeds' MLP on random (16,) inputs, no figures."""
-    cfg = {
-        "model": {"name": "mlp"},
-        "runner": {"device": "cpu", "progress": False},
-        "sink": {"figures": False},
-        "hooks": hooks,
-    }
-    for name, values in sections.items():
-        cfg[name] = {**cfg.get(name, {}), **values}
-    return cfg
+from hookgraph.runner import build_from_config, run
+from tests.runs import mlp_cfg
 
 
 def conv_site():

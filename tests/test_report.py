@@ -17,12 +17,9 @@ from hookgraph.report import module_tree, plan_svg, write_report, write_sweep_re
 from hookgraph.report import page as page_mod
 from hookgraph.report.svg import line_plot, sample
 from hookgraph.runner import build_from_config
+from tests.runs import compose, conv_names_of, make_run
 
-from .report_helpers import conv_names, make_run
-from .test_records import compose
-
-# The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
-pytest_plugins = ["tests.report_fixtures"]
+# The shared run folders (module-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
 
 
 def tree_json(html: str) -> dict:
@@ -73,7 +70,7 @@ def test_clamp_conv_page_marks_relu_with_its_three_specs(clamp_run):
 
 def test_resnet18_record_convs_marks_its_20_convolutions(resnet_run):
     data = tree_json((resnet_run / "report.html").read_text())
-    convs = conv_names("model=resnet18")
+    convs = conv_names_of("model=resnet18")
     assert len(convs) == 20
     assert sorted(data["hooks"]) == sorted(convs)
     assert all(h == [["record_convs", "forward", "record", None]] for h in data["hooks"].values())
@@ -88,7 +85,7 @@ def test_old_folder_without_modules_json_builds_the_tree_from_plan_targets(tmp_p
     out = make_run(tmp_path / "old", "model=resnet18", "hooks=[record_convs]", "sink.figures=false", modules=False)
     data = tree_json(write_report(out).read_text())
     names = [n[0] for n in data["nodes"]]
-    convs = conv_names("model=resnet18")
+    convs = conv_names_of("model=resnet18")
     assert sorted(data["hooks"]) == sorted(convs)
     # The hooked modules and their ancestors, nothing else: '', conv1, layer1..4, the blocks, the downsamples.
     ancestors = {".".join(c.split(".")[:i]) for c in convs for i in range(len(c.split(".")))}
@@ -300,7 +297,7 @@ def test_plan_command_draws_the_plan(tmp_path, capsys):
     assert main(["--svg", str(svg), "model=resnet18", "hooks=[record_convs]"]) == 0
     text = svg.read_text()
     hooked = re.findall(r'<g class="hooked" data-name="([^"]+)"', text)
-    assert sorted(hooked) == sorted(conv_names("model=resnet18"))
+    assert sorted(hooked) == sorted(conv_names_of("model=resnet18"))
     assert "20 binding(s) of 1 spec(s) on 20 module(s) of 68" in text
     assert "record_convs  layer4.1.conv2" in capsys.readouterr().out
     # a bad spec: the compiler's message, exit status 2, no picture
@@ -357,7 +354,7 @@ def test_sweep_page_lists_every_job_links_its_report_and_draws_a_heatmap(tmp_pat
 
 @pytest.mark.slow
 def test_cli_sweep_and_report_command(tmp_path):
-    from .cli_helpers import run_cli
+    from tests.cli_helpers import run_cli
 
     sweep = tmp_path / "sweep"
     r = run_cli(

@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 
 from hookgraph.report import write_sweep_report
+from tests.runs import conv_names_of, make_run
 
-from .report_helpers import conv_names, make_run
-
-# The shared run folders (module-scoped fixtures): clamp_run, resnet_run, big_plan_folder.
-pytest_plugins = ["tests.report_fixtures"]
+# The shared run folders (module-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +122,7 @@ def test_resnet18_record_convs_page(browser, resnet_run, tmp_path):
         assert v.visible_hooked() == ["conv1"]
         assert v.page.inner_text('#tree .row[data-name="layer1"] .inside') == "4 hooked inside"
         v.page.click("#expand-hooked")
-        assert sorted(v.visible_hooked()) == sorted(conv_names("model=resnet18"))
+        assert sorted(v.visible_hooked()) == sorted(conv_names_of("model=resnet18"))
         assert v.page.locator('#tree .row.hooked[data-name="layer4.1.conv2"]').is_visible()
         v.page.click('#tree .row[data-name="layer4"]')  # a click folds a container again
         assert len(v.visible_hooked()) == 15

@@ -1,4 +1,4 @@
-"""Review fixes to a run's claim on its folder: a second signal (Ctrl-C or SIGTERM) must not
+"""A run's claim on its folder: a second signal (Ctrl-C or SIGTERM) must not
 cut the summary short, every file a run writes counts as an earlier run's, and the marker is
 created exclusively so two runs given one folder cannot both pass the check."""
 
@@ -18,7 +18,7 @@ from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts
 from hookgraph.runner.parts import as_config
 from hookgraph.runs.writer import RunWriter
-from tests.test_run_lifecycle import cfg, strict_json
+from tests.runs import cfg, strict_json
 
 
 class SignalAtThirdStep(nn.Module):

@@ -206,8 +206,7 @@ def test_summary_with_a_nan_loss_is_strict_json(tmp_path):
 
 def test_a_run_with_a_nan_loss_writes_a_strict_summary(tmp_path):
     from hookgraph.runner import run
-
-    from .test_records import mlp_cfg
+    from tests.runs import mlp_cfg
 
     summary = run(mlp_cfg({}, model={"name": "nan_net"}, runner={"steps": 1}), tmp_path)
     # The runner says why the loss is null; the writer's own guard then finds nothing left to replace.
@@ -253,6 +252,44 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_by_name(tmp_path):
     with pytest.raises(hg.HookGraphError, match=r"record 'r/z/0/0': a torch.complex128 tensor cannot be stored"):
         RunWriter(tmp_path).flush_records({"r": {"z": [torch.ones(1, dtype=torch.complex128)]}}, 0)
     assert not (tmp_path / "records").exists() or list((tmp_path / "records").iterdir()) == []
+
+
+def test_records_sharing_storage_are_written(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    base = torch.arange(12.0).reshape(4, 3)
+    RunWriter(tmp_path).flush_records({"r": {"a": [base], "b": [base[1:]], "c": [base[2]]}}, 0)
+    from hookgraph.runs.reader import load_records
+
+    recs = load_records(tmp_path)
+    torch.testing.assert_close(recs["r"]["b"][0], base[1:])
+    torch.testing.assert_close(recs["r"]["c"][0], base[2])
+
+
+def test_files_are_written_atomically(tmp_path):
+    from hookgraph.runs.writer import RunWriter
+
+    w = RunWriter(tmp_path)
+    w.json("summary.json", {"status": "completed"})
+    w.flush_records({"s": {"t": [torch.ones(2)]}}, 0)
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+    import os as os_mod
+
+    from hookgraph.runs.writer import atomic_write
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os_mod, "fsync", no_space)
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "summary.json", b"{}")
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- patching from a folder ---------------------------------------------------------

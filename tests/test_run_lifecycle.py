@@ -1,6 +1,7 @@
-"""A run folder you can trust (issue 15): signals, the earlier-run guard, folders that
-cannot be written, figures that cannot be drawn, NaN losses in strict JSON, and what a
-sweep does when one job fails. In-process tests first; the command line ones are slow."""
+"""A run folder you can trust (issue 15): signals, a model that raises mid-run, the
+earlier-run guard, folders that cannot be written (a full disk too), figures that cannot be
+drawn, NaN losses in strict JSON, and what a sweep does when one job fails. In-process tests
+first; the command line ones are slow."""
 
 from __future__ import annotations
 
@@ -22,21 +23,7 @@ from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
 from hookgraph.runs.sweep import sweep_rows
 from tests.cli_helpers import run_cli
-
-
-def cfg(**sections):
-    base = {"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
-            "hooks": {"acts": {"target": "conv", "action": "record"}}}
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and key != "hooks" else value
-    return base
-
-
-def strict_json(path: Path) -> dict:
-    def refuse(token: str) -> None:
-        raise ValueError(f"not strict JSON: {token}")
-
-    return json.loads(path.read_text(), parse_constant=refuse)
+from tests.runs import cfg, strict_json
 
 
 class SigtermAtThirdStep(nn.Module):
@@ -67,6 +54,55 @@ class EmptyMaps(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
+class Exploding(nn.Module):
+    """Raises at a given step, in forward or backward, or with KeyboardInterrupt."""
+
+    calls = 0
+
+    def __init__(self, at_step: int = 2, where: str = "forward", kind: str = "error"):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.at_step, self.where, self.kind = at_step, where, kind
+        self.step = 0
+
+    def _boom(self):
+        if self.kind == "interrupt":
+            raise KeyboardInterrupt
+        raise RuntimeError(f"boom at step {self.step}")
+
+    def forward(self, x):
+        out = self.fc(x)
+        step, self.step = self.step, self.step + 1
+        if step == self.at_step:
+            if self.where == "forward":
+                self._boom()
+            out = out + _RaiseInBackward.apply(out) * 0
+        return out
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("boom in backward")
+
+
+def cfg_for(**model_kwargs):
+    return {
+        "model": {"name": None, "_target_": "tests.test_run_lifecycle.Exploding", "kwargs": model_kwargs},
+        "data": {"kind": "random", "shape": [4]},
+        "runner": {"steps": 4, "progress": False},
+        "sink": {"figures": False},
+        "hooks": {
+            "rec": {"target": "fc", "action": "record"},
+            "grads": {"target": "fc", "at": "output_grad", "action": "stats"},
+        },
+    }
+
+
 # ---------------------------------------------------------------- SIGTERM
 
 
@@ -92,6 +128,30 @@ def test_sigterm_interrupts_the_run_writes_the_summary_and_restores_the_handler(
     assert len(loaded.records["acts"]["fc"]) == 2
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_model_raising_mid_run_leaves_a_failed_summary_and_readable_records(tmp_path, where):
+    with pytest.raises(RuntimeError, match="boom"):
+        run(cfg_for(at_step=2, where=where), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "boom" in summary["error"]["message"]
+    assert summary["steps"] == 2
+    loaded = hg.load_run(tmp_path)
+    # Steps 0 and 1 were flushed as the run went; the failing step's record (fc ran before
+    # the fault) is flushed on the way out.
+    assert len(loaded.records["rec"]["fc"]) == 3
+    assert not loaded.ok
+
+
+def test_keyboard_interrupt_between_steps(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_for(at_step=1, kind="interrupt"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] == 1
+    assert len(hg.load_run(tmp_path).records["rec"]["fc"]) >= 1
+
+
 # ---------------------------------------------------------------- the earlier-run guard
 
 
@@ -112,6 +172,22 @@ def test_the_marker_is_written_before_anything_else(tmp_path):
     assert json.loads((tmp_path / MARKER).read_text())["pid"] == os.getpid()
     with pytest.raises(hg.ConfigError, match="earlier run"):
         run(cfg(), tmp_path)
+
+
+def test_an_earlier_run_folder_is_never_overwritten(tmp_path):
+    cfg = {
+        "model": {"name": "product"},
+        "sink": {"figures": False},
+        "runner": {"progress": False},
+        "hooks": {"c": {"target": "mul", "at": "output_grad", "action": "record"}},
+    }
+    run(cfg, tmp_path)
+    before = (tmp_path / "summary.json").read_bytes()
+    shards = sorted(p.name for p in (tmp_path / "records").iterdir())
+    with pytest.raises(hg.ConfigError, match="hydra.run.dir: .*earlier run"):
+        run(cfg, tmp_path)
+    assert (tmp_path / "summary.json").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == shards
 
 
 # ---------------------------------------------------------------- a folder that cannot be written
@@ -150,6 +226,30 @@ def test_an_unwritable_summary_fails_a_run_that_otherwise_completed(tmp_path, mo
     monkeypatch.setattr(RunWriter, "json", no_summary)
     with pytest.raises(RunFolderError, match="summary.json.*Read-only file system"):
         run(cfg(), tmp_path)
+
+
+def test_full_disk_while_recording(tmp_path, monkeypatch):
+    import errno
+
+    import hookgraph.runs.writer as writer_mod
+    from hookgraph.runner.lifecycle import RunFolderError
+
+    real = writer_mod.atomic_write
+
+    def full_after_first_shard(path, data):
+        if path.parent.name == "records" and path.name != "step-000000.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(writer_mod, "atomic_write", full_after_first_shard)
+    with pytest.raises(RunFolderError, match="No space left") as caught:
+        run(cfg_for(at_step=99), tmp_path)
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left" in summary["error"]["message"]
+    assert summary["steps"] == 1
+    assert len(hg.load_run(tmp_path).records["rec"]["fc"]) == 1  # step 0 is intact
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
 
 
 # ---------------------------------------------------------------- figures
@@ -309,3 +409,19 @@ def test_runs_that_stop_before_the_first_step_leave_no_folder_under_runs(tmp_pat
     (mine / "notes.txt").write_text("keep me")
     assert run_cli(["dry_run=true", f"hydra.run.dir={mine}"], cwd=tmp_path).returncode == 0
     assert (mine / "notes.txt").read_text() == "keep me" and (mine / "plan.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_folder_named_in_a_config_file_is_kept_on_a_config_error(tmp_path):
+    mine = tmp_path / "mine"
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "keep.yaml").write_text(
+        f"# @package _global_\nhydra:\n  run:\n    dir: {mine}\nrunner:\n  loss: cross_entropie\n"
+    )
+    proc = run_cli(["--config-dir", str(tmp_path / "conf"), "+experiment=keep"], cwd=tmp_path)
+    assert proc.returncode == 2 and "cross_entropie" in proc.stderr, proc.stderr[-2000:]
+    assert mine.is_dir() and (mine / "summary.json").is_file()
+    # The packaged default (runs/<date>/<time>) still leaves no folder on the same error.
+    assert run_cli(["runner.loss=cross_entropie"], cwd=tmp_path).returncode == 2
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").rglob("*")) == []

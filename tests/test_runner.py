@@ -7,14 +7,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.runner import run
-
-
-def cfg(**sections):
-    base = {"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
-            "hooks": {"acts": {"target": "conv", "action": "record"}}}
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and key != "hooks" else value
-    return base
+from tests.runs import cfg
 
 
 def test_default_mode_is_eval_so_batchnorm_models_take_a_batch_of_one(tmp_path):
@@ -103,3 +96,17 @@ def test_calls_count_every_action_run():
         for _ in range(3):
             model(torch.ones(1, 2)).sum().backward()
     assert graph.calls == {"f": 6, "g": 3, "p": 3}
+
+
+def test_data_that_does_not_fit_the_model_is_a_config_error(tmp_path):
+    with pytest.raises(hg.ConfigError, match=r"data.kind: 'none' gave the model 0 input\(s\)"):
+        run(
+            {
+                "model": {"name": "conv_net"},
+                "data": {"kind": "none"},
+                "runner": {"progress": False},
+                "sink": {"figures": False},
+                "hooks": {},
+            },
+            tmp_path,
+        )

@@ -176,10 +176,13 @@ def test_types_accept_dotted_public_path():
     assert [r["target"] for r in graph.plan()] == conv_names(model)
 
 
-@pytest.mark.slow  # builds all of vgg16 (138M parameters) for its first two layers
 def test_vgg16_first_conv_shape():
-    # Built with random weights; the input is the seed's 224x224 image size.
-    model = torchvision.models.vgg16(weights=None).eval()
+    # vgg16 built on the meta device (no memory or init for its 138M parameters); only the
+    # first two layers, the ones that run, get real weights. The input is the seed's 224x224.
+    with torch.device("meta"):
+        model = torchvision.models.vgg16(weights=None).eval()
+    model.features[:2].to_empty(device="cpu")
+    model.features[0].reset_parameters()
     graph = hg.compile(model, {"first": {"target": "features.0", "action": "record"}})
     with graph.attach(), torch.no_grad():
         model.features[:2](torch.randn(1, 3, 224, 224))  # only the layers that matter, to stay fast

@@ -167,6 +167,7 @@ def test_dtensor_params_without_fsdp_are_refused(group):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_ranks(tmp_path):
     """FSDP2 and DDP on two gloo ranks: param_grad records hold each rank's local gradient
     (before the reduce-scatter / all-reduce), a zero on 0.bias reaches the update, and the

@@ -9,11 +9,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.spec import Expect, HookSpec, Mode, Schedule, parse_specs
-from tests.conftest import hook_snapshot
-
-
-def tiny() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+from tests.models import hook_snapshot, linear_relu, mlp, tiny, x_in
 
 
 def problems_of(model: nn.Module, specs, **kw) -> list[hg.Problem]:
@@ -90,6 +86,14 @@ def test_unknown_type_in_a_real_model():
     assert "did you mean 'Linear'" in by_key(found, "hooks.s.types")[0]
 
 
+def test_dotted_torch_types_are_known_like_short_ones():
+    graph = hg.compile(
+        nn.Sequential(nn.Linear(2, 2)),
+        {"r": {"target": "*", "types": ["torch.nn.Linear", "torch.nn.BatchNorm2d"], "action": "record"}},
+    )
+    assert [r["target"] for r in graph.plan()] == ["0"]
+
+
 def test_parameter_name_miss_hints_params_listing():
     p = one_problem(tiny(), {"g": {"target": "0.wieght", "at": "param_grad"}})
     assert p.key == "hooks.g.target"
@@ -154,6 +158,19 @@ def test_factory_value_errors_are_reported_under_args():
     p = one_problem(tiny(), {"r": {"target": "0", "action": "record", "args": {"keep": "first"}}})
     assert p.key == "hooks.r.args"
     assert "keep must be 'all' or 'last'" in p.message
+
+
+def test_a_factory_that_fails_reading_its_file_is_a_spec_error(tmp_path):
+    bad = tmp_path / "vector.safetensors"
+    bad.write_bytes(b"\x01\x00")  # not a safetensors file
+    model = linear_relu()
+    with pytest.raises(hg.SpecError, match=r"hooks\.st\.args"):
+        hg.compile(model, {"st": {"target": "0", "action": "steer", "args": {"vector": str(bad)}}})
+
+
+def test_record_to_a_bad_device_is_a_spec_error():
+    with pytest.raises(hg.SpecError, match=r"hooks\.r\.args: record: to: 'gpu' is not a device"):
+        hg.compile(nn.Linear(2, 2), {"r": {"target": "", "action": "record", "args": {"to": "gpu"}}})
 
 
 # -- schedule and expect ------------------------------------------------------------------
@@ -322,6 +339,32 @@ def test_replacing_and_reading_specs_share_a_site_without_order():
             model(x)
     # Equal orders run in the order the specs are written: the record sees the value after add.
     torch.testing.assert_close(graph.records["seen"]["0"][0], plain + 1.0)
+
+
+def test_index_at_parameter_points_is_refused_at_compile_time():
+    with pytest.raises(hg.SpecError, match=r"hooks\.z\.index: param_grad hands over one tensor"):
+        hg.compile(nn.Linear(2, 2), {"z": {"target": "bias", "at": "param_grad", "action": "zero", "index": 0}})
+
+
+class _Aliased(nn.Module):
+    """A module reachable under a second name, as TransformerLens's hook_dict offers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.hook_dict = {"alias": self.a}
+
+    def forward(self, x):
+        return self.a(x)
+
+
+def test_two_replacing_specs_on_one_module_under_two_names_need_an_order():
+    specs = {"s1": {"target": "alias", "action": "scale", "args": {"factor": 2.0}},
+             "s2": {"target": "a", "action": "scale", "args": {"factor": 3.0}}}
+    with pytest.raises(hg.SpecError, match=r"hooks\.s2\.order.*'s1', 's2'"):
+        hg.compile(_Aliased(), specs)
+    specs["s1"]["order"], specs["s2"]["order"] = 0, 1
+    assert [row["target"] for row in hg.compile(_Aliased(), specs).plan()] == ["alias", "a"]
 
 
 # -- everything at once -----------------------------------------------------------------------
@@ -551,3 +594,61 @@ def test_hookspec_object_with_string_mode_runs_in_train_mode():
 def test_list_of_named_hookspec_objects():
     graph = hg.compile(tiny(), [HookSpec(name="rec", target="0")])
     assert graph.plan()[0]["spec"] == "rec"
+
+
+# -- targets PyTorch cannot hook: scripted submodules, frozen parameters ---------------------------
+
+jit_script_deprecated = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+
+
+@jit_script_deprecated
+@pytest.mark.parametrize(
+    ("at", "target", "mechanism"),
+    [
+        ("forward", "1", "register_forward_hook"),
+        ("output_grad", "1", "forward hook + Tensor.register_hook"),
+        ("param_value", "1.weight", "forward pre-hook on the owning module"),
+    ],
+)
+def test_scripted_submodule_is_refused_at_compile(at, target, mechanism):
+    model = nn.Sequential(nn.Linear(4, 4), torch.jit.script(nn.Linear(4, 2)))
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(model, {"s": {"target": target, "at": at, "action": "record"}})
+    (problem,) = err.value.problems
+    assert problem.key == "hooks.s.target"
+    assert f"{target!r}" in problem.message and "TorchScript" in problem.message
+    assert mechanism in problem.message and f"at: {at}" in problem.message
+    assert "unscripted module that calls it" in problem.message
+
+
+@jit_script_deprecated
+def test_gradient_of_a_scripted_modules_parameter_still_works():
+    model = nn.Sequential(nn.Linear(4, 4), torch.jit.script(nn.Linear(4, 2)))
+    graph = hg.compile(model, {"g": {"target": "1.bias", "at": "param_grad", "action": "record"}})
+    with graph.attach():
+        model(x_in()).sum().backward()
+    assert graph.records["g"]["1.bias"][0].tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("at", ["param_grad", "param_accumulated"])
+def test_gradient_point_on_a_frozen_parameter_is_refused(at):
+    model = mlp()
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(model, {"g": {"target": "0.weight", "at": at, "action": "record"}})
+    (problem,) = err.value.problems
+    assert problem.key == "hooks.g.target"
+    assert "'0.weight' is frozen (requires_grad=False)" in problem.message
+    assert "requires_grad_(True)" in problem.message and "param_value" in problem.message
+    # Its value can still be edited.
+    hg.compile(model, {"v": {"target": "0.weight", "at": "param_value", "action": "record"}})
+
+
+def test_frozen_parameters_matched_by_a_glob_make_one_problem():
+    model = mlp()
+    model.requires_grad_(False)
+    model[2].bias.requires_grad_(True)
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(model, {"g": {"target": "**", "at": "param_grad", "action": "record"}})
+    (problem,) = err.value.problems
+    assert problem.message.startswith("'0.weight', '0.bias', '2.weight' are frozen (requires_grad=False)")

@@ -12,11 +12,9 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.models.seeds import MLP, ConvNet
+from hookgraph.runner import run
 from tests.cli_helpers import run_cli
-
-
-def tiny() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+from tests.models import tiny
 
 
 def problems_of(model: nn.Module, specs) -> dict[str, list[str]]:
@@ -220,3 +218,25 @@ def test_list_targets_require_match_in_python():
     with pytest.raises(hg.ConfigError, match=message):
         hg.list_targets(tiny(), "0.wieght", params=True, require_match=True)
     assert hg.list_targets(tiny(), "0.wieght", params=True) == []
+
+
+def test_default_hook_sets_run_on_a_model_without_convolutions(tmp_path):
+    summary = run(
+        {
+            "model": {"name": "mlp"},
+            "runner": {"progress": False},
+            "sink": {"figures": False},
+            "hooks": {
+                "record_convs": {"target": "**", "types": ["Conv2d"], "action": "record", "expect": {"min": 0}},
+                "grad_stats": {
+                    "target": "**",
+                    "types": ["Linear"],
+                    "at": "output_grad",
+                    "action": "stats",
+                    "expect": {"min": 0},
+                },
+            },
+        },
+        tmp_path,
+    )
+    assert summary["status"] == "completed" and summary["specs"]["grad_stats"]["records"] == 3

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Each costs from ~50 ms (yaml) to seconds (torchvision and torch._dynamo: ~4 s on 2 cores).

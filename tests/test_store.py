@@ -13,6 +13,8 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.core.store import STAT_NAMES, Entries, ResultStore
+from hookgraph.errors import HookGraphError
+from tests.models import linear_relu
 
 
 def _mlp() -> nn.Sequential:
@@ -40,12 +42,25 @@ def test_compile_builds_the_store_and_the_graph_around_it():
 
 
 def test_graph_is_built_complete():
-    graph = hg.compile(_mlp(), {"r": {"target": "0"}})
-    assert not hasattr(graph, "_bind")
-    empty = hg.HookGraph(nn.Linear(1, 1))
-    assert empty.bindings == () and isinstance(empty.store, ResultStore)
+    # compile() builds the bindings and the store and hands both to HookGraph's constructor,
+    # which binds nothing later: a graph built from those two parts records as compile's does.
+    model = _mlp()
+    compiled = hg.compile(model, {"r": {"target": "0"}, "s": {"target": "2", "action": "stats"}})
+    graph = hg.HookGraph(model, compiled.bindings, compiled.store)
+    assert graph.plan() == compiled.plan() and len(graph) == 2
+    with graph.attach():
+        model(torch.randn(2, 4))
+    assert len(graph.records["r"]["0"]) == 1 and [row["target"] for row in graph.stats] == ["2"]
+    assert graph.calls == {"r": 1, "s": 1}
+    # A model alone is an empty graph that attaches, runs and detaches with nothing bound.
+    lin = nn.Linear(1, 1)
+    empty = hg.HookGraph(lin)
+    with empty.attach():
+        lin(torch.ones(1, 1))
+    assert (len(empty), empty.records, empty.stats, empty.calls) == (0, {}, [], {})
 
 
+@pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_no_import_circle_between_graph_sites_and_actions():
     # graph -> sites -> actions.registry must not need graph back: importing the graph
     # module first, in a fresh interpreter, works, and nothing under actions imports graph.
@@ -179,3 +194,26 @@ def test_replicas_decide_copies_at_settle_and_keep_pre_inplace_values():
     recs = graph.records["r"]["0"]
     assert [sum(torch.equal(r, w) for r in recs) for w in want] == [20, 20]
     assert graph.records["r"]["0"].copy_always  # decided once every replica was done
+
+
+def test_a_deferred_check_is_read_when_the_block_ends():
+    model = linear_relu()
+    graph = hg.compile(model, {"acts": {"target": "0", "action": "record"}})
+    seen = []
+    with graph.attach():
+        graph.store.defer(torch.tensor([2.0, 0.0]), seen.append)
+    assert seen == [[2.0, 0.0]]
+
+
+def test_every_deferred_check_runs_when_an_earlier_one_raises():
+    graph = hg.compile(linear_relu(), {"acts": {"target": "0", "action": "record"}})
+    seen = []
+
+    def stop(values):
+        raise HookGraphError("first offender")
+
+    graph.store.defer(torch.tensor([1.0, 0.0]), stop)
+    graph.store.defer(torch.tensor([0.0, 3.0]), seen.append)  # a stop=false check: writes its row
+    with pytest.raises(HookGraphError, match="first offender"):
+        graph.store.settle_checks()
+    assert seen == [[0.0, 3.0]]

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 import hookgraph as hg
 from tests.cli_helpers import run_cli
-
-from .user_helpers import GPT2_SMALL, LINES, train_tokenizer, write_mnist
+from tests.user_helpers import GPT2_SMALL, LINES, train_tokenizer, write_mnist
 
 pytestmark = pytest.mark.slow
 

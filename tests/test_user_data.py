@@ -12,8 +12,7 @@ from hookgraph.data import as_batch, build_data
 from hookgraph.errors import ConfigError
 from hookgraph.runner import run
 from hookgraph.runner.batches import compute_loss, first_tensor, to_device
-
-from .user_helpers import GPT2_SMALL, LINES, DictTokens, Pairs, train_tokenizer, write_mnist
+from tests.user_helpers import GPT2_SMALL, LINES, DictTokens, Pairs, train_tokenizer, write_mnist
 
 
 def test_items_follow_torchvision_and_hugging_face_conventions():

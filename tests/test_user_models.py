@@ -13,8 +13,7 @@ from hydra import compose, initialize_config_dir
 import hookgraph as hg
 from hookgraph.errors import ConfigError
 from hookgraph.runner import build_from_config, register_configs
-
-from .user_helpers import GPT2_SMALL
+from tests.user_helpers import GPT2_SMALL
 
 transformers = pytest.importorskip("transformers")
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

@@ -1,4 +1,5 @@
-"""Small local stand-ins for a user's data and models: MNIST idx files, a trained tokenizer, a dict dataset.
+"""Small local stand-ins for a user's data and models: MNIST idx files, a trained tokenizer, a dict dataset,
+datasets reached through ``data._target_`` (Pairs, Stream, Counted, which counts the indices read).
 
 Nothing here is downloaded: the files are written by the tests themselves.
 """
@@ -87,6 +88,22 @@ class Stream(IterableDataset):
     def __iter__(self):
         for i in range(self.n):
             yield torch.full((self.dim,), float(i))
+
+
+class Counted(Dataset):
+    """``n`` samples ``(tensor([i, i]), i)``; every index read is kept in ``READ``."""
+
+    READ: list[int] = []
+
+    def __init__(self, n: int = 12):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        Counted.READ.append(i)
+        return torch.tensor([float(i), float(i)]), i
 
 
 def make_pairs(n: int = 6) -> Pairs:

@@ -1,0 +1,64 @@
+"""The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
+
+Public names: mlp, tiny, linear_relu, relu_mlp, x_in, hook_snapshot.
+
+Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
+test that builds one gets the same weights whatever ran before it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    """``Linear(4, 4) -> Tanh -> Linear(4, 2)``, its weights from ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def tiny() -> nn.Sequential:
+    """``Linear(4, 4) -> ReLU -> Linear(4, 2)``, unseeded: for specs checked at compile time."""
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def linear_relu() -> nn.Sequential:
+    """``Linear(2, 2) -> ReLU``, its weights from ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+
+def relu_mlp() -> nn.Sequential:
+    """``Linear(4, 6) -> ReLU -> Linear(6, 3)``, its weights from ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+def x_in(grad: bool = False) -> torch.Tensor:
+    """A fixed (3, 4) input for ``mlp()`` and ``tiny()``: 0.0, 0.1, ... 1.1."""
+    return (torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10).requires_grad_(grad)
+
+
+_MODULE_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def hook_snapshot(model: nn.Module) -> dict:
+    """Every hook dictionary of every module and parameter, as comparable values."""
+    snap = {}
+    for name, m in model.named_modules():
+        for attr in _MODULE_DICTS:
+            snap[(name, attr)] = list(getattr(m, attr, {}))  # handle ids: no reference to the hooks
+        snap[(name, "_is_full_backward_hook")] = m._is_full_backward_hook
+    for name, p in model.named_parameters():
+        snap[(name, "_backward_hooks")] = list(p._backward_hooks or {})
+        snap[(name, "_post_accumulate_grad_hooks")] = list(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+    return snap

@@ -1,0 +1,90 @@
+"""Runner configs the tests share, and run folders written in-process as the command line writes them.
+
+Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.report import module_tree
+from hookgraph.runner import build_from_config, register_configs, run
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+CPU = ("runner.device=cpu", "runner.progress=false")
+
+
+def compose(*overrides: str):
+    """The packaged config with command-line style overrides, as ``python -m hookgraph`` sees it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def mlp_cfg(hooks: dict, **sections) -> dict:
+    """A small runner config: the seeds' MLP on random (16,) inputs, no figures."""
+    cfg: dict[str, Any] = {
+        "model": {"name": "mlp"},
+        "runner": {"device": "cpu", "progress": False},
+        "sink": {"figures": False},
+        "hooks": hooks,
+    }
+    for name, values in sections.items():
+        cfg[name] = {**cfg.get(name, {}), **values}
+    return cfg
+
+
+def cfg(**sections):
+    """A small runner config: the seeds' conv_net recording ``conv``, no figures. A dict
+    section is merged into the default one; ``hooks`` and non-dict values replace it."""
+    base = {"model": {"name": "conv_net"}, "runner": {"progress": False}, "sink": {"figures": False},
+            "hooks": {"acts": {"target": "conv", "action": "record"}}}
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and key != "hooks" else value
+    return base
+
+
+def strict_json(path: Path) -> dict:
+    """The JSON file at ``path``, refusing NaN and Infinity (which json.loads accepts)."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not strict JSON: {token}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def make_run(out: Path, *overrides: str, modules: bool = True, fails: bool = False) -> Path:
+    """A run folder written by hookgraph.runner.run, with .hydra/overrides.yaml as Hydra
+    writes it and, with ``modules``, modules.json as the runner will write it. With
+    ``fails``, the run must raise a HookGraphError (its folder stays, as on the command line)."""
+    config = compose(*overrides, *CPU)
+    try:
+        run(config, out)
+    except hg.HookGraphError:
+        if not fails:
+            raise
+    else:
+        assert not fails, "the run was expected to fail"
+    (out / ".hydra").mkdir(exist_ok=True)
+    (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if modules:
+        assert json.loads((out / "modules.json").read_text()) == module_tree(build_from_config(config))
+    else:  # a folder written before the runner wrote modules.json
+        (out / "modules.json").unlink()
+    return out
+
+
+def conv_names_of(*overrides: str) -> list[str]:
+    """Names of the Conv2d modules of the model the packaged config builds with ``overrides``."""
+    model = build_from_config(compose(*overrides, *CPU))
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
