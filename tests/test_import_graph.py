@@ -259,7 +259,11 @@ def test_every_function_level_import_says_why_it_is_lazy():
     bare = []
     for path, line, code in found:
         lines = path.read_text(encoding="utf-8").splitlines()
-        here, above = lines[line - 1], lines[line - 2] if line >= 2 else ""
+        # The comment sits on the import's line or above its block of consecutive imports.
+        first = line - 1
+        while first > 0 and lines[first - 1].lstrip().startswith(("import ", "from ")):
+            first -= 1
+        here, above = lines[line - 1], lines[first - 1] if first >= 1 else ""
         if "# lazy:" not in here and not above.strip().startswith("# lazy:"):
             bare.append(f"{path.relative_to(ROOT)}:{line}: {code}")
     assert bare == [], "function-level imports without a '# lazy: why' comment:\n  " + "\n  ".join(bare)

@@ -78,7 +78,7 @@ def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
     for t in types:
         if "." in t:
             try:
-                from hydra.utils import get_object
+                from hydra.utils import get_object  # lazy: hydra is heavy; `import hookgraph` stays light
 
                 obj = get_object(t)
                 if isinstance(obj, type):

@@ -318,6 +318,7 @@ def compiler_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
     public = getattr(torch.compiler, "disable", None)
     if public is not None:
         return public(fn)
+    # lazy: dynamo costs seconds to import; only code that runs compiled needs it
     import torch._dynamo as dynamo
 
     return dynamo.disable(fn)
@@ -344,6 +345,7 @@ _HOOK_GUARD_SETTING = "skip_nnmodule_hook_guards"
 def hook_guards_skipped() -> bool | None:
     """Dynamo's ``skip_nnmodule_hook_guards``: True when code compiled from now on ignores module
     hook changes; None where this torch has no such setting. Only once dynamo is loaded."""
+    # lazy: dynamo costs seconds to import; only code that runs compiled needs it
     import torch._dynamo as dynamo
 
     value = getattr(dynamo.config, _HOOK_GUARD_SETTING, None)
@@ -352,6 +354,7 @@ def hook_guards_skipped() -> bool | None:
 
 def skip_hook_guards(skip: bool) -> None:
     """Set dynamo's ``skip_nnmodule_hook_guards`` (for the process: callers restore it)."""
+    # lazy: dynamo costs seconds to import; only code that runs compiled needs it
     import torch._dynamo as dynamo
 
     setattr(dynamo.config, _HOOK_GUARD_SETTING, skip)
@@ -369,6 +372,7 @@ class _Caches:
     by ``reset_code``."""
 
     def __init__(self) -> None:
+        # lazy: dynamo costs seconds to import; only code that runs compiled needs it
         import torch._dynamo as dynamo
         from torch._dynamo import convert_frame
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
@@ -464,6 +468,7 @@ def drop_compiled_code(wanted: Callable[[type], bool], reason: str) -> int:
 @functools.cache
 def _optimized_module_type() -> type | None:
     """torch.compile's module wrapper class (as of torch 2.14), None where it moved."""
+    # lazy: dynamo costs seconds to import; only code that runs compiled needs it
     from torch._dynamo import eval_frame
 
     return getattr(eval_frame, "OptimizedModule", None)
@@ -542,6 +547,7 @@ def fsdp_managed_params(manager: nn.Module) -> dict[int, bool] | None:
 def _local_shape_and_offset() -> Callable[..., tuple[Sequence[int], Sequence[int]]] | None:
     """DTensor's own arithmetic for a rank's shard (as of torch 2.14), None where it moved."""
     try:
+        # lazy: torch.distributed's tensor package loads only for a sharded model
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     except ImportError:
         return None
@@ -556,6 +562,7 @@ def local_slice(full: Tensor, dtensor: Any) -> Tensor:
     if shape_and_offset is not None:
         shape, offset = shape_and_offset(full.shape, dtensor.device_mesh, dtensor.placements)
         return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+    # lazy: torch.distributed's tensor package loads only for a sharded model
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(full, dtensor.device_mesh, dtensor.placements, src_data_rank=None).to_local()
@@ -632,6 +639,7 @@ def capabilities() -> dict[str, bool]:
     """Every probe of the sections above, run now: name -> whether this torch has the private
     name (or layout) hookgraph uses, rather than its fallback. Imports dynamo and
     torch.distributed; for tests and bug reports."""
+    # lazy: dynamo costs seconds to import; only code that runs compiled needs it
     import torch._dynamo as dynamo
     from torch.distributed.fsdp import FSDPModule
 
