@@ -1,7 +1,7 @@
 """hookgraph: a declarative hook graph for PyTorch, configured by files.
 
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
-register_action, list_targets, format_targets, load_run, and the errors
+register_action, register_point, PointInfo, list_targets, format_targets, load_run, and the errors
 HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
 RecordBudgetError.
 
@@ -16,7 +16,7 @@ from hookgraph.actions import ACTIONS, ActionContext, register_action
 from hookgraph.core.compiler import compile  # noqa: A004 - hg.compile, as torch.compile: the public name
 from hookgraph.core.discovery import format_targets, list_targets
 from hookgraph.core.graph import HookGraph, Plan
-from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.points import POINTS, HookPoint, PointInfo, register_point
 from hookgraph.core.spec import HookSpec
 from hookgraph.errors import (
     ActionError,
@@ -43,6 +43,7 @@ __all__ = [
     "NonFiniteError",
     "POINTS",
     "Plan",
+    "PointInfo",
     "Problem",
     "RecordBudgetError",
     "SpecError",
@@ -52,12 +53,14 @@ __all__ = [
     "list_targets",
     "load_run",
     "register_action",
+    "register_point",
 ]
 
 
-def load_run(path, rank=None):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
-    """Read a run folder back (records, stats, plan, summary; ``rank``: whose records, for a run
-    of several processes). See hookgraph.runs.load_run."""
+def load_run(path, rank=None, *, strict=True):  # noqa: ANN001 - thin lazy forwarder keeps `import hookgraph` light
+    """Read a run folder back (records, stats, plan, summary, modules; ``rank``: whose records,
+    for a run of several processes; ``strict=False``: a damaged file reads as empty and
+    ``Run.problems`` says why). See hookgraph.runs.load_run."""
     from hookgraph.runs import load_run as _load_run  # lazy: `import hookgraph` does not load the reader
 
-    return _load_run(path, rank)
+    return _load_run(path, rank, strict=strict)

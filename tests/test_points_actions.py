@@ -753,7 +753,7 @@ def test_an_observer_function_at_a_read_only_point():
 
 def triple(ctx, offset: float = 0.0):
     """Multiply by 3 and add ``offset`` (a test action)."""
-    assert ctx.point == hg.HookPoint.forward
+    assert ctx.at == hg.HookPoint.forward
     return lambda t: t * 3 + offset
 
 

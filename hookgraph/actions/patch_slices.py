@@ -109,9 +109,9 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     At ``forward`` the module's output (the first tensor of a tuple), at ``forward_pre``
     its first positional input. The pass runs in the model's current mode (eval, in the
     runner's default) and through any other graph attached at that moment."""
-    if not POINTS[ctx.point].activation:
+    if not POINTS[ctx.at].activation:
         raise ValueError(
-            f"prompt: a prompt source works at forward or forward_pre, not {ctx.point}; record a clean run and give run"
+            f"prompt: a prompt source works at forward or forward_pre, not {ctx.at}; record a clean run and give run"
         )
     try:
         ids = torch.as_tensor(prompt, dtype=torch.long)
@@ -125,7 +125,7 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     module = model.get_submodule(ctx.target)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     got: list[Any] = []
-    if POINTS[ctx.point].value_of == "output":
+    if POINTS[ctx.at].value_of == "output":
         handle = module.register_forward_hook(lambda m, args, out: got.append(out))
     else:
         handle = module.register_forward_pre_hook(lambda m, args: got.append(args[0] if args else None))

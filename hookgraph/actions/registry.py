@@ -91,11 +91,6 @@ class ActionContext:
     model: nn.Module | None = None  # the bare model: for actions that look around their site (attention heads)
 
     @property
-    def point(self) -> HookPoint:
-        """The hook point (an alias of ``at``, kept for actions written before 0.2)."""
-        return self.at
-
-    @property
     def step(self) -> int:
         """The current step (read it in the hook: it changes between calls)."""
         return self.store.step
