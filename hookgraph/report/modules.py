@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hookgraph.core.compiler import unwrap_model
+from hookgraph.core.points import POINTS
 
 __all__ = ["module_tree", "tree_from_plan", "hooks_by_module", "owner", "merge_missing"]
 
@@ -42,7 +43,8 @@ def module_tree(model: Any) -> list[dict]:
 def owner(row: dict) -> tuple[str, str | None]:
     """The module a plan row hooks and, for parameter points, the parameter's own name."""
     target = str(row.get("target", ""))
-    if str(row.get("at", "")).startswith("param_"):
+    info = POINTS.get(str(row.get("at", "")))  # type: ignore[call-overload]  # HookPoint is a str: a name finds its row
+    if info is not None and info.on_params:
         mod, _, leaf = target.rpartition(".")
         return mod, leaf
     return target, None
