@@ -22,7 +22,7 @@ def test_closing_lines_name_unmatched_never_fired_and_the_first_non_finite_modul
     lines = closing_lines({
         "unmatched": {"record_convs": "target 'cnv' matched nothing; nearest: conv"},
         "never_fired": ["x"],
-        "first_nonfinite": {"spec": "nan_watch", "module": "log", "point": "forward", "step": 0,
+        "first_nonfinite": {"spec": "nan_watch", "module": "log", "at": "forward", "step": 0,
                             "nan": 5, "inf": 0, "total": 8},
         "warnings": ["figure gradcam not drawn: boom"],
     })

@@ -163,7 +163,7 @@ def case_stats(capsys, tmp_path):
         graph.set_step(3)
         model(torch.tensor([5.0]))
     rows = graph.stats
-    assert [(r["spec"], r["target"], r["point"], r["step"], r["call"]) for r in rows] == [
+    assert [(r["spec"], r["target"], r["at"], r["step"], r["call"]) for r in rows] == [
         ("s", "0", "forward", 0, 0),
         ("s", "0", "forward", 0, 1),
         ("s", "0", "forward", 3, 0),
@@ -197,7 +197,7 @@ def case_trace(capsys, tmp_path):
             "step": 0,
             "module": "0",
             "type": "Identity",
-            "point": "forward",
+            "at": "forward",
             "input_shapes": [[2, 3]],
             "output_shapes": [2, 3],
         }
@@ -296,7 +296,7 @@ def case_check_finite(capsys, tmp_path):
     assert isinstance(err, hg.HookGraphError)
     graph, out = run_identity("check_finite", {"stop": False}, x=bad)  # report and go on
     assert graph.rows["a"] == [
-        {"step": 0, "module": "0", "type": "Identity", "point": "forward", "nan": 2, "inf": 1, "total": 4}
+        {"step": 0, "module": "0", "type": "Identity", "at": "forward", "nan": 2, "inf": 1, "total": 4}
     ]
 
 

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import hookgraph as hg
 from hookgraph.report import write_report
@@ -284,8 +285,19 @@ def test_the_layout_imports_nothing_heavy():
     assert "hookgraph.runs.layout" in _imports(PACKAGE / "actions" / "recorded.py")  # on import hookgraph's path
 
 
-def test_the_writer_writes_a_layout_table_with_its_folder_names(tmp_path):
-    # Rows as graph.stats holds them in memory (point): the file says at, cells read back as written.
-    RunWriter(tmp_path).csv(layout.STATS, [{"spec": "s", "point": "forward", "shape": [1, 2], "mean": 0.5}])
-    assert (tmp_path / layout.STATS).read_text().splitlines()[0] == "spec,at,shape,mean"
-    assert read_csv(tmp_path / layout.STATS) == [{"spec": "s", "at": "forward", "shape": [1, 2], "mean": 0.5}]
+def test_the_point_is_at_in_memory_and_in_the_tables(tmp_path):
+    # One name for the hook point: graph.stats and graph.rows say at, as the spec and plan.json
+    # do, and the tables are written from those rows as they are.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    graph = hg.compile(model, {"s": {"target": "0", "action": "stats"}, "t": {"target": "0", "action": "trace"}})
+    with graph.attach():
+        model(torch.ones(1, 2))
+    assert graph.stats[0]["at"] == "forward" and "point" not in graph.stats[0]
+    assert graph.rows["t"][0]["at"] == "forward" and "point" not in graph.rows["t"][0]
+    assert graph.plan()[0]["at"] == "forward"
+    RunWriter(tmp_path).csv(layout.STATS, graph.stats)
+    header = (tmp_path / layout.STATS).read_text().splitlines()[0].split(",")
+    assert header[:5] == ["spec", "target", "at", "step", "call"]
+    assert read_csv(tmp_path / layout.STATS)[0]["at"] == "forward"
+
+

@@ -295,7 +295,7 @@ def test_a_nan_loss_is_null_in_strict_json_with_the_reason(tmp_path):
             hooks={"nan_watch": {"target": "**", "action": "check_finite", "args": {"stop": False}}}), tmp_path)
     summary = strict_json(tmp_path / "summary.json")
     assert summary["loss"] is None and summary["losses"] == [None] and summary["loss_nonfinite"] == "nan"
-    assert summary["first_nonfinite"] == {"spec": "nan_watch", "module": "log", "point": "forward", "step": 0,
+    assert summary["first_nonfinite"] == {"spec": "nan_watch", "module": "log", "at": "forward", "step": 0,
                                           "nan": 5, "inf": 0, "total": 8}
 
 

@@ -35,7 +35,7 @@ def test_compile_builds_the_store_and_the_graph_around_it():
     assert len(graph.records["r"]["0"]) == 1 and type(graph.records["r"]["0"]) is Entries
     assert [r["module"] for r in graph.rows["t"]] == ["1"]
     (row,) = graph.stats
-    assert list(row) == ["spec", "target", "point", "step", "call", *STAT_NAMES]
+    assert list(row) == ["spec", "target", "at", "step", "call", *STAT_NAMES]
     assert graph.store.counts() == {"t": 1, "s": 1}
     graph.clear()
     assert graph.records == {"r": {"0": []}} and graph.rows == {"t": []} and graph.stats == []

@@ -101,9 +101,9 @@ def print_(ctx: ActionContext, values: bool = False):
 
 @register_action(per_tensor=False, wants_io=True)
 def trace(ctx: ActionContext):
-    """Append a row per call to ``graph.rows[spec]``: step, module, type, point, shapes."""
+    """Append a row per call to ``graph.rows[spec]``: step, module, type, at (the point), shapes."""
     rows = ctx.rows()
-    base = {"module": ctx.target, "type": ctx.module_type, "point": str(ctx.at)}
+    base = {"module": ctx.target, "type": ctx.module_type, "at": str(ctx.at)}
 
     def fn(value: Any, inputs: Any, output: Any) -> None:
         rows.append(
@@ -224,7 +224,7 @@ def check_finite(ctx: ActionContext, stop: bool = True):
                 "step": step,
                 "module": target,
                 "type": ctx.module_type,
-                "point": point,
+                "at": point,
                 "nan": nan,
                 "inf": inf,
                 "total": total,

@@ -207,7 +207,7 @@ class StatsBuffer:
                 {
                     "spec": spec,
                     "target": target,
-                    "point": point,
+                    "at": point,
                     "step": step,
                     "call": calls[k],
                     **dict(zip(STAT_NAMES, vals, strict=True)),

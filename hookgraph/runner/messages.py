@@ -28,7 +28,7 @@ def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
         out.append(
             (
                 logging.WARNING,
-                f"first non-finite values at module {nf['module']!r} ({nf['point']}, step {nf['step']}, "
+                f"first non-finite values at module {nf['module']!r} ({nf['at']}, step {nf['step']}, "
                 f"spec {nf['spec']!r}): {nf['nan']} NaN and {nf['inf']} Inf of {nf['total']} elements",
             )
         )

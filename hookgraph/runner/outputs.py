@@ -88,7 +88,7 @@ def fail(job: Job, progress: Progress, exc: BaseException) -> None:
         s["first_nonfinite"] = {
             "spec": exc.spec,
             "module": exc.target,
-            "point": exc.point,
+            "at": exc.point,
             "step": exc.step,
             "nan": exc.nan,
             "inf": exc.inf,
@@ -194,7 +194,7 @@ def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:
             return {
                 "spec": row["spec"],
                 "module": row["module"],
-                "point": row.get("point"),
+                "at": row.get("at"),
                 "step": row.get("step"),
                 "nan": row.get("nan"),
                 "inf": row.get("inf"),

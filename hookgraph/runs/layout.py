@@ -96,8 +96,8 @@ SHARD_SUFFIX = ".safetensors"
 FIGURE_SUFFIX = ".png"
 STATS_FIGURE = "stats_over_steps.png"
 
-# A table's hook point is ``at``, as in a spec and plan.json; the in-memory rows of
-# graph.stats / graph.rows and folders written before this name was settled say ``point``.
+# A hook point is ``at`` everywhere (a spec, plan.json, graph.stats / graph.rows, the tables,
+# summary.json); folders written before this name was settled say ``point`` in their tables.
 _AT = (("point", "at"),)
 
 RUN_FOLDER: tuple[Entry, ...] = (

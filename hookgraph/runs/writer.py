@@ -143,15 +143,9 @@ class RunWriter:
         return path
 
     def csv(self, name: str, rows: Sequence[dict], columns: Sequence[str] | None = None) -> Path | None:
-        """A table; none is written for no rows. A column the layout names otherwise in the
-        folder (:func:`hookgraph.runs.layout.renamed`: ``point`` is ``at``) is written under
-        that name."""
+        """A table; none is written for no rows."""
         if not rows:
             return None
-        renames = layout.renamed(name)
-        if renames:
-            rows = [{renames.get(k, k): v for k, v in r.items()} for r in rows]
-            columns = [renames.get(c, c) for c in columns] if columns else None
         cols = list(columns or dict.fromkeys(k for r in rows for k in r))
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
