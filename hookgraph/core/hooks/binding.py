@@ -63,11 +63,6 @@ class Binding:
     shard: Any = None  # an FSDP2-managed parameter: its fsdp2.ShardedParam (hooks act on the unsharded one)
 
     @property
-    def point(self) -> HookPoint:
-        """The hook point (an alias of ``at``, kept for code written before 0.2)."""
-        return self.at
-
-    @property
     def label(self) -> str:
         """``hookgraph[spec|target|at]``: the name its hooks carry."""
         # join reads the point's text as a str: no Enum.__format__ call per hook registered.
