@@ -72,7 +72,11 @@ def _as_list(value: Any) -> Any:
 def _task_overrides() -> list[str] | None:
     """The command line's overrides, or None when no Hydra app runs (then no packaged hook set
     was composed: specs passed to ``runner.run`` as a dict are the user's own)."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    if not HydraConfig.initialized():
+        return None
+    # Unresolved: the override strings are text; resolving would follow a user's ${...} (a
+    # cyclic one raised here), and the specs' own values are checked where they are read.
+    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
 
 
 def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:

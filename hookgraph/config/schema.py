@@ -1,20 +1,28 @@
 """Structured configs: the schema Hydra validates the command line and YAML against.
 
 Public names: ModelConfig, DataConfig, RunnerConfig, GradcamConfig, SinkConfig, HookgraphConfig,
-register_configs.
+register_configs, check_known_keys.
 
 Each field has a one-line comment; unknown keys and wrong types are rejected by
 OmegaConf with the full key. ``hooks`` is a plain dict so that specs can be added inline
 (``+hooks.z={...}``); hookgraph's own validator checks every spec and reports them together.
+A ``+`` override adds a key that OmegaConf lets through (``+runner.stpes=5``):
+:func:`check_known_keys` refuses those before the run, with the nearest names.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = [
     "ModelConfig",
@@ -24,6 +32,7 @@ __all__ = [
     "SinkConfig",
     "HookgraphConfig",
     "register_configs",
+    "check_known_keys",
 ]
 
 
@@ -124,3 +133,35 @@ def register_configs() -> None:
     types fail with the full key)."""
     cs = ConfigStore.instance()
     cs.store(name="hookgraph_schema", node=HookgraphConfig)
+
+
+def check_known_keys(cfg: Mapping[str, Any], *, skip: Collection[str] = ("data",)) -> None:
+    """Refuse a key that no field of :class:`HookgraphConfig` has (one a ``+`` override added:
+    ``+runner.stpes=5``, ``+unknown_key=1``), naming it and the nearest valid keys.
+
+    Sections typed ``dict`` or ``Any`` (``hooks``, ``model.kwargs``, ``runner.metric``, ...)
+    are open and not looked into; ``hydra`` is Hydra's own. ``skip``: top-level sections checked
+    elsewhere (``data``: the data kind refuses a key no registered kind has, naming its own keys).
+    """
+    _check_keys(cfg, HookgraphConfig, "", frozenset(skip) | {"hydra"})
+
+
+def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collection[str]) -> None:
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in list(node.keys()):
+        name = str(key)
+        full = f"{prefix}{name}"
+        if full in skip:
+            continue
+        if name not in hints:
+            what = f"valid keys of {prefix[:-1]}" if prefix else "valid top-level keys"
+            raise ConfigError(full, f"unknown key; {did_you_mean(name, names, what)}")
+        try:
+            child = node[key]  # resolves an interpolation here: a cyclic one is a ConfigError, not a traceback
+        except OmegaConfBaseException as exc:
+            raw = OmegaConf.to_container(node, resolve=False).get(key) if isinstance(node, DictConfig) else None
+            raise ConfigError(full, f"cannot resolve {raw!r}: {str(exc).splitlines()[0]}") from exc
+        sub = hints[name]
+        if dataclasses.is_dataclass(sub) and isinstance(sub, type) and isinstance(child, Mapping):
+            _check_keys(child, sub, f"{full}.", skip)

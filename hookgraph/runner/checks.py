@@ -1,10 +1,11 @@
 """The checks a run makes before its model runs: settings first, then what needs the compiled specs.
 
-Public names: OPTIMIZERS, GRADCAM_KEYS, Settings, check_settings, check_compiled.
+Public names: OPTIMIZERS, GRADCAM_KEYS, MAX_COUNT, Settings, check_settings, check_compiled.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,10 +20,11 @@ from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
 from hookgraph.runner.metrics import check_metric
 
-__all__ = ["OPTIMIZERS", "GRADCAM_KEYS", "Settings", "check_settings", "check_compiled"]
+__all__ = ["OPTIMIZERS", "GRADCAM_KEYS", "MAX_COUNT", "Settings", "check_settings", "check_compiled"]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 GRADCAM_KEYS = ("activations", "gradients", "target")
+MAX_COUNT = 2**31 - 1  # the most steps, or samples per batch, a run may ask for
 
 
 @dataclass(frozen=True)
@@ -57,15 +59,35 @@ def _check_runner(r: DictConfig) -> None:
             "runner.optimizer",
             f"unknown optimizer {r.optimizer!r}; {did_you_mean(r.optimizer, OPTIMIZERS, 'valid optimizers')}",
         )
-    if r.steps < 0 or r.batch_size < 1:
-        raise ConfigError(
-            "runner.steps" if r.steps < 0 else "runner.batch_size", "steps must be >= 0 and batch_size >= 1"
-        )
+    # An upper bound too: a count past a C integer is an OverflowError deep in tqdm or torch.
+    if not 0 <= r.steps <= MAX_COUNT:
+        raise ConfigError("runner.steps", f"must be between 0 and {MAX_COUNT}, got {r.steps}")
+    if not 1 <= r.batch_size <= MAX_COUNT:
+        raise ConfigError("runner.batch_size", f"must be between 1 and {MAX_COUNT}, got {r.batch_size}")
+    if not (math.isfinite(r.lr) and r.lr >= 0):
+        raise ConfigError("runner.lr", f"must be a finite number >= 0 (the optimizer's learning rate), got {r.lr}")
+    if not (math.isfinite(r.dist_timeout_s) and r.dist_timeout_s > 0):
+        raise ConfigError("runner.dist_timeout_s", f"must be a finite number of seconds > 0, got {r.dist_timeout_s}")
+    if r.compile:
+        _check_backend(r.compile_backend)
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
     if r.metric is not None:
         check_metric(r.metric)
     check_distributed(r)
+
+
+def _check_backend(name: str) -> None:
+    """runner.compile_backend among torch.compile's registered backends (the debug ones too).
+
+    Checked only with runner.compile=true: listing them imports dynamo (seconds), and without
+    compile the backend is not used."""
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if name not in backends:
+        raise ConfigError(
+            "runner.compile_backend",
+            f"unknown torch.compile backend {name!r}; {did_you_mean(str(name), backends, 'registered backends')}",
+        )
 
 
 def _check_sink(sink: DictConfig) -> dict[str, str] | None:
