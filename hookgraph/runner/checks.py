@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hookgraph.config.plain import to_plain
 from hookgraph.config.schema import GradcamConfig
@@ -38,6 +39,7 @@ class Settings:
 def check_settings(cfg: DictConfig, world: World) -> Settings:
     """runner and sink settings, checked before the model is built."""
     r = cfg.runner
+    _check_hooks_override(cfg)
     _check_runner(r)
     shard = check_distributed(r)
     if world.ranked and r.distributed == "none" and r.optimizer is not None:
@@ -47,6 +49,23 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
             "weights equal; set runner.distributed=ddp or fsdp",
         )
     return Settings(shard, _check_sink(cfg.sink))
+
+
+def _check_hooks_override(cfg: DictConfig) -> None:
+    """``hooks={}`` on the command line merges an empty mapping into the hook sets the defaults
+    list chose, so they all still run: refuse it with the spelling that clears them."""
+    if not HydraConfig.initialized() or not cfg.hooks:
+        return
+    task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+    for o in task if isinstance(task, list) else []:
+        key, _, value = str(o).partition("=")
+        if key == "hooks" and "".join(value.split()) == "{}":
+            raise ConfigError(
+                "hooks",
+                f"hooks={{}} clears nothing: it merges an empty mapping into the composed hooks "
+                f"({', '.join(map(str, cfg.hooks))}); write hooks=[] to run without them "
+                "(then +hooks.<name>={...} adds a spec of your own)",
+            )
 
 
 def _check_runner(r: DictConfig) -> None:
@@ -124,8 +143,30 @@ def check_compiled(cfg: DictConfig, gradcam: dict[str, str] | None, graph: HookG
     """What needs the compiled specs, checked before any pass runs."""
     if gradcam is not None:
         _check_gradcam(gradcam, cfg, graph)
+    if cfg.sink.figures:
+        _check_feature_maps(to_plain(cfg.sink.feature_maps) or [], graph)
     if not cfg.runner.backward:
         _check_forward_only(graph)
+
+
+def _check_feature_maps(picks: list[int], graph: HookGraph) -> None:
+    """Each sink.feature_maps position indexes the targets of some record spec: a position past
+    all of them would draw nothing and say nothing. Whether a target's value is 4-D is known
+    only once it runs; the count of its targets is known now."""
+    counts: dict[str, set[str]] = {}
+    for b in graph.bindings:
+        if b.action.name == "record":
+            counts.setdefault(b.spec.name, set()).add(b.target)
+    if not counts:
+        return  # nothing recorded, nothing drawn: the default [0] must not fail such a run
+    spec, n = max(((name, len(ts)) for name, ts in counts.items()), key=lambda x: x[1])
+    bad = [i for i in picks if not -n <= i < n]
+    if bad:
+        raise ConfigError(
+            "sink.feature_maps",
+            f"position {bad[0]} is out of range: the record specs bind at most {n} target(s) "
+            f"({spec!r}), so a position is between {-n} and {n - 1}",
+        )
 
 
 def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None:
