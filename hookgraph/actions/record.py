@@ -52,11 +52,18 @@ def _selector(select: str | int, dim: int) -> Callable[[Tensor], Tensor]:
     slc = slice(*parts)
     if slc.step is not None and slc.step <= 0:
         raise ValueError(f"select step must be > 0 (tensors cannot be sliced backwards), got {select!r}")
+    start, stop = slc.start, slc.stop
+    if start is not None and stop is not None and (start < 0) == (stop < 0) and start >= stop:
+        # Empty whatever the size: an empty record is a mistake, not a result.
+        raise ValueError(f"select {select!r} picks nothing (its start is not before its stop); e.g. '{stop}:{start}'")
 
     def cut(t: Tensor) -> Tensor:
         if not -t.dim() <= dim < t.dim():  # a modulo alone would silently pick another dim
             raise IndexError(f"dim {dim} is out of range for a value with {t.dim()} dimensions")
-        return t[(slice(None),) * (dim % t.dim()) + (slc,)].clone()
+        out = t[(slice(None),) * (dim % t.dim()) + (slc,)]
+        if out.shape[dim] == 0 and t.shape[dim] > 0:  # sizes are known only now
+            raise IndexError(f"it picks nothing of dim {dim}, of size {t.shape[dim]}")
+        return out.clone()
 
     return cut
 
