@@ -4,7 +4,7 @@ Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap
 
 All problems (spec fields, names that match nothing, unknown actions, bad arguments,
 points that ignore replacement, in-place modules under full backward hooks, two
-replacing specs at one site without an order) are collected and raised once.
+replacing specs at one site at one order) are collected and raised once.
 """
 
 from __future__ import annotations
@@ -440,7 +440,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
 
 
 def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
-    """Two specs replacing the value at one site need an explicit order to be unambiguous."""
+    """Two specs replacing the value at one site need distinct orders (unset is 0) to be unambiguous."""
     by_site: dict[tuple, list[Binding]] = {}
     for b in bindings:
         if b.action.replaces:
@@ -455,17 +455,20 @@ def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
         specs = list({b.spec.name: b.spec for b in group}.values())
         if len(specs) < 2:
             continue
-        orders = [s.order for s in specs]
-        if any(o is None for o in orders) or len(set(orders)) < len(orders):
-            names = tuple(s.name for s in specs)
-            if names in reported:
+        # An unset order is 0, as in the ranks above: ambiguous only where two effective orders tie.
+        by_order: dict[int, list[str]] = {}
+        for s in specs:
+            by_order.setdefault(s.order if s.order is not None else 0, []).append(s.name)
+        for order, tied in by_order.items():
+            names = tuple(tied)
+            if len(names) < 2 or names in reported:
                 continue
             reported.add(names)
             problems.append(
                 Problem(
                     full_key(prefix, names[1], "order"),
-                    f"specs {', '.join(map(repr, names))} all replace the value at {target!r} ({at}); "
-                    "give each a distinct 'order' (lower runs first)",
+                    f"specs {', '.join(map(repr, names))} all replace the value at {target!r} ({at}) "
+                    f"at order {order} (0 where unset); give each a distinct 'order' (lower runs first)",
                 )
             )
     return problems

@@ -30,7 +30,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hookgraph.config.schema import check_known_keys
 from hookgraph.core.discovery import format_targets, list_targets
 from hookgraph.core.graph import HookGraph
 from hookgraph.runner.checks import check_compiled, check_settings
@@ -54,10 +53,9 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
     ``summary``: a dict filled with the summary as the run goes, for callers that want it
     when ``run`` raises (it is also in ``summary.json``, when the folder is writable).
     """
-    cfg = as_config(cfg)
     # Before anything reads the config: a key a `+` override added outside the schema, or a
     # cyclic interpolation, is one ConfigError naming the key (on every rank alike).
-    check_known_keys(cfg)
+    cfg = as_config(cfg)
     world = world_from_env()
     if not world.ranked and cfg.runner.distributed == "none":
         return _run(cfg, out_dir, summary, world)

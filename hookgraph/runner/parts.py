@@ -11,11 +11,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.config.hooksets import require_matches_where_retargeted
-from hookgraph.config.schema import HookgraphConfig
+from hookgraph.config.schema import HookgraphConfig, check_known_keys
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.graph import HookGraph
+from hookgraph.errors import ConfigError
 from hookgraph.models import build_model
 from hookgraph.report import module_tree, write_plan_svg
 from hookgraph.runner.checks import Settings
@@ -32,10 +34,24 @@ log = logging.getLogger("hookgraph")
 
 
 def as_config(cfg: Any) -> DictConfig:
-    """``cfg`` (a DictConfig, or a dict merged over the schema's defaults) as the runner reads it."""
-    if isinstance(cfg, DictConfig):
-        return cfg
-    return OmegaConf.merge(OmegaConf.structured(HookgraphConfig), cfg)  # type: ignore[return-value]
+    """``cfg`` (a DictConfig, or a dict merged over the schema's defaults) as the runner reads it.
+
+    A key outside the schema (a typo, or one a ``+`` override added) or a cyclic interpolation
+    is a ConfigError naming the key and the nearest valid keys."""
+    if not isinstance(cfg, DictConfig):
+        base = OmegaConf.structured(HookgraphConfig)
+        # Open while merging, so that an unknown key reaches check_known_keys (which names the
+        # nearest keys) instead of OmegaConf's ConfigKeyError; types are still checked.
+        for section in [base, *(v for v in base.values() if isinstance(v, DictConfig))]:
+            OmegaConf.set_struct(section, False)
+        try:
+            cfg = OmegaConf.merge(base, cfg)
+        except OmegaConfBaseException as exc:  # a value of the wrong type
+            key = str(getattr(exc, "full_key", "") or "config")
+            raise ConfigError(key, str(exc).splitlines()[0]) from None
+        OmegaConf.set_struct(cfg, True)
+    check_known_keys(cfg)
+    return cfg  # type: ignore[return-value]
 
 
 def build_from_config(cfg: Any) -> torch.nn.Module:
