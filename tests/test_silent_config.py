@@ -1,0 +1,246 @@
+"""Silent configuration (issue 25): a setting that would do nothing, or do something else than
+asked, is refused before the run with one message naming the key and the nearest valid names;
+and the range and interpolation mistakes that used to end in a raw traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.config.schema import HookgraphConfig, check_known_keys
+from hookgraph.errors import ConfigError, HookGraphError, SpecError
+from hookgraph.runner import run
+from hookgraph.runs import layout
+from tests.cli_helpers import run_cli
+
+
+def _cfg(**sections):
+    """The schema's defaults with ``sections`` merged in: the DictConfig a Hydra app hands over."""
+    cfg = OmegaConf.merge(OmegaConf.structured(HookgraphConfig), sections)
+    return cfg
+
+
+def _quick(**extra):
+    base = {"runner": {"progress": False}, "sink": {"figures": False}}
+    for k, v in extra.items():
+        base[k] = {**base.get(k, {}), **v}
+    return base
+
+
+# --- keys outside the schema ---------------------------------------------------------------
+
+
+def test_a_key_a_plus_override_added_is_refused_with_the_nearest_names(tmp_path):
+    cfg = _cfg()
+    with open_dict(cfg.runner):  # what `+runner.stpes=5` does to the composed config
+        cfg.runner.stpes = 5
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "run")
+    assert err.value.key == "runner.stpes"
+    assert "did you mean 'steps'" in str(err.value)
+    assert not (tmp_path / "run").exists()  # refused before the folder is claimed
+
+
+def test_an_unknown_top_level_key_is_refused(tmp_path):
+    cfg = _cfg()
+    with open_dict(cfg):
+        cfg.unknown_key = 1
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "run")
+    assert err.value.key == "unknown_key"
+    assert str(err.value).startswith("unknown_key: unknown key;")
+
+
+def test_a_dict_config_with_a_typo_names_the_key_not_omegaconfs_error(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        run({"sink": {"feture_maps": [1]}}, tmp_path / "run")
+    assert err.value.key == "sink.feture_maps"
+    assert "'feature_maps'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        run({"runner": {"steps": "x"}}, tmp_path / "run")
+    assert err.value.key == "runner.steps"
+
+
+def test_open_sections_keep_any_key():
+    cfg = _cfg(
+        hooks={"mine": {"target": "conv", "action": "record", "args": {"anything": 1}}},
+        model={"kwargs": {"depth": 3}},
+        runner={"metric": {"name": "logprob", "token": 3}},
+        sink={"gradcam": {"target": "conv"}},
+        data={"kind": "custom", "kwargs": {"n": 4}},
+    )
+    with open_dict(cfg.data):
+        cfg.data.length = 8  # a registered data kind's own key: the data kind checks it
+    with open_dict(cfg):
+        cfg.hydra = {"run": {"dir": "x"}}
+    check_known_keys(cfg)  # no error
+
+
+# --- cyclic interpolations -----------------------------------------------------------------
+
+
+def test_a_cyclic_interpolation_in_a_schema_key_names_the_key(tmp_path):
+    cfg = _cfg(runner={"steps": "${runner.batch_size}", "batch_size": "${runner.steps}"})
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "run")
+    assert err.value.key == "runner.steps"
+    assert "'${runner.batch_size}'" in str(err.value) and "Recursive interpolation" in str(err.value)
+
+
+def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
+    cfg = _cfg(**_quick(), hooks={"x": {"target": "conv", "action": "record", "args": {"select": "${hooks.x.args.select}"}}})
+    with pytest.raises(SpecError) as err:
+        run(cfg, tmp_path / "run")
+    assert [p.key for p in err.value.problems] == ["hooks.x.args.select"]
+
+
+# --- ranges, checked before the run -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("runner", "key", "text"),
+    [
+        ({"steps": 99999999999999999999999}, "runner.steps", "between 0 and 2147483647"),
+        ({"steps": -1}, "runner.steps", "between 0 and"),
+        ({"batch_size": 0}, "runner.batch_size", "between 1 and"),
+        ({"lr": -1.0, "optimizer": "sgd"}, "runner.lr", "finite number >= 0"),
+        ({"lr": float("nan")}, "runner.lr", "finite number >= 0"),
+        ({"dist_timeout_s": 0.0}, "runner.dist_timeout_s", "> 0"),
+    ],
+)
+def test_runner_ranges_are_checked_before_the_run(tmp_path, runner, key, text):
+    with pytest.raises(ConfigError) as err:
+        run(_quick(runner=runner), tmp_path / "run")
+    assert err.value.key == key
+    assert text in str(err.value)
+    assert not (tmp_path / "run" / "records").exists()
+
+
+def test_an_unknown_compile_backend_is_refused_with_the_nearest_names(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        run(_quick(runner={"compile": True, "compile_backend": "aot_eagr"}), tmp_path / "run")
+    assert err.value.key == "runner.compile_backend"
+    assert "'aot_eager'" in str(err.value)
+
+
+# --- sink.feature_maps ---------------------------------------------------------------------
+
+
+def test_a_feature_map_position_past_every_record_spec_is_refused(tmp_path):
+    cfg = _quick(sink={"figures": True, "feature_maps": [0, 99]})
+    cfg["hooks"] = {"acts": {"target": "conv", "action": "record"}}
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "run")
+    assert err.value.key == "sink.feature_maps"
+    assert "position 99" in str(err.value) and "between -1 and 0" in str(err.value)
+
+
+def test_feature_map_positions_in_range_and_runs_without_records_pass(tmp_path):
+    cfg = _quick(sink={"figures": True, "feature_maps": [-1], "histograms": False})
+    cfg["hooks"] = {"acts": {"target": "conv", "action": "record"}}
+    summary = run(cfg, tmp_path / "a")
+    assert summary["status"] == "completed"
+    assert sorted(p.name for p in (tmp_path / "a" / "figures").iterdir()) == [layout.fmap_figure("acts", -1, "conv")]
+    # No record spec: the default [0] (and any other) draws nothing and fails nothing.
+    cfg = _quick(sink={"figures": True, "feature_maps": [5]})
+    cfg["hooks"] = {"s": {"target": "conv", "action": "stats"}}
+    assert run(cfg, tmp_path / "b")["status"] == "completed"
+
+
+# --- record's select -----------------------------------------------------------------------
+
+
+def test_a_select_empty_whatever_the_size_is_refused_at_compile_time():
+    model = nn.Sequential(nn.Conv2d(1, 4, 1))
+    with pytest.raises(SpecError) as err:
+        hg.compile(model, {"x": {"target": "0", "action": "record", "args": {"select": "9:2"}}})
+    (problem,) = err.value.problems
+    assert problem.key.startswith("hooks.x.args")
+    assert "'9:2' picks nothing" in problem.message
+
+
+def test_a_select_past_the_size_is_refused_at_the_first_call():
+    model = nn.Sequential(nn.Conv2d(1, 4, 1))
+    graph = hg.compile(model, {"x": {"target": "0", "action": "record", "args": {"select": "9:"}}})
+    with graph.attach(), pytest.raises(HookGraphError) as err:
+        model(torch.randn(1, 1, 2, 2))
+    text = str(err.value)
+    assert "record at '0' (spec 'x')" in text and "picks nothing of dim 1, of size 4" in text
+    assert graph.records.get("x", {}).get("0", []) == []
+
+
+def test_a_select_that_picks_something_still_records():
+    model = nn.Sequential(nn.Conv2d(1, 4, 1))
+    graph = hg.compile(model, {"x": {"target": "0", "action": "record", "args": {"select": "-2:"}}})
+    with graph.attach():
+        out = model(torch.randn(1, 1, 2, 2))
+    assert torch.equal(graph.records["x"]["0"][0], out[:, 2:])
+
+
+# --- order of replacing specs ----------------------------------------------------------------
+
+
+def test_an_unset_order_and_order_1_are_distinct():
+    model = nn.Sequential(nn.Identity())
+    specs = {
+        "times": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "order": 1},
+        "plus": {"target": "0", "action": "add", "args": {"value": 1.0}},  # order 0
+    }
+    graph = hg.compile(model, specs)
+    assert [r["spec"] for r in graph.plan()] == ["plus", "times"]
+    with graph.attach():
+        out = model(torch.tensor([1.0, 2.0]))
+    assert out.tolist() == [4.0, 6.0]  # (x + 1) * 2
+
+
+def test_an_unset_order_and_order_0_tie():
+    specs = {
+        "plus": {"target": "0", "action": "add", "args": {"value": 1.0}},
+        "times": {"target": "0", "action": "scale", "args": {"factor": 2.0}, "order": 0},
+        "late": {"target": "0", "action": "add", "args": {"value": 3.0}, "order": 5},
+    }
+    with pytest.raises(SpecError) as err:
+        hg.compile(nn.Sequential(nn.Identity()), specs)
+    (problem,) = err.value.problems
+    assert problem.key == "hooks.times.order"
+    assert "specs 'plus', 'times' all replace" in problem.message and "at order 0" in problem.message
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a subprocess each
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["+runner.stpes=5"], "runner.stpes: unknown key; did you mean 'steps'"),
+        (["+unknown_key=1"], "unknown_key: unknown key;"),
+        (["+a=${b}", "+b=${a}"], "a: unknown key;"),
+        (["+hooks.a=${hooks.b}", "+hooks.b=${hooks.a}"], "hooks.a: cannot resolve '${hooks.b}'"),
+        (["runner.steps=99999999999999999999999"], "runner.steps: must be between 0 and 2147483647"),
+        (["runner.lr=-1"], "runner.lr: must be a finite number >= 0"),
+        (["runner.compile=true", "runner.compile_backend=nosuch"], "runner.compile_backend: unknown torch.compile"),
+        (["hooks={}"], "hooks: hooks={} clears nothing"),
+        (["sink.feature_maps=[99]"], "sink.feature_maps: position 99 is out of range"),
+        (["+hooks.record_convs.args.select=9:2"], "select '9:2' picks nothing"),
+    ],
+)
+def test_the_command_line_refuses_silent_settings_in_one_message(tmp_path, args, text):
+    r = run_cli([*args, "runner.progress=false"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "hookgraph: error: " in r.stderr and text in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()  # a config error before the first step leaves no folder
+
+
+@pytest.mark.slow
+def test_hooks_list_clears_the_hook_sets(tmp_path):
+    r = run_cli(["hooks=[]", "+hooks.x={target: conv, action: record}", "runner.progress=false"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (summary,) = (tmp_path / "runs").rglob("summary.json")
+    assert list(json.loads(summary.read_text())["specs"]) == ["x"]
