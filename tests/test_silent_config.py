@@ -93,7 +93,8 @@ def test_a_cyclic_interpolation_in_a_schema_key_names_the_key(tmp_path):
 
 
 def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
-    cfg = _cfg(**_quick(), hooks={"x": {"target": "conv", "action": "record", "args": {"select": "${hooks.x.args.select}"}}})
+    spec = {"target": "conv", "action": "record", "args": {"select": "${hooks.x.args.select}"}}
+    cfg = _cfg(**_quick(), hooks={"x": spec})
     with pytest.raises(SpecError) as err:
         run(cfg, tmp_path / "run")
     assert [p.key for p in err.value.problems] == ["hooks.x.args.select"]

@@ -76,7 +76,8 @@ def _task_overrides() -> list[str] | None:
         return None
     # Unresolved: the override strings are text; resolving would follow a user's ${...} (a
     # cyclic one raised here), and the specs' own values are checked where they are read.
-    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
+    task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+    return [str(o) for o in task] if isinstance(task, list) else []
 
 
 def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.errors import ConfigError, did_you_mean
@@ -160,7 +160,8 @@ def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collec
         try:
             child = node[key]  # resolves an interpolation here: a cyclic one is a ConfigError, not a traceback
         except OmegaConfBaseException as exc:
-            raw = OmegaConf.to_container(node, resolve=False).get(key) if isinstance(node, DictConfig) else None
+            inner = node._get_node(key) if isinstance(node, DictConfig) else None
+            raw = inner._value() if inner is not None else None  # the ${...} text, unresolved
             raise ConfigError(full, f"cannot resolve {raw!r}: {str(exc).splitlines()[0]}") from exc
         sub = hints[name]
         if dataclasses.is_dataclass(sub) and isinstance(sub, type) and isinstance(child, Mapping):

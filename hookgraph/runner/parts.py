@@ -51,7 +51,7 @@ def as_config(cfg: Any) -> DictConfig:
             raise ConfigError(key, str(exc).splitlines()[0]) from None
         OmegaConf.set_struct(cfg, True)
     check_known_keys(cfg)
-    return cfg  # type: ignore[return-value]
+    return cfg
 
 
 def build_from_config(cfg: Any) -> torch.nn.Module:
