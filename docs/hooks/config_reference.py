@@ -36,7 +36,10 @@ comments, not this page. -->
 
 Every key of the packaged config, generated from the structured configs in
 `hookgraph/config/schema.py`: Hydra validates the command line and YAML files against them, so an
-unknown key or a wrong type fails with its full key. Set a key on the command line
+unknown key or a wrong type fails with its full key. A key added with `+` outside the schema
+(`+runner.stpes=5`, `+unknown_key=1`) is refused before the run too, naming the nearest valid
+keys; the open sections (`hooks`, `model.kwargs`, `data.kwargs`, `runner.metric`, `sink.gradcam`)
+take any key, and a `data` key is checked against the data kinds' own keys. Set a key on the command line
 (`python -m hookgraph runner.steps=5`), in a config file, or pick a packaged group option
 (`model=resnet18`, `data=tokens`). The guides say more: models and data in
 [Your model, your data](models-and-data.md), `runner.distributed` in [More than one process](distributed.md),

@@ -82,10 +82,10 @@ class RunnerConfig:
     # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
     metric: Any = None
     optimizer: str | None = None  # null, sgd or adam: step after each backward
-    lr: float = 0.01  # the optimizer's learning rate
+    lr: float = 0.01  # the optimizer's learning rate, finite and >= 0
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
     compile: bool = False  # run the model under torch.compile; traceable hooks are traced into it
-    compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...)
+    compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...): a registered one
     distributed: str = "none"  # none, ddp (DistributedDataParallel) or fsdp (fully_shard); see the README
     shard: list = field(default_factory=list)  # fsdp: module class names fully_shard wraps, e.g. [BasicBlock]
     # ddp: DistributedDataParallel(find_unused_parameters=...); null: on when a spec may replace a forward value
