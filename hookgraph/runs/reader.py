@@ -796,18 +796,22 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
     manifest = _manifest(root)
     records = read(_load_records, root, rank, manifest, empty=_Records({}, []))
     missing = list(records.missing)
-    if _ranked(root):
-        stats = read(_rank_rows, root, layout.STATS, ranks, rank, empty=[])
-        trace = read(_rank_rows, root, layout.TRACE, ranks, rank, empty=[])
-        for k in ranks if rank is None else [rank]:
-            for name, rows in ((layout.STATS, stats), (layout.TRACE, trace)):
-                own = sum(1 for r in rows if r.get("rank") == k)
+    tables: dict[str, list] = {}
+    for name in (layout.STATS, layout.TRACE):
+        known = len(problems)
+        if _ranked(root):
+            tables[name] = read(_rank_rows, root, name, ranks, rank, empty=[])
+        else:
+            tables[name] = read(read_csv, root / name, empty=[])
+        if len(problems) > known:
+            continue  # damaged, and named so already: its size and rows say nothing more
+        if _ranked(root):
+            for k in ranks if rank is None else [rank]:
+                own = sum(1 for r in tables[name] if r.get("rank") == k)
                 missing += _table_gaps(root, layout.rank_file(k, name), own, manifest)
-    else:
-        stats = read(read_csv, root / layout.STATS, empty=[])
-        trace = read(read_csv, root / layout.TRACE, empty=[])
-        missing += _table_gaps(root, layout.STATS, len(stats), manifest)
-        missing += _table_gaps(root, layout.TRACE, len(trace), manifest)
+        else:
+            missing += _table_gaps(root, name, len(tables[name]), manifest)
+    stats, trace = tables[layout.STATS], tables[layout.TRACE]
     if missing:
         if strict:
             raise HookGraphError(_gaps_message(root, missing, strict=True))
