@@ -169,13 +169,15 @@ def _check_digest(fd: int, size: int, shard: _Shard) -> None:
     first read of its tensors): a shard rewritten in place, even with the same size and
     modification time, is refused by name instead of read as this run's."""
     h = hasher()
+    buf = bytearray(min(_CHUNK, size))
+    view = memoryview(buf)
     offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(_CHUNK, size - offset), offset)
-        if not chunk:
+    while offset < size:  # one reused buffer: no allocation per chunk
+        n = os.preadv(fd, [view[: min(_CHUNK, size - offset)]], offset)
+        if n <= 0:
             break
-        h.update(chunk)
-        offset += len(chunk)
+        h.update(view[:n])
+        offset += n
     if h.hexdigest() != shard.digest:
         raise HookGraphError(
             f"{shard.name} is damaged (its bytes differ from what the run wrote: digest {h.hexdigest()}, "
