@@ -5,9 +5,10 @@
 Writing: ``RunWriter.flush_records`` of ``--mb`` MB of float32 records, ``--shard-mb`` MB per
 step (one shard each), timed whole (safetensors serialisation, the digest of the bytes in
 hand, the atomic write with its fsync), with the digest and with it replaced by a no-op,
-alternating, best of ``--repeat`` each; ``digest_alone_s`` is ``digest()`` over the same bytes. Reading: ``load_run`` and every record read (``records[spec][target]``),
-once with the manifest in summary.json (each shard hashed on its first read) and once with
-the manifest removed (nothing checked), alternating, the files in the page cache both times;
+alternating, best of ``--repeat`` each; ``digest_alone_s`` is ``digest()`` over the same
+bytes. Reading: ``load_run`` and every record read (``records[spec][target]``), once with
+the manifest in summary.json (each shard hashed on its first read) and once without it
+(nothing checked), alternating, the files in the page cache both times;
 the best of ``--repeat`` of each is reported.
 """
 

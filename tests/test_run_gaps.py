@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.models.seeds import MLP
 from hookgraph.runner import run
 from hookgraph.runs.writer import RunWriter
-from hookgraph.models.seeds import MLP
 from tests.runs import cfg
 
 HOOKS = {
@@ -165,7 +165,8 @@ def test_a_shard_rewritten_in_place_with_the_same_size_and_mtime_is_refused_on_r
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
     loaded = hg.load_run(folder)  # indexing reads headers only: the change shows on the first read
     assert loaded.records["acts"].entry("conv", step=0).shape == (1, 10, 4, 4)
-    with pytest.raises(hg.HookGraphError, match=r"step-000001\.safetensors is damaged \(its bytes differ from what the run wrote"):
+    differ = r"step-000001\.safetensors is damaged \(its bytes differ from what the run wrote"
+    with pytest.raises(hg.HookGraphError, match=differ):
         loaded.records["acts"]["conv"]
 
 

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import struct
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     out: list[torch.Tensor] = []
+    hashing: _Hashing | None = None
     try:
         fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -138,8 +140,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 raise HookGraphError(
                     f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
                 )
-            if shard.digest is not None:
-                _check_digest(fd, st.st_size, shard)
+            hashing = _Hashing(fd, st.st_size) if shard.digest is not None else None
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -154,7 +155,11 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                         f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
                     )
                 out.append(torch.frombuffer(buf, dtype=t.dtype) if value is None else value)
+            if hashing is not None:
+                _check_digest(hashing, shard)
         finally:
+            if hashing is not None:
+                hashing.join()  # never close the fd under the hashing thread
             os.close(fd)
     except OSError as exc:
         raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
@@ -162,25 +167,56 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
 
 
 _CHUNK = 1 << 20
+_THREADED = 4 << 20  # from this size a shard is hashed on its own thread
 
 
-def _check_digest(fd: int, size: int, shard: _Shard) -> None:
+class _Hashing(threading.Thread):
+    """The digest of a whole shard file, computed on its own thread while the reading thread
+    reads the tensors asked for (hashlib and preadv release the GIL): the check costs about
+    the hash alone, not the hash plus a second pass (benchmarks/RESULTS.md)."""
+
+    def __init__(self, fd: int, size: int):
+        super().__init__(name="hookgraph-digest", daemon=True)
+        self.fd, self.size = fd, size
+        self.digest: str | None = None
+        self.error: OSError | None = None
+        if size >= _THREADED:
+            self.start()
+        else:  # a small shard: hashed here, cheaper than starting a thread (~50 us)
+            self.run()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.ident is not None:
+            super().join(timeout)
+
+    def run(self) -> None:
+        h = hasher()
+        buf = bytearray(min(_CHUNK, self.size))
+        view = memoryview(buf)
+        offset = 0
+        try:
+            while offset < self.size:  # one reused buffer: no allocation per chunk
+                n = os.preadv(self.fd, [view[: min(_CHUNK, self.size - offset)]], offset)
+                if n <= 0:
+                    break
+                h.update(view[:n])
+                offset += n
+        except OSError as exc:
+            self.error = exc
+            return
+        self.digest = h.hexdigest()
+
+
+def _check_digest(hashing: _Hashing, shard: _Shard) -> None:
     """The shard's bytes against the digest its run's summary holds, once per shard (on the
     first read of its tensors): a shard rewritten in place, even with the same size and
     modification time, is refused by name instead of read as this run's."""
-    h = hasher()
-    buf = bytearray(min(_CHUNK, size))
-    view = memoryview(buf)
-    offset = 0
-    while offset < size:  # one reused buffer: no allocation per chunk
-        n = os.preadv(fd, [view[: min(_CHUNK, size - offset)]], offset)
-        if n <= 0:
-            break
-        h.update(view[:n])
-        offset += n
-    if h.hexdigest() != shard.digest:
+    hashing.join()
+    if hashing.error is not None:
+        raise hashing.error
+    if hashing.digest != shard.digest:
         raise HookGraphError(
-            f"{shard.name} is damaged (its bytes differ from what the run wrote: digest {h.hexdigest()}, "
+            f"{shard.name} is damaged (its bytes differ from what the run wrote: digest {hashing.digest}, "
             f"the summary says {shard.digest}); its records cannot be read"
         )
     shard.digest = None  # checked: later reads of this shard skip the hash
@@ -395,7 +431,8 @@ def _manifest(root: Path) -> _Manifest | None:
         for name, facts in (m.get("shards") or {}).items():
             if isinstance(facts, dict):
                 d = facts.get("digest")
-                found.shards[str(name)] = _Claim(m["run"], _int_or_none(facts.get("entries")), d if isinstance(d, str) else None)
+                entries = _int_or_none(facts.get("entries"))
+                found.shards[str(name)] = _Claim(m["run"], entries, d if isinstance(d, str) else None)
         for name, facts in (m.get("tables") or {}).items():
             if isinstance(facts, dict):
                 found.tables[str(name)] = facts
@@ -677,7 +714,7 @@ class Run:
     ranks: list = field(default_factory=lambda: [0])  # the ranks whose parts the folder holds
     rank: int = 0  # whose records ``records`` holds
     problems: list = field(default_factory=list)  # strict=False: each file that read as empty, and why
-    missing: list = field(default_factory=list)  # strict=False: what the summary lists that is not there, or not this run's
+    missing: list = field(default_factory=list)  # strict=False: what the summary lists that is gone or another run's
     strict: bool = True
     _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 

@@ -49,6 +49,7 @@ __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
+_THREADED = 4 << 20  # from this size a shard's digest is computed on a thread beside its write
 
 
 def hasher() -> Any:
@@ -255,13 +256,16 @@ class RunWriter:
         # The digest of the bytes in hand (no second read of the file), hashed on another
         # thread while this one writes and fsyncs them: hashlib and both system calls release
         # the GIL, so on two cores the hash hides behind the write (benchmarks/RESULTS.md).
-        hashed: list[str] = []
-        worker = threading.Thread(target=lambda: hashed.append(digest(data)), name="hookgraph-digest")
-        worker.start()
+        # A small shard is hashed here: cheaper than starting a thread (~50 us).
+        hashed: list[str] = [] if len(data) >= _THREADED else [digest(data)]
+        worker = None if hashed else threading.Thread(target=lambda: hashed.append(digest(data)), name="hg-digest")
+        if worker is not None:
+            worker.start()
         try:
             atomic_write(self.records_dir / name, data)
         finally:
-            worker.join()
+            if worker is not None:
+                worker.join()
         self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
             "entries": len(entries),
             "digest": hashed[0],
