@@ -167,7 +167,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
 
 
 _CHUNK = 1 << 20
-_THREADED = 4 << 20  # from this size a shard is hashed on its own thread
+_THREADED = 512 << 10  # from this size a shard is hashed on its own thread
 
 
 class _Hashing(threading.Thread):

@@ -49,7 +49,7 @@ __all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
-_THREADED = 4 << 20  # from this size a shard's digest is computed on a thread beside its write
+_THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
 
 
 def hasher() -> Any:
