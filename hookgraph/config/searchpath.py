@@ -204,7 +204,7 @@ def arrange(search_path: Any) -> None:
         folder, _ = conf_folder(lib)
         if folder is not None:
             search_path.append(
-                f"hookgraph: {lib.distribution} ({lib.namespace})",
+                f"{lib.distribution} ({lib.group}: {lib.namespace})",
                 f"{LIBRARY_SCHEME}://{lib.namespace}@{folder}",
                 anchor=SearchPathQuery(provider="main"),
             )
