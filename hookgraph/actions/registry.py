@@ -131,12 +131,15 @@ _namespace: list[str] = []
 _libraries: dict[str, str | None] = {}  # namespace -> why its entry point failed (None: loaded)
 
 
-def load_action_libraries() -> dict[str, str | None]:
+def load_action_libraries(*, reload: bool = False) -> dict[str, str | None]:
     """Import every ``hookgraph.actions`` entry point once, each under its namespace; one that
     fails is one warning naming its package and entry point, and the others still load.
 
-    Returns namespace -> None (loaded) or why it failed.
+    Returns namespace -> None (loaded) or why it failed. ``reload`` reads the entry points again
+    (after installing a library in a running process).
     """
+    if reload:
+        _libraries.clear()
     if _libraries:
         return {k: v for k, v in _libraries.items() if k}
     from hookgraph.config.searchpath import ACTIONS_GROUP, libraries  # lazy: entry points are read only when a spec names an action nobody registered

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import importlib.resources
 import importlib.util
 import os
 import re
@@ -175,7 +174,11 @@ def conf_folder(lib: Library) -> tuple[Path | None, str | None]:
             value = value() if callable(value) else value
             folder = Path(os.fspath(value))
         else:
-            folder = Path(str(importlib.resources.files(lib.entry_point.module)))
+            spec = importlib.util.find_spec(lib.entry_point.module)  # a regular or a namespace package
+            locations = list(spec.submodule_search_locations or []) if spec else []
+            if not locations:
+                return None, f"{lib.label}: {lib.entry_point.module!r} is not a package folder"
+            folder = Path(locations[0])
     except Exception as exc:
         return None, f"{lib.label}: cannot find its config folder: {type(exc).__name__}: {exc}"
     if not folder.is_dir():
