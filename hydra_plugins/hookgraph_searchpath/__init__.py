@@ -67,7 +67,7 @@ def _read(path: str, provider: str, where: str, header_package: str | None) -> C
     except Exception as exc:  # a YAML error: name the file and who shipped it, on one line
         detail = " ".join(str(exc).split())
         raise ConfigLoadError(f"{where}: cannot read {path}: {type(exc).__name__}: {detail}") from exc
-    if header_package is not None and "package" not in header:
+    if header_package is not None and header.get("package") is None:
         header["package"] = header_package
     return ConfigResult(config=cfg, path=path, provider=provider, header=header)
 
