@@ -142,7 +142,7 @@ def load_action_libraries(*, reload: bool = False) -> dict[str, str | None]:
         _libraries.clear()
     if _libraries:
         return {k: v for k, v in _libraries.items() if k}
-    from hookgraph.config.searchpath import ACTIONS_GROUP, libraries  # lazy: entry points are read only when a spec names an action nobody registered
+    from hookgraph.config.searchpath import ACTIONS_GROUP, libraries  # lazy: read when an action is unknown
 
     _libraries[""] = None  # read once, even when nothing is installed
     for lib in libraries(ACTIONS_GROUP):

@@ -142,7 +142,9 @@ def _scan() -> tuple[tuple[Library, ...], tuple[str, ...]]:
     for lib in found:
         if len(owners[lib.namespace]) > 1:
             others = ", ".join(sorted(owners[lib.namespace] - {lib.distribution}))
-            problems.append(f"{lib.label}: the namespace {lib.namespace!r} is also claimed by {others}; neither is used")
+            problems.append(
+                f"{lib.label}: the namespace {lib.namespace!r} is also claimed by {others}; neither is used"
+            )
             continue
         kept.append(lib)
     return tuple(kept), tuple(problems)
@@ -165,7 +167,7 @@ def rescan() -> None:
     _warned.clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def conf_folder(lib: Library) -> tuple[Path | None, str | None]:
     """The library's config folder, or why there is none."""
     try:
@@ -204,11 +206,11 @@ def arrange(search_path: Any) -> None:
     for folder in _user_dirs:
         search_path.prepend(USER_PROVIDER, f"{USER_SCHEME}://{folder}", anchor=SearchPathQuery(provider="main"))
     for lib in libraries(CONF_GROUP):
-        folder, _ = conf_folder(lib)
-        if folder is not None:
+        found, _ = conf_folder(lib)
+        if found is not None:
             search_path.append(
                 f"{lib.distribution} ({lib.group}: {lib.namespace})",
-                f"{LIBRARY_SCHEME}://{lib.namespace}@{folder}",
+                f"{LIBRARY_SCHEME}://{lib.namespace}@{found}",
                 anchor=SearchPathQuery(provider="main"),
             )
     warn_library_problems()
