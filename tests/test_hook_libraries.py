@@ -179,3 +179,29 @@ def test_a_wheel_of_a_hook_library_works_from_any_folder(tmp_path):
     listed = run_cli(["list", "hooks", "actions"], cwd=work, env=env)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "lab/grad_watch" in listed.stdout and "lab.triple" in listed.stdout
+
+
+def test_entry_points_may_name_a_folder_attribute_and_a_function_of_plain_actions(site):
+    files = {
+        "fn_hooks/__init__.py": (
+            "from pathlib import Path\n"
+            "CONF = Path(__file__).parent / 'configs'\n"
+            "def actions():\n"
+            "    def halve(value, by: float = 2.0):\n"
+            "        return value / by\n"
+            "    return {'halve': halve}\n"
+        ),
+        "fn_hooks/configs/hooks/half.yaml": "half: {target: '0', at: forward, action: fn.halve}\n",
+    }
+    write_library(site, "fn-hooks", files, {"hookgraph.conf": {"fn": "fn_hooks:CONF"},
+                                            "hookgraph.actions": {"fn": "fn_hooks:actions"}})
+    refresh()
+    cfg = composed(["model=mlp", "hooks=[fn/half]"])
+    assert OmegaConf.to_container(cfg.hooks) == {"half": {"target": "0", "at": "forward", "action": "fn.halve"}}
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    expected = model(x) / 4
+    graph = hg.compile(model, {"h": {"target": "0", "at": "forward", "action": "fn.halve", "args": {"by": 4.0}}})
+    with graph.attach():
+        torch.testing.assert_close(model(x), expected)
+    assert "halve" not in ACTIONS

@@ -204,6 +204,8 @@ def arrange(search_path: Any) -> None:
     from hydra.core.config_search_path import SearchPathQuery  # lazy: the plugin runs inside Hydra
 
     for folder in _user_dirs:
+        if not folder.is_dir():
+            continue  # Hydra's own entry for it says so (--config-dir: an error; hydra.searchpath: a warning)
         search_path.prepend(USER_PROVIDER, f"{USER_SCHEME}://{folder}", anchor=SearchPathQuery(provider="main"))
     for lib in libraries(CONF_GROUP):
         found, _ = conf_folder(lib)
