@@ -61,6 +61,10 @@ def test_your_folder_is_listed_first_and_the_shadowed_packaged_option_flagged(tm
     assert f"shadows packaged {PACKAGED / 'hooks' / 'nan_watch.yaml'}" in used
     assert shadowed.split()[1:5] == ["packaged", "shadowed", "by", "your"]
     assert "probe_heads" in hooks and "shadow" not in hooks["probe_heads"][0]
+    assert "(note) spec 'mine' is defined by nan_watch, probe_heads" not in out
+    (conf / "hooks" / "more_heads.yaml").write_text("heads: {target: 'h.0', action: stats}\n")
+    assert list_main(["--config-dir", str(conf), "hooks"]) == 0
+    assert "(note) spec 'heads' is defined by more_heads, probe_heads: chosen together" in capsys.readouterr().out
     assert "your folder" in rows(out, "models")["my_net"][0]
     assert "actions:" not in out
 

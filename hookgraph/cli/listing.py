@@ -88,7 +88,24 @@ def list_group(word: str) -> list[str]:
         lines.append(f"  {name:<{width}}  {origin}{flag}" + (f"  {detail}" if detail else ""))
         for o, f, _ in hidden:
             lines.append(f"  {name:<{width}}  {o}  shadowed by {origin}: {f} is not used")
+    if group == "hooks":
+        lines += _shared_specs(seen)
     return lines
+
+
+def _shared_specs(seen: dict[str, list[tuple[str, str, str]]]) -> list[str]:
+    """Specs that two hook sets define under one name: chosen together, they merge into one spec."""
+    by_spec: dict[str, list[str]] = {}
+    for option, found in seen.items():
+        detail = found[0][2]
+        if detail.startswith("specs: "):
+            for spec in detail.removeprefix("specs: ").split(", "):
+                by_spec.setdefault(spec, []).append(option)
+    return [
+        f"  (note) spec {spec!r} is defined by {', '.join(options)}: chosen together, they merge into one spec"
+        for spec, options in sorted(by_spec.items())
+        if len(options) > 1
+    ]
 
 
 def list_actions() -> list[str]:
