@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from hookgraph.cli.app import CONFIG_DIR
+from hookgraph.cli.plan import main as plan_main
 from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
 from hookgraph.runner import register_configs
@@ -142,3 +143,14 @@ def test_hydra_searchpath_on_the_command_line_also_comes_first(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("mine", "nan_watch"))]
     assert rows == [["mine", "fc1"]]  # your model has one hidden layer (the packaged mlp has two)
+
+
+def test_plan_reads_your_folder_first_too(tmp_path, capsys):
+    conf = folder(tmp_path / "conf", {"hooks/nan_watch.yaml": MINE})
+    try:
+        assert plan_main(["--svg", str(tmp_path / "plan.svg"), "--config-dir", str(conf), "model=mlp",
+                          "hooks=[nan_watch]"]) == 0
+    finally:
+        set_user_dirs([])
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.startswith(("mine", "nan_watch"))]
+    assert rows == [["mine", "fc1"]]
