@@ -69,8 +69,9 @@ def _shadowing_dirs() -> list[Path]:
     for source in HydraConfig.get().runtime.config_sources or []:
         if source.provider == "main":
             break
-        if source.path and Path(source.path).is_dir():
-            out.append(Path(source.path))
+        folder = Path(source.path or "")
+        if source.provider != "hydra" and folder.is_absolute() and folder.is_dir():
+            out.append(folder)
     return out
 
 
