@@ -30,7 +30,7 @@ test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check hookgraph tests benchmarks
+	$(BIN)/ruff check hookgraph hydra_plugins tests benchmarks
 	$(BIN)/mypy
 
 # The docs extra goes into the same .venv; --strict fails on a broken link, page or anchor

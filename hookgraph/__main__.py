@@ -2,14 +2,16 @@
 
 Two sub-commands are taken before Hydra sees the command line (a bare word is never a
 Hydra override): ``hookgraph report DIR...`` rebuilds report.html of run or sweep folders,
-``hookgraph plan [--svg PATH] [overrides...]`` draws a config's plan without running it.
+``hookgraph plan [--svg PATH] [overrides...]`` draws a config's plan without running it,
+``hookgraph list [--config-dir DIR] [hooks|experiments|models|data|actions]`` shows every
+option and where it comes from.
 """
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("report", "plan")
+COMMANDS = ("report", "plan", "list")
 
 
 def main() -> None:
@@ -22,6 +24,10 @@ def main() -> None:
         from hookgraph.cli.plan import main as plan_main  # lazy: each command loads only what it needs
 
         sys.exit(plan_main(argv[1:]))
+    if argv and argv[0] == "list":
+        from hookgraph.cli.listing import main as list_main  # lazy: each command loads only what it needs
+
+        sys.exit(list_main(argv[1:]))
     from hookgraph.cli.app import main as app_main  # lazy: Hydra and the configs load only for runs
 
     app_main()

@@ -26,6 +26,7 @@ def test_wheel_carries_conf_and_runs_from_elsewhere(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hookgraph/conf/config.yaml" in names
     assert "hookgraph/conf/experiment/clamp_conv.yaml" in names
+    assert "hydra_plugins/hookgraph_searchpath/__init__.py" in names  # your folders first, hook libraries
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     work = tmp_path / "elsewhere"
@@ -38,6 +39,16 @@ def test_wheel_carries_conf_and_runs_from_elsewhere(tmp_path):
                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((work / "out" / "summary.json").read_text())["loss"] == 91.0
+    # The plugin from the wheel puts the user's folder before the packaged configs.
+    (work / "conf" / "hooks").mkdir(parents=True)
+    (work / "conf" / "hooks" / "nan_watch.yaml").write_text("mine: {target: fc1, action: stats}\n")
+    proc = subprocess.run([sys.executable, "-m", "hookgraph", "--config-dir", "conf", "model=mlp", "hooks=[nan_watch]",
+                           "dry_run=true", "hydra.run.dir=out2"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("mine", "nan_watch"))] == [
+        ["mine", "fc1"]
+    ]
 
 
 def test_console_script(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,8 @@ def test_an_older_folder_whose_tables_say_point_reads_as_at(a_run, tmp_path):
         if name.endswith(".csv"):
             header, _, rest = text.partition("\n")
             text = ",".join("point" if c == "at" else c for c in header.split(",")) + "\n" + rest
+        if name == layout.SUMMARY:  # a folder that old had no manifest (and this copy has no records/)
+            text = json.dumps({k: v for k, v in json.loads(text).items() if k != "manifest"})
         (old / name).write_text(text)
     assert "point" in (old / layout.STATS).read_text().splitlines()[0]
     new, back = hg.load_run(a_run), hg.load_run(old)
@@ -187,8 +190,9 @@ def test_run_modules_is_modules_json_read_on_first_use(a_run, tmp_path):
     # Read when first asked for, not by load_run: a file damaged in between is found then.
     copy = tmp_path / "copy"
     copy.mkdir()
-    for name in (layout.SUMMARY, layout.MODULES):
-        (copy / name).write_text((a_run / name).read_text())
+    for name in (layout.SUMMARY, layout.MODULES, layout.STATS, layout.TRACE):  # what the summary lists, too
+        (copy / name).write_bytes((a_run / name).read_bytes())
+    shutil.copytree(a_run / layout.RECORDS, copy / layout.RECORDS)
     later = hg.load_run(copy)
     (copy / layout.MODULES).write_text("[{")
     with pytest.raises(DamagedFileError, match=re.escape(str(copy / layout.MODULES)) + " is damaged: not JSON"):
@@ -204,7 +208,8 @@ def test_the_report_page_shows_a_damaged_folder_through_the_reader(a_run, tmp_pa
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     for name in (layout.SUMMARY, layout.PLAN, layout.TRACE):
-        (damaged / name).write_text((a_run / name).read_text())
+        (damaged / name).write_bytes((a_run / name).read_bytes())  # bytes: csv's \r\n kept
+    shutil.copytree(a_run / layout.RECORDS, damaged / layout.RECORDS)  # the summary lists its shards
     (damaged / layout.STATS).write_text("spec,target\ns,a,extra,cells\n")
     (damaged / layout.MODULES).write_bytes(b"\xff\xfe[]")
     with pytest.raises(hg.HookGraphError, match="row 2 does not have the header's columns"):

@@ -5,7 +5,9 @@ Public names: recorded_value, position_index, source_label.
 A source is a run folder (a path), a ``Run`` from ``hookgraph.load_run``, a ``HookGraph``
 whose records are still in memory, or a records mapping (``graph.records`` /
 ``run.records``). Everything here runs in the action's factory, at compile time, so a
-missing run, spec or target is a compile error naming the nearest valid names.
+missing run, spec or target is a compile error naming the nearest valid names. A run folder
+is read strictly: one that lacks what its summary lists (a shard, ``records/``) or holds
+another run's shards is a compile error naming those pieces, never a shorter list of steps.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The action registry: what a spec's ``action`` names, and how arguments are checked.
 
-Public names: ActionDef, ActionContext, ACTIONS, register_action, resolve_action.
+Public names: ActionDef, ActionContext, ACTIONS, register_action, resolve_action,
+load_action_libraries (the actions of installed libraries, entry-point group ``hookgraph.actions``).
 
 An action is a *factory*: ``factory(ctx, **args) -> fn``. The factory runs once, at
 compile time, so argument checks and allocations happen there; ``fn`` runs in the hook:
@@ -48,7 +49,7 @@ from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.transfer import HostCopier
 from hookgraph.errors import Problem, did_you_mean
 
-__all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action"]
+__all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action", "load_action_libraries"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,44 @@ class ActionContext:
 
 ACTIONS: dict[str, ActionDef] = {}
 
+# While an installed library's entry point loads (entry-point group ``hookgraph.actions``), the
+# actions it registers are named ``<namespace>.<name>``: two libraries never share a name.
+_namespace: list[str] = []
+_libraries: dict[str, str | None] = {}  # namespace -> why its entry point failed (None: loaded)
+
+
+def load_action_libraries(*, reload: bool = False) -> dict[str, str | None]:
+    """Import every ``hookgraph.actions`` entry point once, each under its namespace; one that
+    fails is one warning naming its package and entry point, and the others still load.
+
+    Returns namespace -> None (loaded) or why it failed. ``reload`` reads the entry points again
+    (after installing a library in a running process).
+    """
+    if reload:
+        _libraries.clear()
+    if _libraries:
+        return {k: v for k, v in _libraries.items() if k}
+    from hookgraph.config.searchpath import ACTIONS_GROUP, libraries  # lazy: read when an action is unknown
+
+    _libraries[""] = None  # read once, even when nothing is installed
+    for lib in libraries(ACTIONS_GROUP):
+        _namespace.append(lib.namespace)
+        try:
+            obj = lib.entry_point.load()
+            if callable(obj) and not isinstance(obj, types.ModuleType):
+                made = obj()
+                for name, fn in (made or {}).items() if isinstance(made, Mapping) else ():
+                    key = f"{lib.namespace}.{name}"
+                    ACTIONS[key] = _plain_function_action(fn, key)
+            _libraries[lib.namespace] = None
+        except Exception as exc:
+            why = f"{lib.label}: cannot load its actions: {type(exc).__name__}: {exc}"
+            _libraries[lib.namespace] = why
+            warnings.warn(why, stacklevel=2)
+        finally:
+            _namespace.pop()
+    return {k: v for k, v in _libraries.items() if k}
+
 _KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -170,6 +209,8 @@ def register_action(
 
     def deco(factory: Callable[..., Any]) -> Callable[..., Any]:
         key = name or factory.__name__
+        if _namespace and not key.startswith(f"{_namespace[-1]}."):
+            key = f"{_namespace[-1]}.{key}"
         params = list(inspect.signature(factory).parameters.values())
         if not params or params[0].name != "ctx":
             raise TypeError(f"action {key!r}: the factory must take 'ctx' as its first parameter, got {params}")
@@ -215,6 +256,13 @@ def resolve_action(action: Any, key: str) -> tuple[ActionDef | None, list[Proble
     if isinstance(action, str):
         if action in ACTIONS:
             return ACTIONS[action], []
+        if "." in action:  # <namespace>.<name>: an installed library's action
+            load_action_libraries()
+            if action in ACTIONS:
+                return ACTIONS[action], []
+            why = _libraries.get(action.split(".", 1)[0])
+            if why:
+                return None, [Problem(key, f"unknown action {action!r}: {why}")]
         return None, [Problem(key, f"unknown action {action!r}; {did_you_mean(action, ACTIONS, 'registered actions')}")]
     if isinstance(action, Mapping) and "_target_" in action:
         extra = set(action) - {"_target_", "replaces", "traceable"}

@@ -13,6 +13,10 @@ and turns hookgraph's errors into one clear message and a non-zero exit:
   its own (submitit, Ray): that job ends ``interrupted`` and the others go on;
 - a YAML syntax error in a ``--config-dir`` file is one line with the file, line and column.
 
+The folders the command line names (``--config-dir``, ``hydra.searchpath=[...]``) come before
+the packaged configs: an option of yours replaces a packaged one of the same group and name
+(:mod:`hookgraph.config.searchpath`).
+
 Each message reaches the terminal once (on stderr); the log file gets it too.
 """
 
@@ -34,6 +38,7 @@ from omegaconf import DictConfig
 from hookgraph.cli import callbacks
 from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
+from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
 from hookgraph.errors import ConfigError, HookGraphError, SpecError
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
@@ -211,6 +216,8 @@ def main() -> None:
         )
         sys.exit(2)
     callbacks.reset()
+    # Your folders come before the packaged configs (hydra_plugins/hookgraph_searchpath reads them).
+    set_user_dirs(user_dirs_from_argv(sys.argv[1:]))
     sys.argv[1:] = rank_overrides(sys.argv[1:])  # under torchrun, ranks other than 0 write only their part
     _app()
     code = _sweep_verdict()

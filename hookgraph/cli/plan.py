@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.cli.app import CONFIG_DIR
+from hookgraph.config.searchpath import set_user_dirs
 from hookgraph.core.compiler import compile as compile_graph
 from hookgraph.errors import HookGraphError
 from hookgraph.report import module_tree, write_plan_svg
@@ -29,8 +30,9 @@ __all__ = ["main"]
 def _compose(overrides: list[str], config_dir: str | None) -> DictConfig:
     register_configs()  # the schema conf/config.yaml names first; the Hydra app registers it in main()
 
+    # What --config-dir does for the Hydra app: the user's groups come first.
+    set_user_dirs([config_dir] if config_dir else [])
     if config_dir:
-        # What --config-dir does for the Hydra app: the user's groups join the search path.
         overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose("config", overrides=overrides)

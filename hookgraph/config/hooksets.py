@@ -7,6 +7,10 @@ serves every model. Once a user points such a spec somewhere else (``target``, `
 or ``types`` differ from the packaged file, set on the command line or in their own config),
 a miss is a typo, not a model without those layers: the spec must then match like any
 other, unless the user chose the bound themselves.
+
+A hook set of the user's with a packaged set's name (their ``hooks/nan_watch.yaml``) replaces
+the packaged one (see :mod:`hookgraph.config.searchpath`): its specs are the user's, never
+treated as packaged.
 """
 
 from __future__ import annotations
@@ -37,21 +41,38 @@ def packaged_conf_dir() -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)
-def _load_packaged(conf_dir: Path | None) -> dict[str, dict]:
+@functools.lru_cache(maxsize=16)
+def _load_packaged(conf_dir: Path | None, shadowing: tuple[Path, ...] = ()) -> dict[str, dict]:
     out: dict[str, dict] = {}
     if conf_dir is None:
         return out
     for path in sorted((conf_dir / "hooks").glob("*.yaml")):
+        if any((d / "hooks" / path.name).is_file() for d in shadowing):
+            continue  # a folder of the user's has this option: it was composed, not the packaged one
         loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         if isinstance(loaded, dict):
             out.update({str(k): v for k, v in loaded.items() if isinstance(v, dict)})
     return out
 
 
-def packaged_specs(conf_dir: Path | None = None) -> dict[str, dict]:
-    """Spec name -> body, for every spec of the packaged hook sets (``conf/hooks/*.yaml``)."""
-    return _load_packaged(conf_dir or packaged_conf_dir())
+def packaged_specs(conf_dir: Path | None = None, shadowing: Sequence[Path] = ()) -> dict[str, dict]:
+    """Spec name -> body, for every spec of the packaged hook sets (``conf/hooks/*.yaml``),
+    leaving out the sets that an option of the same name in a ``shadowing`` folder replaces."""
+    return _load_packaged(conf_dir or packaged_conf_dir(), tuple(Path(d) for d in shadowing))
+
+
+def _shadowing_dirs() -> list[Path]:
+    """The folders Hydra searched before the packaged configs in this run (the user's)."""
+    if not HydraConfig.initialized():
+        return []
+    out = []
+    for source in HydraConfig.get().runtime.config_sources or []:
+        if source.provider == "main":
+            break
+        folder = Path(source.path or "")
+        if source.provider != "hydra" and folder.is_absolute() and folder.is_dir():
+            out.append(folder)
+    return out
 
 
 _UNRESOLVED = object()
@@ -89,7 +110,11 @@ def _min_set_by_override(name: str, overrides: Sequence[str]) -> bool:
 
 
 def require_matches_where_retargeted(
-    hooks: Any, *, overrides: Sequence[str] | None = None, conf_dir: Path | None = None
+    hooks: Any,
+    *,
+    overrides: Sequence[str] | None = None,
+    conf_dir: Path | None = None,
+    shadowing: Sequence[Path] | None = None,
 ) -> Any:
     """Set ``expect.min: 1`` on each packaged spec whose ``target``, ``exclude`` or ``types``
     differ from its packaged hook set, unless the user set ``expect.min`` themselves: to
@@ -98,12 +123,14 @@ def require_matches_where_retargeted(
     ``hooks`` is the composed ``hooks`` DictConfig; it is edited in place (so
     interpolations keep their root) and returned. ``overrides`` defaults to Hydra's task
     overrides; without them and outside a Hydra app nothing changes. Anything but a
-    DictConfig is returned unchanged.
+    DictConfig is returned unchanged. ``shadowing`` (default: the folders Hydra searched
+    before the packaged ones) are the user's: a hook set there replaces the packaged one of
+    its name, and its specs are the user's.
     """
     overrides = _task_overrides() if overrides is None else overrides
     if not isinstance(hooks, DictConfig) or overrides is None:
         return hooks
-    packaged = packaged_specs(conf_dir)
+    packaged = packaged_specs(conf_dir, _shadowing_dirs() if shadowing is None else shadowing)
     for name in list(hooks.keys()):
         original = packaged.get(str(name))
         node = hooks._get_node(name)

@@ -144,6 +144,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
         own = progress.own_losses or progress.losses  # a failed run never averaged its losses
         if own:
             s["loss_rank"] = _finite(own[-1])  # this rank's own; ``loss`` is the mean over ranks
+        s["manifest"] = writer.manifest()  # this rank's shards and tables: load_run checks against it
         try:  # this rank's own summary, which rank 0 gathers; written whatever happened
             writer.json(writer.rank_path(layout.SUMMARY), s)
         except OSError as exc:
@@ -158,6 +159,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
             merge_tables(writer, world.size)
         except OSError as exc:
             s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
+    s["manifest"] = writer.manifest()  # after the merged tables: what load_run checks the folder against
     try:
         writer.json(layout.SUMMARY, s)
     except OSError as exc:

@@ -16,6 +16,14 @@ shard that changed or was cut after it was indexed. Every other damaged file rai
 HookGraphError that names the file; read with ``load_run(strict=False)`` (the report page),
 it reads as empty instead and ``Run.problems`` names it. The files' names come from
 :mod:`hookgraph.runs.layout`, their parsers from :mod:`hookgraph.runs.files`.
+
+A folder is checked against the manifest its summaries hold (:meth:`RunWriter.manifest`):
+a shard or table the summary lists but the folder lacks, a table cut or rewritten, a shard
+of another run (its run id differs, or the summary does not list it) are each a line of
+``Run.missing``; a strict read raises one HookGraphError naming them all. A foreign shard is
+never read as this run's. A shard's content digest is checked on the first read of its
+tensors (records are read lazily). Only what a summary claims is checked: a run still
+running or killed before its summary, and a folder written before manifests, claim nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import math
 import os
 import struct
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +49,7 @@ from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
 from hookgraph.runs.files import exists, read_config, read_csv, read_json
-from hookgraph.runs.writer import FORMAT, shard_key
+from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
@@ -58,12 +67,13 @@ class _Tensor(NamedTuple):
 class _Shard:
     """One shard file: its path, the file it was indexed from and, when it cannot be read, why."""
 
-    __slots__ = ("path", "file", "name", "damage", "stamp")
+    __slots__ = ("path", "file", "name", "damage", "stamp", "digest")
 
-    def __init__(self, path: Path, name: str, damage: str | None = None):
+    def __init__(self, path: Path, name: str, damage: str | None = None, digest: str | None = None):
         self.path, self.name, self.damage = path, name, damage
         self.file = str(path)  # os.open takes a str without pathlib's conversion per read
         self.stamp: tuple[int, ...] | None = None  # _stamp of the file when indexed
+        self.digest = digest  # the summary's digest of its bytes, until checked (then None)
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -119,6 +129,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     out: list[torch.Tensor] = []
+    hashing: _Hashing | None = None
     try:
         fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -129,6 +140,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 raise HookGraphError(
                     f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
                 )
+            hashing = _Hashing(fd, st.st_size) if shard.digest is not None else None
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -143,11 +155,71 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                         f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
                     )
                 out.append(torch.frombuffer(buf, dtype=t.dtype) if value is None else value)
+            if hashing is not None:
+                _check_digest(hashing, shard)
         finally:
+            if hashing is not None:
+                hashing.join()  # never close the fd under the hashing thread
             os.close(fd)
     except OSError as exc:
         raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
     return out
+
+
+_CHUNK = 1 << 20
+_THREADED = 512 << 10  # from this size a shard is hashed on its own thread
+
+
+class _Hashing(threading.Thread):
+    """The digest of a whole shard file, computed on its own thread while the reading thread
+    reads the tensors asked for (hashlib and preadv release the GIL): the check costs about
+    the hash alone, not the hash plus a second pass (benchmarks/RESULTS.md)."""
+
+    def __init__(self, fd: int, size: int):
+        super().__init__(name="hookgraph-digest", daemon=True)
+        self.fd, self.size = fd, size
+        self.digest: str | None = None
+        self.error: OSError | None = None
+        if size >= _THREADED:
+            self.start()
+        else:  # a small shard: hashed here, cheaper than starting a thread (~50 us)
+            self.run()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.ident is not None:
+            super().join(timeout)
+
+    def run(self) -> None:
+        h = hasher()
+        buf = bytearray(min(_CHUNK, self.size))
+        view = memoryview(buf)
+        offset = 0
+        try:
+            while offset < self.size:  # one reused buffer: no allocation per chunk
+                n = os.preadv(self.fd, [view[: min(_CHUNK, self.size - offset)]], offset)
+                if n <= 0:
+                    break
+                h.update(view[:n])
+                offset += n
+        except OSError as exc:
+            self.error = exc
+            return
+        self.digest = h.hexdigest()
+
+
+def _check_digest(hashing: _Hashing, shard: _Shard) -> None:
+    """The shard's bytes against the digest its run's summary holds, once per shard (on the
+    first read of its tensors): a shard rewritten in place, even with the same size and
+    modification time, is refused by name instead of read as this run's."""
+    hashing.join()
+    if hashing.error is not None:
+        raise hashing.error
+    if hashing.digest != shard.digest:
+        raise HookGraphError(
+            f"{shard.name} is damaged (its bytes differ from what the run wrote: digest {hashing.digest}, "
+            f"the summary says {shard.digest}); its records cannot be read"
+        )
+    shard.digest = None  # checked: later reads of this shard skip the hash
 
 
 def _load(entries: list[_Entry]) -> list:
@@ -190,15 +262,23 @@ def _legacy(paths: list[str], values: list[torch.Tensor]) -> Any:
     return dict(parts)
 
 
+def _not_read(damaged: list[str], missing: list[str]) -> str:
+    """What a lookup that found nothing should add: the shards not read, and why."""
+    parts = [f"damaged shards, not read: {', '.join(damaged)}"] if damaged else []
+    if missing:
+        parts.append(f"missing or not this run's: {'; '.join(missing)}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 class _Targets(Mapping):
     """``records[spec]``: target -> the list of its recorded calls, read on first access."""
 
-    def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str]):
-        self._spec, self._index, self._damaged = spec, index, damaged
+    def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str], missing: list[str]):
+        self._spec, self._index, self._damaged, self._gaps = spec, index, damaged, missing
         self._cache: dict[str, list] = {}
 
     def _missing(self) -> str:
-        return f" (damaged shards, not read: {', '.join(self._damaged)})" if self._damaged else ""
+        return _not_read(self._damaged, self._gaps)
 
     def _entries(self, target: str) -> list[_Entry]:
         if target not in self._index:
@@ -245,15 +325,16 @@ class _Targets(Mapping):
 
 
 class _Records(Mapping):
-    """``records[spec]`` -> its targets; ``damaged``: the shards that could not be indexed."""
+    """``records[spec]`` -> its targets; ``damaged``: the shards that could not be indexed;
+    ``missing``: the shards the summary lists that are not there, or are another run's."""
 
-    def __init__(self, index: dict[str, dict[str, list[_Entry]]], damaged: list[str]):
-        self._index, self.damaged = index, damaged
-        self._targets = {spec: _Targets(spec, targets, damaged) for spec, targets in index.items()}
+    def __init__(self, index: dict[str, dict[str, list[_Entry]]], damaged: list[str], missing: list[str] | None = None):
+        self._index, self.damaged, self.missing = index, damaged, list(missing or [])
+        self._targets = {spec: _Targets(spec, targets, damaged, self.missing) for spec, targets in index.items()}
 
     def __getitem__(self, spec: str) -> _Targets:
         if spec not in self._targets:
-            extra = f" (damaged shards, not read: {', '.join(self.damaged)})" if self.damaged else ""
+            extra = _not_read(self.damaged, self.missing)
             raise HookGraphError(
                 f"no records for spec {spec!r}; {did_you_mean(spec, self._targets, 'specs with records')}{extra}"
             )
@@ -275,16 +356,87 @@ class _Records(Mapping):
 # -- shard headers -------------------------------------------------------------------
 
 
-def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]]) -> None:
+class _Foreign(Exception):
+    """A shard that is not the run's own (another run's id) or holds other entries than the
+    summary says; the message says how."""
+
+
+def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]], claim: _Claim | None = None) -> None:
     """Add the shard's entries to ``index``. Raises _Damaged, and then adds nothing, when
-    safetensors cannot open it or its metadata is not hookgraph's."""
+    safetensors cannot open it or its metadata is not hookgraph's; _Foreign, and then adds
+    nothing, when ``claim`` (what the summary says of it) names another run or entry count."""
     with _opened(shard) as f:
         meta = f.metadata() or {}
         keys = set(f.keys())
     tensors = _locate(shard, meta, keys)
     found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
+    if claim is not None:
+        run = meta.get(RUN_ID)
+        if run != claim.run:
+            raise _Foreign(
+                f"{shard.name}: written by another run (its run id {run or 'none'}, this run's {claim.run}); not read"
+            )
+        if claim.entries is not None and len(found) != claim.entries:
+            raise _Foreign(f"{shard.name}: {len(found)} entries, the summary says {claim.entries}; not read")
+        shard.digest = claim.digest
     for spec, target, entry in found:  # only now: a damaged shard adds nothing
         index.setdefault(spec, {}).setdefault(target, []).append(entry)
+
+
+# -- what the summaries claim ------------------------------------------------------------
+
+
+class _Claim(NamedTuple):
+    """What a summary's manifest says of one shard."""
+
+    run: str
+    entries: int | None
+    digest: str | None
+
+
+@dataclass
+class _Manifest:
+    """Every summary's manifest of a run folder, merged: ``records`` maps a shard folder
+    (``records``, ``records/rank-1``) to the id of the run that wrote it, ``shards`` a
+    shard's path to its claim, ``tables`` a table's path to ``{rows, bytes}``."""
+
+    records: dict[str, str] = field(default_factory=dict)
+    shards: dict[str, _Claim] = field(default_factory=dict)
+    tables: dict[str, dict] = field(default_factory=dict)
+
+
+def _int_or_none(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
+
+
+def _manifest(root: Path) -> _Manifest | None:
+    """The manifests of the folder's summaries (the run's, and each rank's own); None when
+    none has one (a run still running or killed, or written before manifests). A summary
+    that cannot be read claims nothing here: load_run names it on its own."""
+    found = _Manifest()
+    summaries = [root / layout.SUMMARY] + [
+        root / layout.rank_file(k, layout.SUMMARY) for k in run_ranks(root) if exists(root / layout.RANKS)
+    ]
+    any_manifest = False
+    for path in summaries:
+        try:
+            summary = read_json(path, dict)
+        except HookGraphError:
+            continue
+        m = summary.get("manifest") if isinstance(summary, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("run"), str) or not isinstance(m.get("records"), str):
+            continue
+        any_manifest = True
+        found.records[m["records"]] = m["run"]
+        for name, facts in (m.get("shards") or {}).items():
+            if isinstance(facts, dict):
+                d = facts.get("digest")
+                entries = _int_or_none(facts.get("entries"))
+                found.shards[str(name)] = _Claim(m["run"], entries, d if isinstance(d, str) else None)
+        for name, facts in (m.get("tables") or {}).items():
+            if isinstance(facts, dict):
+                found.tables[str(name)] = facts
+    return found if any_manifest else None
 
 
 # safetensors' dtype names (the format's documented list) -> torch dtype and how many of
@@ -455,7 +607,21 @@ def load_records(root: str | Path, rank: int | None = None) -> _Records:
     """``records[spec][target]`` of a run folder, indexed from the shard headers only.
 
     A run of several processes keeps each rank's records in ``records/rank-N/``: ``rank``
-    picks one (default 0). Damaged shards are skipped with a warning and listed in ``.damaged``."""
+    picks one (default 0). Damaged shards are skipped with a warning and listed in ``.damaged``;
+    shards the summary lists that are missing, or shards of another run (not read), are
+    listed in ``.missing`` with a warning."""
+    records = _load_records(Path(root), rank, _manifest(Path(root)))
+    if records.missing:
+        warnings.warn(_gaps_message(Path(root), records.missing, strict=False), stacklevel=2)
+    return records
+
+
+def _gaps_message(root: Path, missing: list[str], strict: bool) -> str:
+    head = f"{root}: the run folder lacks what its summary lists, or holds another run's: {'; '.join(missing)}"
+    return head + (". Read what is there with load_run(path, strict=False)" if strict else "")
+
+
+def _load_records(root: Path, rank: int | None, manifest: _Manifest | None) -> _Records:
     index: dict[str, dict[str, list[_Entry]]] = {}
     damaged: list[str] = []
     root = Path(root)
@@ -465,19 +631,36 @@ def load_records(root: str | Path, rank: int | None = None) -> _Records:
     elif rank is not None:
         _check_rank(root, rank, [0])
     shard_dir = root / sub
+    missing: list[str] = []
+    run = manifest.records.get(sub) if manifest is not None else None  # None: nothing claimed, nothing checked
+    claims = {} if manifest is None else {n: c for n, c in manifest.shards.items() if n.rpartition("/")[0] == sub}
     with gc_paused():
+        seen: set[str] = set()
         for path in _shard_paths(shard_dir):
             shard = _Shard(path, f"{sub}/{path.name}")
+            seen.add(shard.name)
+            if run is not None and shard.name not in claims:
+                # The run's summary does not list it: another run's, or written after the summary.
+                missing.append(f"{shard.name}: not one of this run's shards (its summary does not list it); not read")
+                continue
             try:
-                _index_shard(shard, index)
+                _index_shard(shard, index, claims.get(shard.name))
             except _Damaged as exc:
                 shard.damage = str(exc)
                 damaged.append(shard.name)
                 warnings.warn(f"{Path(root) / shard.name}: damaged shard skipped ({exc})", stacklevel=3)
+            except _Foreign as exc:
+                missing.append(str(exc))
         for targets in index.values():
             for entries in targets.values():
                 entries.sort(key=lambda e: (e.step, e.call))
-    return _Records(index, damaged)
+    gone = [n for n in claims if n not in seen]
+    if gone and not exists(shard_dir):
+        total = sum(claims[n].entries or 0 for n in gone)
+        missing.insert(0, f"{sub}/: missing (the summary lists {len(gone)} shard(s), {total} entries)")
+    else:
+        missing += [f"{n}: missing (the summary lists it, {claims[n].entries} entries)" for n in gone]
+    return _Records(index, damaged, missing)
 
 
 def _shard_paths(shard_dir: Path) -> list[Path]:
@@ -514,7 +697,11 @@ class Run:
     A run of several processes (torchrun): ``ranks`` lists them; ``records`` are those of
     ``rank`` (0 unless :func:`load_run` was given another); ``stats`` and ``trace`` hold every
     rank's rows, each with its ``rank``, or only ``rank``'s when one was asked for;
-    ``records_by_rank()`` reads every rank's records. A single process reads as ``ranks == [0]``."""
+    ``records_by_rank()`` reads every rank's records. A single process reads as ``ranks == [0]``.
+
+    ``missing``: what the run's summary lists that the folder lacks or holds otherwise (a
+    shard or a table gone, a table cut, a shard of another run), one line each; a strict read
+    raises instead, naming them. Also in ``problems``, so the report page shows them."""
 
     path: Path
     records: Mapping
@@ -527,6 +714,7 @@ class Run:
     ranks: list = field(default_factory=lambda: [0])  # the ranks whose parts the folder holds
     rank: int = 0  # whose records ``records`` holds
     problems: list = field(default_factory=list)  # strict=False: each file that read as empty, and why
+    missing: list = field(default_factory=list)  # strict=False: what the summary lists that is gone or another run's
     strict: bool = True
     _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 
@@ -545,11 +733,23 @@ class Run:
 
     def records_by_rank(self) -> dict[int, Mapping]:
         """Every rank's records, ``{rank: records}`` (each read lazily, as ``records`` is)."""
-        return {r: self.records if r == self.rank else load_records(self.path, r) for r in self.ranks}
+        out: dict[int, Mapping] = {}
+        manifest = _manifest(self.path)
+        for r in self.ranks:
+            if r == self.rank:
+                out[r] = self.records
+                continue
+            records = _load_records(self.path, r, manifest)
+            if records.missing:
+                if self.strict:
+                    raise HookGraphError(_gaps_message(self.path, records.missing, strict=True))
+                warnings.warn(_gaps_message(self.path, records.missing, strict=False), stacklevel=2)
+            out[r] = records
+        return out
 
     @property
     def ok(self) -> bool:
-        return self.status == "completed" and not self.damaged
+        return self.status == "completed" and not self.damaged and not self.missing
 
 
 def run_content(path: str | Path) -> list[str]:
@@ -578,6 +778,24 @@ def _rank_rows(root: Path, name: str, ranks: list[int], rank: int | None) -> lis
     return rows
 
 
+def _table_gaps(root: Path, name: str, rows: int, manifest: _Manifest | None) -> list[str]:
+    """How the table ``name`` differs from what the summary says of it (nothing claimed:
+    nothing to say). ``rows``: the rows read from it."""
+    facts = manifest.tables.get(name) if manifest is not None else None
+    if facts is None:
+        return []
+    want_rows, want_bytes = _int_or_none(facts.get("rows")), _int_or_none(facts.get("bytes"))
+    try:
+        size = os.stat(root / name).st_size
+    except OSError:
+        return [f"{name}: missing (the summary says {want_rows} rows)"]
+    if want_bytes is not None and size != want_bytes:
+        return [f"{name}: {size:,} bytes, the summary says {want_bytes:,} (cut or rewritten; {rows} rows read)"]
+    if want_rows is not None and rows != want_rows:
+        return [f"{name}: {rows} rows read, the summary says {want_rows}"]
+    return []
+
+
 def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) -> Run:
     """Read a run folder written by ``python -m hookgraph`` or :func:`hookgraph.runner.run`.
 
@@ -586,7 +804,10 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
     HookGraphError naming the valid ranks.
 
     ``strict``: a file that is there but cannot be read is a HookGraphError naming it; with
-    False (what the report page does), it reads as empty and ``Run.problems`` names it."""
+    False (what the report page does), it reads as empty and ``Run.problems`` names it.
+    So is a folder that lacks what its summary lists (a shard, records/, a table, or a table
+    cut short) or holds another run's shards: strict, one HookGraphError names every piece;
+    with False, the run reads what is there, with a warning, and ``Run.missing`` names them."""
     root = Path(path)
     if not root.is_dir():
         raise HookGraphError(
@@ -611,13 +832,30 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
         summary = {"status": "incomplete", "note": f"no {layout.SUMMARY}: the run ended before writing one "
                    f"(killed?); read what it left: {', '.join(present)}"}
         warnings.warn(f"{root}: no {layout.SUMMARY}; reading an incomplete run", stacklevel=2)
-    records = read(load_records, root, rank, empty=_Records({}, []))
-    if _ranked(root):
-        stats = read(_rank_rows, root, layout.STATS, ranks, rank, empty=[])
-        trace = read(_rank_rows, root, layout.TRACE, ranks, rank, empty=[])
-    else:
-        stats = read(read_csv, root / layout.STATS, empty=[])
-        trace = read(read_csv, root / layout.TRACE, empty=[])
+    manifest = _manifest(root)
+    records = read(_load_records, root, rank, manifest, empty=_Records({}, []))
+    missing = list(records.missing)
+    tables: dict[str, list] = {}
+    for name in (layout.STATS, layout.TRACE):
+        known = len(problems)
+        if _ranked(root):
+            tables[name] = read(_rank_rows, root, name, ranks, rank, empty=[])
+        else:
+            tables[name] = read(read_csv, root / name, empty=[])
+        if len(problems) > known:
+            continue  # damaged, and named so already: its size and rows say nothing more
+        if _ranked(root):
+            for k in ranks if rank is None else [rank]:
+                own = sum(1 for r in tables[name] if r.get("rank") == k)
+                missing += _table_gaps(root, layout.rank_file(k, name), own, manifest)
+        else:
+            missing += _table_gaps(root, name, len(tables[name]), manifest)
+    stats, trace = tables[layout.STATS], tables[layout.TRACE]
+    if missing:
+        if strict:
+            raise HookGraphError(_gaps_message(root, missing, strict=True))
+        warnings.warn(_gaps_message(root, missing, strict=False), stacklevel=2)
+        problems += missing
     return Run(
         path=root,
         records=records,
@@ -630,5 +868,6 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
         ranks=ranks,
         rank=0 if rank is None else rank,
         problems=problems,
+        missing=missing,
         strict=strict,
     )

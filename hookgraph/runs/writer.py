@@ -14,16 +14,25 @@ names (``order``: ``[[spec, target], ...]`` in execution order), each call's str
 from :func:`hookgraph.core.tree.describe` (``structures``, deduplicated per shard) and
 ``entries``: ``[[order index, call, structure index], ...]``. File names come from the
 step number only: nothing from a name becomes a path.
+
+The manifest (:meth:`RunWriter.manifest`, kept in ``summary.json`` under ``manifest``) says
+what the writer wrote: its run id (also in every shard's metadata, ``run``, so a shard of
+another run is told apart), per shard its entry count and a BLAKE2b digest of its bytes
+(hashed from the buffer being written, not re-read), per table its rows and bytes. The
+reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import io
 import json
 import math
 import os
+import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +45,24 @@ from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError
 from hookgraph.runs import layout
 
-__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json"]
+__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher"]
 
 FORMAT = "2"
+RUN_ID = "run"  # the shard metadata key holding the writing run's id
+_THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
+
+
+def hasher() -> Any:
+    """A fresh hash of the kind the manifest keeps for a shard: BLAKE2b, 16 bytes (the
+    reader hashes a shard in chunks with it)."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def digest(data: bytes | memoryview) -> str:
+    """The content digest the manifest keeps for a shard, as hex."""
+    h = hasher()
+    h.update(data)
+    return h.hexdigest()
 _ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
 
 
@@ -128,6 +152,21 @@ class RunWriter:
         self.bytes_written = 0
         self.shards: list[str] = []
         self.counts: dict[str, int] = {}  # spec -> entries written
+        # What this writer wrote, for the summary's manifest (paths relative to the run folder).
+        self.run_id = uuid.uuid4().hex
+        self._shard_facts: dict[str, dict[str, Any]] = {}
+        self._tables: dict[str, dict[str, int]] = {}
+
+    def manifest(self) -> dict[str, Any]:
+        """What this writer wrote, for ``summary.json``: ``run`` (the id every shard carries),
+        ``records`` (its shard folder), ``shards`` (``{path: {entries, digest}}``) and
+        ``tables`` (``{path: {rows, bytes}}``), paths relative to the run folder."""
+        return {
+            "run": self.run_id,
+            "records": self.records_dir.relative_to(self.dir).as_posix(),
+            "shards": {k: dict(v) for k, v in self._shard_facts.items()},
+            "tables": {k: dict(v) for k, v in self._tables.items()},
+        }
 
     def json(self, name: str, obj: Any) -> Path:
         """Strict JSON: a NaN or infinite number is written as null, and a dict says which
@@ -155,7 +194,9 @@ class RunWriter:
         path = self.dir / name
         if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
             path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, buf.getvalue().encode())
+        data = buf.getvalue().encode()
+        atomic_write(path, data)
+        self._tables[Path(name).as_posix()] = {"rows": len(rows), "bytes": len(data)}
         return path
 
     def rank_path(self, name: str) -> str:
@@ -209,8 +250,26 @@ class RunWriter:
             "order": json.dumps(order, **compact),
             "structures": "[" + ",".join(structures) + "]",
             "entries": json.dumps(entries, **compact),
+            RUN_ID: self.run_id,
         }
-        atomic_write(self.records_dir / name, st_save(tensors, metadata=meta))
+        data = st_save(tensors, metadata=meta)
+        # The digest of the bytes in hand (no second read of the file), hashed on another
+        # thread while this one writes and fsyncs them: hashlib and both system calls release
+        # the GIL, so on two cores the hash hides behind the write (benchmarks/RESULTS.md).
+        # A small shard is hashed here: cheaper than starting a thread (~50 us).
+        hashed: list[str] = [] if len(data) >= _THREADED else [digest(data)]
+        worker = None if hashed else threading.Thread(target=lambda: hashed.append(digest(data)), name="hg-digest")
+        if worker is not None:
+            worker.start()
+        try:
+            atomic_write(self.records_dir / name, data)
+        finally:
+            if worker is not None:
+                worker.join()
+        self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
+            "entries": len(entries),
+            "digest": hashed[0],
+        }
         self.shards.append(name)
         self.bytes_written += size
         for (spec, _), slot in zip(order, slots, strict=True):
