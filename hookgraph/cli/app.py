@@ -175,22 +175,44 @@ def _app(cfg: DictConfig) -> float | None:
     return float(objective) if objective is not None else None
 
 
+# How deep a config file may nest mappings and lists. Hydra and OmegaConf walk a config
+# recursively (merging, interpolation, validation) and fail with a bare RecursionError at a
+# few hundred levels; no real config comes near this bound, so a deeper file is refused up
+# front with its name.
+MAX_YAML_DEPTH = 64
+
+
+def _yaml_depth(node: yaml.Node) -> int:
+    """How deep a composed YAML node nests, walked without recursion."""
+    deepest = 0
+    stack: list[tuple[yaml.Node, int]] = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(current, yaml.MappingNode):
+            stack.extend((child, depth + 1) for pair in current.value for child in pair)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in current.value)
+    return deepest
+
+
 def _yaml_syntax(argv: list[str]) -> str | None:
-    """The first YAML syntax error in the files of ``--config-dir`` folders, as file:line:column."""
-    dirs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
-    dirs += [a.split("=", 1)[1] for a in argv if a.startswith("--config-dir=")]
-    for d in dirs:
-        root = Path(d)
+    """The first YAML syntax error in the files of ``--config-dir`` and ``hydra.searchpath``
+    folders, as file:line:column; or the first file nested deeper than Hydra can read."""
+    for root in user_dirs_from_argv(argv):
         files = sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")) if root.is_dir() else []
         for path in files:
             try:
-                for _ in yaml.compose_all(path.read_text(), Loader=yaml.SafeLoader):
-                    pass
+                for document in yaml.compose_all(path.read_text(), Loader=yaml.SafeLoader):
+                    if document is not None and _yaml_depth(document) > MAX_YAML_DEPTH:
+                        return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except yaml.MarkedYAMLError as exc:
                 mark = exc.problem_mark or exc.context_mark
                 at = f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
                 what = " ".join(x for x in (exc.context, exc.problem) if x)
                 return f"{path}:{at}: YAML syntax error: {what}"
+            except RecursionError:  # the YAML parser itself recurses once per flow level
+                return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
                 return f"{path}: cannot read: {exc}"
     return None

@@ -142,8 +142,10 @@ def load_weights_only(path: Path, key: str, advice: str) -> Any:
             f"refused to load {str(path)!r}: it holds Python objects other than tensors and plain "
             f"containers{culprit}, and hookgraph only unpickles with weights_only=True. {advice}",
         ) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ConfigError(key, f"cannot read {str(path)!r} as a torch checkpoint: {err}") from err
+    except Exception as err:  # noqa: BLE001 - any file: torch's unpickler fails on garbage with IndexError, KeyError, ...
+        raise ConfigError(
+            key, f"cannot read {str(path)!r} as a torch checkpoint: {type(err).__name__}: {err}"
+        ) from err
 
 def hub_checkpoint_path(url: str) -> Path:
     """Where torch.hub caches the file of a weights URL: ``$TORCH_HOME/hub/checkpoints/<name>``."""

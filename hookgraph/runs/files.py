@@ -3,7 +3,7 @@ format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner'
 and the report pages.
 
 Public names: DamagedFileError, exists, read_text, read_json, read_csv, read_config,
-read_overrides, number_or_text.
+read_overrides, number_or_text, read_plan, read_modules, summary_shape.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
 or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
@@ -34,6 +34,9 @@ __all__ = [
     "read_config",
     "read_overrides",
     "number_or_text",
+    "read_plan",
+    "read_modules",
+    "summary_shape",
 ]
 
 
@@ -82,6 +85,88 @@ def read_json(path: Path, kind: type = dict) -> Any:
             path, f"a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
         )
     return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def _entries(path: Path, what: str, text_keys: tuple[str, ...]) -> list[dict] | None:
+    """A JSON array of objects whose ``text_keys`` are strings (when present): plan.json's
+    bindings, modules.json's modules. A file that parses but holds another shape is damaged."""
+    value = read_json(path, list)
+    if value is None:
+        return None
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise DamagedFileError(path, f"entry {i} is a JSON {_kind(entry)}, expected an object ({what})")
+        for key in text_keys:
+            if key in entry and not isinstance(entry[key], str):
+                raise DamagedFileError(path, f"entry {i}: {key!r} is a JSON {_kind(entry[key])}, expected a string")
+    return value
+
+
+def read_plan(path: Path) -> list[dict] | None:
+    """plan.json: one object per binding (spec, target, type, at, action, order, when)."""
+    plan = _entries(path, "a binding", ("spec", "target", "type", "at", "action"))
+    for i, entry in enumerate(plan or []):
+        if entry.get("when") is not None and not isinstance(entry["when"], dict):
+            raise DamagedFileError(path, f"entry {i}: 'when' is a JSON {_kind(entry['when'])}, expected an object")
+    return plan
+
+
+def read_modules(path: Path) -> list[dict] | None:
+    """modules.json: one object per module (name, type, params), in ``named_modules()`` order."""
+    modules = _entries(path, "a module", ("name", "type"))
+    for i, entry in enumerate(modules or []):
+        if not isinstance(entry.get("name"), str):
+            raise DamagedFileError(path, f"entry {i} has no 'name' string")
+    return modules
+
+
+# The summary's fields that readers use, and the JSON kinds each may hold (null always may).
+_NUMBER = (int, float)
+_SUMMARY_SHAPES: dict[str, tuple[type, ...]] = {
+    "status": (str,),
+    "steps": (int,),
+    "steps_requested": (int,),
+    "device": (str,),
+    "versions": (dict,),
+    "timings": (dict,),
+    "loss": _NUMBER,
+    "metric": _NUMBER,
+    "losses": (list,),
+    "specs": (dict,),
+    "records_bytes": (int,),
+    "shards": (list,),
+    "manifest": (dict,),
+    "warnings": (list,),
+    "never_fired": (list,),
+    "unmatched": (dict,),
+    "error": (dict, str),
+    "world_size": (int,),
+    "failed_ranks": (list,),
+}
+_SHAPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number"}
+
+
+def summary_shape(summary: dict) -> tuple[dict, list[str]]:
+    """The summary without the fields that hold the wrong JSON kind (``"specs": [1, 2]``), and
+    one reason for each field dropped: a reader goes on with the rest and names them."""
+    kept, reasons = dict(summary), []
+    for key, kinds in _SUMMARY_SHAPES.items():
+        value = summary.get(key)
+        bad = value is not None and not isinstance(value, kinds)
+        if key == "specs" and isinstance(value, dict):  # spec -> {bindings, calls, records}
+            bad = any(not isinstance(v, dict) for v in value.values())
+        if bad:
+            expected = " or ".join(dict.fromkeys(_SHAPE_NAMES[k] for k in kinds))
+            shown = "an object of other than objects" if isinstance(value, dict) else f"a JSON {_kind(value)}"
+            reasons.append(f"{key!r} is {shown}, expected {expected}")
+            del kept[key]
+    return kept, reasons
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -48,7 +48,16 @@ from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
-from hookgraph.runs.files import exists, read_config, read_csv, read_json
+from hookgraph.runs.files import (
+    DamagedFileError,
+    exists,
+    read_config,
+    read_csv,
+    read_json,
+    read_modules,
+    read_plan,
+    summary_shape,
+)
 from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
@@ -727,7 +736,7 @@ class Run:
         """modules.json: ``[{name, type, params}]`` in ``named_modules()`` order, read on first use."""
         if self._modules is _UNREAD:
             self._modules = _read(
-                read_json, self.path / layout.MODULES, list, strict=self.strict, problems=self.problems, empty=None
+                read_modules, self.path / layout.MODULES, strict=self.strict, problems=self.problems, empty=None
             )
         return self._modules
 
@@ -828,6 +837,13 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
         return _read(fn, *args, strict=strict, problems=problems, empty=empty)
 
     summary = read(read_json, root / layout.SUMMARY, dict, empty={})  # damaged: status unknown
+    if summary:
+        summary, wrong = summary_shape(summary)
+        if wrong:  # parsed, but a field holds another shape: the rest of it still counts
+            damage = DamagedFileError(root / layout.SUMMARY, "; ".join(wrong))
+            if strict:
+                raise damage
+            problems.append(f"{damage}; read as absent")
     if summary is None:
         summary = {"status": "incomplete", "note": f"no {layout.SUMMARY}: the run ended before writing one "
                    f"(killed?); read what it left: {', '.join(present)}"}
@@ -861,7 +877,7 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
         records=records,
         stats=stats,
         trace=trace,
-        plan=read(read_json, root / layout.PLAN, list) or [],
+        plan=read(read_plan, root / layout.PLAN) or [],
         summary=summary,
         config=read(read_config, root / layout.CONFIG),
         damaged=list(records.damaged),
