@@ -44,6 +44,7 @@ from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted
 from hookgraph.runner.messages import closing_lines
+from hookgraph.runner.outputs import where_of
 from hookgraph.runs import layout
 
 __all__ = ["main", "CONFIG_DIR"]
@@ -84,6 +85,12 @@ def _say(level: int, msg: str) -> None:
 def _error(msg: str) -> None:
     print(f"hookgraph: error: {msg}", file=sys.stderr)
     _to_log_file(logging.ERROR, msg)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's own text, its first line: the message stays one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
 
 
 # The packaged hydra.run.dir is runs/<date>/<time>, relative to the folder the command runs in.
@@ -147,12 +154,19 @@ def _app(cfg: DictConfig) -> float | None:
     except Exception as exc:
         for level, line in closing_lines(summary):
             _say(level, line)
+        raised_at = where_of(exc)  # the user's model or data raised during a step
         if not isinstance(exc, HookGraphError):
-            if not sweep:
-                raise  # a bug, in hookgraph or the model: Hydra shows where
-            _to_log_file(logging.ERROR, f"job {hc.job.num}: {type(exc).__name__}", exc_info=sys.exc_info())
+            if not sweep and raised_at is None:
+                raise  # a bug in hookgraph, or the user's code outside the steps: Hydra shows where
+            _to_log_file(logging.ERROR, f"{where}{type(exc).__name__}", exc_info=sys.exc_info())
         kept = not _tidy(out_dir, summary, exc)
-        _error(f"{where}{exc}" + (f"\n(run folder: {out_dir})" if kept else ""))
+        if raised_at is not None:
+            what = f"{raised_at}: {type(exc).__name__}: {_first_line(exc)}"
+            if kept:
+                what += f"; the traceback is in {Path(out_dir) / layout.LOG}"
+            _error(f"{where}{what}")
+        else:
+            _error(f"{where}{exc}" + (f"\n(run folder: {out_dir})" if kept else ""))
         if sweep:
             return None  # the summary says failed; SweepTable marks the job and the sweep exits 1 at the end
         sys.exit(2)

@@ -1,6 +1,6 @@
 """Writing a run's outputs: tables and figures after the steps, and whatever happened, the summary.
 
-Public names: write, write_tables, write_outputs, fail, close.
+Public names: write, write_tables, write_outputs, fail, close, add_where, where_of.
 
 Records leave memory during the steps (one shard per step); a run that fails still leaves its
 earlier steps readable: :func:`fail` flushes what the failing step recorded and the tables,
@@ -26,9 +26,28 @@ from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 
-__all__ = ["write", "write_tables", "write_outputs", "fail", "close"]
+__all__ = ["write", "write_tables", "write_outputs", "fail", "close", "add_where", "where_of"]
 
 log = logging.getLogger("hookgraph")
+
+
+# The note the step loop adds to an exception the user's model or data raised: where it
+# happened (step, batch, module). A note (PEP 678) keeps the exception's own type for Python
+# callers, shows in their traceback, and lets the summary and the command line say it in a line.
+_WHERE = "hookgraph: raised at "
+
+
+def add_where(exc: BaseException, where: str) -> None:
+    """Mark ``exc`` with where the run was when the user's code raised it."""
+    exc.add_note(_WHERE + where)
+
+
+def where_of(exc: BaseException) -> str | None:
+    """What :func:`add_where` said about ``exc``; None for an exception it never saw."""
+    for note in getattr(exc, "__notes__", None) or []:
+        if isinstance(note, str) and note.startswith(_WHERE):
+            return note[len(_WHERE) :]
+    return None
 
 
 def write(fn: Callable[..., Any], *args: Any) -> Any:
@@ -82,6 +101,9 @@ def fail(job: Job, progress: Progress, exc: BaseException) -> None:
     s = job.summary
     s["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     s["error"] = {"type": type(exc).__name__, "message": str(exc)}
+    where = where_of(exc)
+    if where is not None:
+        s["error"]["where"] = where
     if isinstance(exc, RunInterrupted):
         s["signal"] = signal.Signals(exc.signum).name
     if isinstance(exc, NonFiniteError):

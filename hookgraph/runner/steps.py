@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,11 +18,11 @@ from tqdm.auto import tqdm
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
-from hookgraph.errors import ConfigError
+from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner.batches import call_model, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.metrics import compute_metric
-from hookgraph.runner.outputs import write
+from hookgraph.runner.outputs import add_where, write
 from hookgraph.runner.state import Job, Parts, Progress
 
 __all__ = ["run_steps"]
@@ -63,6 +65,47 @@ def _picture(inputs: Any) -> torch.Tensor | None:
     return None
 
 
+def _shapes(value: Any) -> str:
+    """A batch as its shapes: ``(float32[8, 3],)``, ``{input_ids: int64[2, 6]}``; other values by type."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_shapes(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return type(value).__name__
+
+
+def _last_module(exc: BaseException, model: torch.nn.Module) -> str | None:
+    """The model's module whose code was running when ``exc`` was raised: the innermost frame
+    of its traceback whose ``self`` is one of the model's modules. Read from the traceback
+    after the fact, so the steps that succeed pay nothing (no hooks, no bookkeeping)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    found = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and id(owner) in names:
+            found = owner
+    if found is None:
+        return None
+    name = names[id(found)]
+    return f"{name!r} ({type(found).__name__})" if name else f"the model itself ({type(found).__name__})"
+
+
+def _where(exc: BaseException, step: int, phase: str, batch: Any, model: torch.nn.Module) -> str:
+    """Step, phase, batch shapes and the module last entered, for the one-line message."""
+    parts = [f"step {step}, in {phase}"]
+    if batch is not None:
+        inputs, labels = batch
+        shown = f"inputs {_shapes(inputs)}, labels {_shapes(labels)}"
+        parts.append("batch: " + (shown if len(shown) <= 300 else shown[:300] + "..."))
+    module = _last_module(exc, model)
+    if module is not None:
+        parts.append(f"last module entered {module}")
+    return ", ".join(parts)
+
+
 def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
     """runner.steps passes; each step's records leave memory as one shard."""
     cfg, r, world, model = job.cfg, job.cfg.runner, job.world, parts.model
@@ -77,29 +120,45 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
         hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
         for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
             graph.set_step(step)
-            inputs, labels = next(data)
-            if step == 0 and parts.gradcam is not None:
-                progress.first_input = _picture(inputs)
-            inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
-            with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
-                try:
-                    out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
-                except RuntimeError as exc:
-                    _unused_parameters(exc, r)
-                    raise
-                loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
-                if r.metric is not None:
-                    progress.metrics.append(compute_metric(r.metric, out, inputs))
-            if r.backward:
-                if not loss.requires_grad:
-                    raise ConfigError(
-                        "runner.backward",
-                        "the loss does not require grad (no trainable parameters or inputs); set runner.backward=false",
-                    )
-                loss.backward()
-                if opt is not None:
-                    opt.step()
-                model.zero_grad(set_to_none=True)
+            # What the step is doing and with which batch: named when the user's code raises.
+            phase, batch = f"the data (data.kind={cfg.data.kind}, making the batch)", None
+            try:
+                inputs, labels = next(data)
+                batch = (inputs, labels)
+                if step == 0 and parts.gradcam is not None:
+                    progress.first_input = _picture(inputs)
+                inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
+                batch = (inputs, labels)
+                with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
+                    phase = "the model's forward"
+                    try:
+                        out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                    except RuntimeError as exc:
+                        _unused_parameters(exc, r)
+                        raise
+                    phase = f"the loss (runner.loss={r.loss})"
+                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                    if r.metric is not None:
+                        phase = f"the metric (runner.metric={r.metric})"
+                        progress.metrics.append(compute_metric(r.metric, out, inputs))
+                if r.backward:
+                    if not loss.requires_grad:
+                        raise ConfigError(
+                            "runner.backward",
+                            "the loss does not require grad (no trainable parameters or inputs); "
+                            "set runner.backward=false",
+                        )
+                    phase = "the backward pass"
+                    loss.backward()
+                    if opt is not None:
+                        phase = f"the optimizer step (runner.optimizer={r.optimizer})"
+                        opt.step()
+                    model.zero_grad(set_to_none=True)
+            except HookGraphError:
+                raise  # hookgraph's own message already names the key or the spec
+            except Exception as exc:
+                add_where(exc, _where(exc, step, phase, batch, parts.bare))
+                raise
             progress.losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
             if progress.tb is not None:
                 progress.tb.histograms(graph.records, step)  # before the flush empties the slots
