@@ -19,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.hooks import fsdp2
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.hooks.compiled import HookGuards, is_compiled
+from hookgraph.core.hooks.compiled import HookGuards, compiled_without_breaks, is_compiled
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.hooks.traced import block_hooks
 from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
@@ -343,7 +343,10 @@ class HookGraph:
             every hook this graph registered; ``remove()`` does the same.
 
         Raises:
-            HookGraphError: the graph is attached already, or PyTorch refused a hook.
+            HookGraphError: the graph is attached already, PyTorch refused a hook, or the
+                model is a ``torch.compile(..., fullgraph=True)`` wrapper and a binding's hooks
+                would break the graph (the plan's ``compiled`` column says ``graph break``):
+                refused here, naming the specs, rather than by dynamo at the first call.
 
         Examples:
             >>> import torch, hookgraph as hg
@@ -356,8 +359,31 @@ class HookGraph:
         """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
+        if compiled_without_breaks(self.model):
+            self._refuse_graph_breaks()
         # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say so.
         return Attachment(self, compiled=compiled or is_compiled(self.model))
+
+    def _refuse_graph_breaks(self) -> None:
+        """fullgraph=True allows no graph break: name every spec whose hooks would make one."""
+        breaking: dict[str, tuple[str, list[str]]] = {}
+        for b in self.bindings:
+            mode = b.compiled_mode()
+            if mode.startswith("graph break"):
+                why = mode.removeprefix("graph break").strip(" ()")
+                breaking.setdefault(b.spec.name, (why, []))[1].append(b.target)
+        if not breaking:
+            return
+        named = "; ".join(
+            f"{spec!r} on {', '.join(targets[:3])}{' ...' if len(targets) > 3 else ''} ({why})"
+            for spec, (why, targets) in breaking.items()
+        )
+        raise HookGraphError(
+            f"the model was compiled with fullgraph=True, which allows no graph break, and these specs' "
+            f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
+            "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
+            "clip_norm, patch), or mark your own function {_target_: fn, traceable: true} if dynamo can trace it"
+        )
 
     @property
     def attached(self) -> bool:

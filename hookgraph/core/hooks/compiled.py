@@ -1,6 +1,6 @@
 """Keep torch.compile's cached code in step with the hooks hookgraph adds and removes.
 
-Public names: HookGuards, is_compiled.
+Public names: HookGuards, is_compiled, compiled_without_breaks.
 
 Dynamo does not guard on module hook dictionaries by default (its ``skip_nnmodule_hook_guards``
 setting): code compiled before ``attach`` keeps running without our hooks, code compiled while
@@ -33,7 +33,7 @@ from hookgraph.core.torch_internals import (
 )
 from hookgraph.errors import HookGraphError
 
-__all__ = ["HookGuards", "is_compiled"]
+__all__ = ["HookGuards", "is_compiled", "compiled_without_breaks"]
 
 _REASON = "hookgraph changed the hooks of a module this code runs"
 
@@ -143,6 +143,29 @@ class HookGuards:
             _release()
 
 
+def _wrapper(model: nn.Module) -> nn.Module | None:
+    """The ``torch.compile`` wrapper ``model`` is (possibly inside DataParallel or DDP); None
+    when it is none, or when nothing was compiled in this process."""
+    if not dynamo_loaded():
+        return None
+    current: object = model
+    for _ in range(8):
+        if not isinstance(current, nn.Module):
+            return None
+        if compiled_module_of(current) is not None:
+            return current
+        current = getattr(current, "module", None)  # DataParallel / DistributedDataParallel
+    return None
+
+
+def compiled_without_breaks(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``torch.compile`` wrapper that allows no graph break
+    (``fullgraph=True`` or ``error_on_graph_break``): a hook that runs eagerly would make
+    dynamo raise at the first call."""
+    wrapper = _wrapper(model)
+    return wrapper is not None and not compiled_allows_graph_breaks(wrapper)
+
+
 def is_compiled(model: nn.Module) -> bool:
     """Whether ``model`` is a ``torch.compile`` wrapper (possibly inside DataParallel) that
     allows graph breaks, so our module hooks can run eagerly (``compiled=True``).
@@ -151,13 +174,5 @@ def is_compiled(model: nn.Module) -> bool:
     the model, or by ``Module.compile()``, cannot be seen from here: the hook guards make
     traced hooks fire in those cases.
     """
-    if not dynamo_loaded():
-        return False  # nothing was compiled in this process
-    current: object = model
-    for _ in range(8):
-        if not isinstance(current, nn.Module):
-            return False
-        if compiled_module_of(current) is not None:
-            return compiled_allows_graph_breaks(current)
-        current = getattr(current, "module", None)  # DataParallel / DistributedDataParallel
-    return False
+    wrapper = _wrapper(model)
+    return wrapper is not None and compiled_allows_graph_breaks(wrapper)
