@@ -1,0 +1,325 @@
+"""One message, not a traceback (issue 25): a config nested too deep, a checkpoint that is not
+one, run-folder files of the wrong shape, the user's model or data raising mid-step, and a
+fullgraph=True model with specs that would break its graph. Each names the file, the key or
+the spec, and where it can, the step, batch and module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hookgraph as hg
+from hookgraph.cli import app
+from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.models.build import build_model
+from hookgraph.report.__main__ import main as report_main
+from hookgraph.runner import run
+from hookgraph.runs.files import DamagedFileError
+from tests.cli_helpers import run_cli
+from tests.runs import mlp_cfg, strict_json
+
+# -- a config nested too deep -------------------------------------------------------------------
+
+
+def _flow(depth: int) -> str:
+    return "a: " + "{b: " * depth + "1" + "}" * depth + "\n"
+
+
+def _block(depth: int, head: str = "") -> str:
+    lines = [head] if head else []
+    indent = "  " * head.count("\n") if head else ""
+    lines += [indent + "  " * i + f"k{i}:" for i in range(depth)]
+    lines.append(indent + "  " * depth + "v: 1")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_3000_level_flow_mapping_is_one_message_naming_the_file(tmp_path):
+    # The YAML parser recursed until RecursionError before.
+    (tmp_path / "deep.yaml").write_text(_flow(3000))
+    message = app._yaml_syntax(["--config-dir", str(tmp_path), "+deep=deep"])
+    assert message == f"{tmp_path / 'deep.yaml'}: nested more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+
+
+def test_a_400_level_block_mapping_is_refused_before_hydra_recurses(tmp_path):
+    # The parser reads it; Hydra's merge recursed until RecursionError before.
+    (tmp_path / "deep.yaml").write_text(_block(400))
+    (tmp_path / "fine.yaml").write_text(_block(20))
+    message = app._yaml_syntax([f"hydra.searchpath=[file://{tmp_path}]"])
+    assert message == f"{tmp_path / 'deep.yaml'}: nested more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    (tmp_path / "deep.yaml").unlink()
+    assert app._yaml_syntax(["--config-dir", str(tmp_path)]) is None  # 20 levels are fine
+
+
+@pytest.mark.slow  # the command line in a subprocess
+def test_the_command_line_says_one_line_for_a_deep_primary_config(tmp_path):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    head = "defaults:\n  - config\n  - _self_\nhooks:\n  x:\n    target: fc1\n    action: record\n    args:"
+    (conf / "deep.yaml").write_text(_block(400, head=head))
+    result = run_cli(["--config-dir", str(conf), "--config-name", "deep"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"hookgraph: error: {conf / 'deep.yaml'}: nested more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    )
+
+
+# -- a checkpoint that is not one ---------------------------------------------------------------
+
+
+def test_a_text_file_as_checkpoint_names_the_key_and_the_file(tmp_path):
+    # Like /etc/passwd: torch's weights-only unpickler fails with IndexError on it.
+    path = tmp_path / "passwd"
+    path.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
+    with pytest.raises(ConfigError) as info:
+        build_model("mlp", checkpoint=path)
+    assert info.value.key == "model.checkpoint"
+    assert f"cannot read {str(path)!r} as a torch checkpoint: IndexError" in str(info.value)
+
+
+# -- run-folder files of the wrong shape --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("base") / "run"
+    run(mlp_cfg({"acts": {"target": "fc1", "action": "record"}, "st": {"target": "fc1", "action": "stats"}},
+                runner={"steps": 2}), out)  # fmt: skip
+    return out
+
+
+def _damaged(base: Path, tmp_path: Path, name: str, content: str | bytes) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(base, folder)
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    return folder
+
+
+def _summary_with(base: Path, **fields) -> str:
+    return json.dumps({**json.loads((base / "summary.json").read_text()), **fields})
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("summary.json", "specs", "'specs' is a JSON array, expected an object"),
+        ("summary.json", "fields", "'status' is a JSON array, expected a string; 'steps' is a JSON string, "
+                                   "expected an integer; 'warnings' is a JSON number, expected an array"),
+        ("plan.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a binding)"),
+        ("plan.json", '[{"spec": ["x"]}]', "entry 0: 'spec' is a JSON array, expected a string"),
+        ("modules.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a module)"),
+        ("modules.json", '[{"type": "MLP"}]', "entry 0 has no 'name' string"),
+    ],
+)
+def test_a_file_of_the_wrong_shape_is_a_note_on_the_page(base_run, tmp_path, capsys, name, content, reason):
+    # Before: AttributeError or TypeError from the page code, a traceback.
+    if content == "specs":
+        content = _summary_with(base_run, specs=[1, 2])
+    elif content == "fields":
+        content = _summary_with(base_run, status=[1], steps="x", warnings=3)
+    folder = _damaged(base_run, tmp_path, name, content)
+    assert report_main([str(folder)]) == 0
+    assert capsys.readouterr().err == ""
+    page = (folder / "report.html").read_text()
+    assert f"{folder / name} is damaged: {reason}".replace("'", "&#x27;") in page
+    with pytest.raises(DamagedFileError) as info:  # a strict read raises, naming the file
+        loaded = hg.load_run(folder)
+        _ = loaded.modules
+    assert info.value.path == folder / name and info.value.reason == reason
+
+
+def test_a_summary_field_of_the_wrong_shape_leaves_the_rest(base_run, tmp_path):
+    folder = _damaged(base_run, tmp_path, "summary.json", _summary_with(base_run, specs=[1, 2]))
+    loaded = hg.load_run(folder, strict=False)
+    assert loaded.summary["status"] == "completed" and loaded.summary["steps"] == 2
+    assert "specs" not in loaded.summary
+    assert loaded.problems[0] == (
+        f"{folder / 'summary.json'} is damaged: 'specs' is a JSON array, expected an object; read as absent"
+    )
+
+
+@pytest.mark.parametrize("name", ["stats.csv", ".hydra/config.yaml"])
+def test_bytes_that_are_not_utf8_are_a_note_naming_the_file(base_run, tmp_path, name):
+    folder = _damaged(base_run, tmp_path, name, b"\xff\xfe\x00 not text")
+    assert report_main([str(folder)]) == 0
+    page = (folder / "report.html").read_text()
+    assert f"{folder / name} cannot be read (" in page
+
+
+# -- the user's model or data raising -----------------------------------------------------------
+
+USER_CODE = '''
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Samples(Dataset):
+    def __init__(self, what):
+        self.what = what
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if self.what == "none":
+            return None
+        if self.what == "str":
+            return "a sample", 0
+        if self.what == "ragged":
+            return torch.ones(4 + i), 0
+        raise KeyError(f"sample {i} is gone")
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 8)
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(self.fc1(x))
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        y = self.head(x)
+        raise ValueError("the user's forward fails")
+'''
+
+
+@pytest.fixture
+def user_code(tmp_path, monkeypatch):
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "msg_user_code.py").write_text(textwrap.dedent(USER_CODE))
+    monkeypatch.syspath_prepend(str(folder))
+    yield "msg_user_code"
+
+
+def _fails(cfg: dict, out: Path, raised: type) -> dict:
+    with pytest.raises(raised) as info:  # the user's own exception, for Python callers
+        run(cfg, out)
+    error = strict_json(out / "summary.json")["error"]
+    assert strict_json(out / "summary.json")["status"] == "failed"
+    assert error["type"] == raised.__name__ and error["message"] == str(info.value)
+    assert info.value.__notes__ == [f"hookgraph: raised at {error['where']}"]  # shown in the Python traceback
+    return error
+
+
+@pytest.mark.parametrize(
+    ("what", "raised", "where"),
+    [
+        ("none", TypeError, "step 0, in the data (data.kind=custom, making the batch)"),
+        ("raise", KeyError, "step 0, in the data (data.kind=custom, making the batch)"),
+        ("ragged", RuntimeError, "step 0, in the data (data.kind=custom, making the batch)"),
+        ("str", TypeError, "step 0, in the model's forward, batch: inputs ((str, str)), labels int64[2], "
+                           "last module entered 'fc1' (Linear)"),
+    ],
+)
+def test_a_dataset_that_fails_names_the_step_and_what_was_running(tmp_path, user_code, what, raised, where):
+    cfg = mlp_cfg({}, data={"kind": "custom", "_target_": f"{user_code}.Samples", "kwargs": {"what": what}},
+                  runner={"batch_size": 2})  # fmt: skip
+    assert _fails(cfg, tmp_path / "run", raised)["where"] == where
+
+
+def test_a_forward_that_raises_names_the_innermost_module(tmp_path, user_code):
+    cfg = mlp_cfg({"acts": {"target": "fc1", "action": "record"}}, model={"name": None, "_target_": f"{user_code}.Outer"},
+                  data={"kind": "random", "shape": [16]}, runner={"steps": 2})  # fmt: skip
+    error = _fails(cfg, tmp_path / "run", ValueError)
+    assert error == {
+        "type": "ValueError",
+        "message": "the user's forward fails",
+        "where": "step 0, in the model's forward, batch: inputs (float32[1, 16]), labels int64[1], "
+        "last module entered 'inner' (Inner)",
+    }
+
+
+def test_a_conv_net_fed_flat_data_names_the_conv(tmp_path):
+    cfg = mlp_cfg({}, model={"name": "conv_net"}, data={"kind": "random", "shape": [3]})
+    error = _fails(cfg, tmp_path / "run", RuntimeError)
+    assert error["where"] == (
+        "step 0, in the model's forward, batch: inputs (float32[1, 3]), labels int64[1], "
+        "last module entered 'conv' (Conv2d)"
+    )
+
+
+def test_gpt2_fed_float_data_names_the_embedding(tmp_path):
+    pytest.importorskip("transformers")
+    config = {"_target_": "transformers.GPT2Config", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 50,
+              "n_positions": 16, "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+    cfg = mlp_cfg({}, model={"name": None, "_target_": "transformers.GPT2LMHeadModel", "kwargs": {"config": config}},
+                  data={"kind": "random", "shape": [8]}, runner={"backward": False})  # fmt: skip
+    error = _fails(cfg, tmp_path / "run", RuntimeError)
+    assert error["where"] == (
+        "step 0, in the model's forward, batch: inputs (float32[1, 8]), labels int64[1], "
+        "last module entered 'transformer.wte' (Embedding)"
+    )
+    assert "Long" in error["message"]
+
+
+@pytest.mark.slow  # the command line in a subprocess
+def test_the_command_line_says_one_line_and_logs_the_traceback(tmp_path):
+    result = run_cli(["model=conv_net", "data=random", "data.shape=[3]", "runner.device=cpu",
+                      "hydra.run.dir=out"], cwd=tmp_path, timeout=120)  # fmt: skip
+    out = tmp_path / "out"
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "hookgraph: error: step 0, in the model's forward, batch: inputs (float32[1, 3]), labels int64[1], "
+        "last module entered 'conv' (Conv2d): RuntimeError: Expected 3D (unbatched) or 4D (batched) input to "
+        f"conv2d, but got input of size: [1, 3]; the traceback is in {out.resolve() / 'hookgraph.log'}"
+    ]
+    log = (out / "hookgraph.log").read_text()
+    assert "Traceback (most recent call last)" in log and "F.conv2d(" in log
+    assert strict_json(out / "summary.json")["status"] == "failed"
+
+
+# -- fullgraph=True and specs that would break the graph ----------------------------------------
+
+
+def _fullgraph_model() -> tuple[nn.Module, nn.Module]:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    return model, torch.compile(model, backend="eager", fullgraph=True)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_fullgraph_refuses_graph_breaking_specs_at_attach(compiled):
+    # Before: attach succeeded and dynamo raised Unsupported at the first call.
+    model, wrapper = _fullgraph_model()
+    graph = hg.compile(wrapper, {
+        "rec": {"target": "0", "action": "record"},
+        "tr": {"target": "*", "action": "trace", "types": ["Linear"]},
+        "mine": {"target": "2", "action": {"_target_": "tests.helpers_actions.add_offset"}},
+        "marked": {"target": "0", "action": {"_target_": "tests.helpers_actions.add_offset", "traceable": True}},
+    })  # fmt: skip
+    with pytest.raises(HookGraphError) as info:
+        graph.attach(compiled=compiled)
+    message = str(info.value)
+    assert message.startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
+        "break the graph: 'tr' on 0, 2 (action 'trace' is not traceable); "
+        "'mine' on 2 (action 'tests.helpers_actions.add_offset' is not traceable). "
+    )
+    assert "'rec'" not in message and "'marked'" not in message
+    assert not graph.attached
+
+
+def test_fullgraph_attaches_traceable_specs():
+    model, wrapper = _fullgraph_model()
+    graph = hg.compile(wrapper, {"rec": {"target": "0", "action": "record"}})
+    x = torch.ones(1, 4)
+    with graph.attach(compiled=True):
+        wrapper(x)
+    torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
