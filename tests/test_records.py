@@ -179,7 +179,12 @@ def test_a_run_failing_at_step_2_keeps_the_earlier_steps(tmp_path):
         run(cfg, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 2
-    assert summary["error"] == {"type": "RuntimeError", "message": "boom at step 2"}
+    assert summary["error"] == {
+        "type": "RuntimeError",
+        "message": "boom at step 2",
+        "where": "step 2, in the model's forward, batch: inputs (float32[1, 16]), labels int64[1], "
+        "last module entered the model itself (FailsAtStep2)",
+    }
     assert sorted(p.name for p in (tmp_path / "records").glob("*.safetensors")) == [
         "step-000000.safetensors",
         "step-000001.safetensors",
