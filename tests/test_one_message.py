@@ -235,7 +235,8 @@ def test_a_dataset_that_fails_names_the_step_and_what_was_running(tmp_path, user
 
 
 def test_a_forward_that_raises_names_the_innermost_module(tmp_path, user_code):
-    cfg = mlp_cfg({"acts": {"target": "fc1", "action": "record"}}, model={"name": None, "_target_": f"{user_code}.Outer"},
+    model = {"name": None, "_target_": f"{user_code}.Outer"}
+    cfg = mlp_cfg({"acts": {"target": "fc1", "action": "record"}}, model=model,
                   data={"kind": "random", "shape": [16]}, runner={"steps": 2})  # fmt: skip
     error = _fails(cfg, tmp_path / "run", ValueError)
     assert error == {
