@@ -20,8 +20,8 @@ import os
 import pickle
 import re
 import socket
+import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -271,42 +271,48 @@ def test_the_page_runs_only_its_own_script():
 # -- FIFOs and directories where files should be ----------------------------------------------
 
 
-def _bounded(fn, seconds: float = 20.0):
-    """``fn()`` in a thread; a hang fails the test instead of blocking it."""
-    out: dict = {}
+# Each read runs in its own process, killed after a bound: a read that hangs on a FIFO fails
+# the test instead of blocking the suite (a thread blocked in open() cannot be stopped).
+_CHILD = """
+import json, sys, warnings
+import hookgraph as hg
+from hookgraph.report import write_report
+from hookgraph.report.sweep import write_sweep_report
+what, folder = sys.argv[1], sys.argv[2]
+out = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        if what == "load":
+            run = hg.load_run(folder)
+            run.stats, run.plan, run.summary
+            out["damaged"] = run.damaged
+        elif what == "report":
+            out["html"] = write_report(folder).read_text()
+        else:
+            out["html"] = write_sweep_report(folder).read_text()
+    except hg.HookGraphError as exc:
+        out["error"] = str(exc)
+out["warnings"] = [str(w.message) for w in caught]
+print(json.dumps(out))
+"""
 
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
 
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        # Unblock the reader (open a FIFO's other end) so the thread can end, then fail.
-        for fifo in _fifos:
-            try:
-                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-                os.close(fd)
-            except OSError:
-                pass
-        t.join(5)
-        pytest.fail(f"hung for more than {seconds} s")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
-
-_fifos: list[Path] = []
+def _bounded(what: str, folder: Path, seconds: float = 60.0) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MPLBACKEND": "Agg"}
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, what, str(folder)], capture_output=True, text=True,
+                              timeout=seconds, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} of {folder} hung for more than {seconds} s")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _fifo(path: Path) -> Path:
     if path.exists():
         path.unlink()
     os.mkfifo(path)
-    _fifos.append(path)
     return path
 
 
@@ -315,11 +321,10 @@ def _fifo(path: Path) -> Path:
 def test_a_fifo_in_place_of_a_file_is_named_not_read(tmp_path, name):
     run = _run_folder(tmp_path / "run")
     _fifo(run / name)
-    with pytest.raises(hg.HookGraphError) as err:
-        _bounded(lambda: hg.load_run(run).stats)
-    assert str(run / name) in str(err.value) and "a FIFO (named pipe), not a regular file" in str(err.value)
+    loaded = _bounded("load", run)
+    assert str(run / name) in loaded["error"] and "a FIFO (named pipe), not a regular file" in loaded["error"]
     # The report page goes on and names it.
-    html = _bounded(lambda: write_report(run).read_text())
+    html = _bounded("report", run)["html"]
     assert "a FIFO (named pipe), not a regular file" in html
 
 
@@ -327,10 +332,9 @@ def test_a_fifo_in_place_of_a_file_is_named_not_read(tmp_path, name):
 def test_a_fifo_in_place_of_a_shard_is_a_damaged_shard(tmp_path):
     run = _run_folder(tmp_path / "run")
     _fifo(run / "records" / "step-000000.safetensors")
-    with pytest.warns(UserWarning, match="damaged shard skipped") as caught:
-        loaded = _bounded(lambda: hg.load_run(run))
-    assert loaded.damaged == ["records/step-000000.safetensors"]
-    assert "a FIFO (named pipe), not a regular file" in str(caught[0].message)
+    loaded = _bounded("load", run)
+    assert loaded["damaged"] == ["records/step-000000.safetensors"]
+    assert [w for w in loaded["warnings"] if "damaged shard skipped" in w and "a FIFO (named pipe)" in w]
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -338,7 +342,7 @@ def test_a_fifo_or_a_directory_named_like_a_figure_is_named(tmp_path):
     run = _run_folder(tmp_path / "run", {"ok.png": PNG})
     _fifo(run / "figures" / "x.png")
     (run / "figures" / "y.png").mkdir()
-    html = _bounded(lambda: write_report(run).read_text())
+    html = _bounded("report", run)["html"]
     assert "figures/x.png: not embedded (a FIFO (named pipe), not a regular file)" in html
     assert "figures/y.png: not embedded (a directory, not a regular file)" in html
     assert html.count("data:image/png;base64,") == 1
@@ -349,6 +353,6 @@ def test_a_fifo_in_place_of_the_sweep_table_is_named(tmp_path):
     sweep = tmp_path / "sweep"
     _run_folder(sweep / "0")
     _fifo(sweep / "sweep.csv")
-    html = _bounded(lambda: write_sweep_report(sweep).read_text())
+    html = _bounded("sweep", sweep)["html"]
     assert "sweep.csv" in html and "a FIFO (named pipe), not a regular file" in html
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
