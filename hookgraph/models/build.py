@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import os
-import importlib.util
 import pickle
 import threading
 import warnings
@@ -193,8 +193,7 @@ def _weights_only_hub(name: str, chosen: Any, key: str) -> Iterator[None]:
     if importlib.util.find_spec("torchvision") is None:  # not installed: nothing can call its loader
         yield
         return
-    # lazy: torchvision is slow to import; a _target_ factory may import it inside its call
-    from torchvision.models._api import WeightsEnum
+    from torchvision.models._api import WeightsEnum  # lazy: slow to import; a _target_ may import it in its call
 
     def get_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
         if chosen is not None and self is chosen:
@@ -249,7 +248,8 @@ def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], k
             raise
         # load_state_dict inside the builder: the cached file is not these weights.
         if weights is not None:
-            raise ConfigError(f"{key}.weights", f"the cached file for {weights!r} does not fit {name!r}: {err}") from err
+            msg = f"the cached file for {weights!r} does not fit {name!r}: {err}"
+            raise ConfigError(f"{key}.weights", msg) from err
         raise ConfigError(f"{key}.kwargs", f"the cached weights file does not fit {name!r}: {err}") from err
 
 

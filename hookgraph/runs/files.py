@@ -75,7 +75,7 @@ def _kind(mode: int) -> str | None:
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
-def not_regular(path: Path) -> str | None:
+def not_regular(path: Path | str) -> str | None:
     """Why ``path`` is not a regular file ("a FIFO (named pipe)", "a directory", ...), or None
     when it is one (a link to one counts) or is not there at all. A run folder's files are
     only ever read when this is None: opening a FIFO blocks until someone writes to it, and a
