@@ -48,7 +48,7 @@ from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
-from hookgraph.runs.files import exists, read_config, read_csv, read_json
+from hookgraph.runs.files import exists, not_regular, read_config, read_csv, read_json
 from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
@@ -113,6 +113,9 @@ def _why(path: Path, exc: Exception) -> str:
 @contextlib.contextmanager
 def _opened(shard: _Shard) -> Iterator[Any]:
     """``safe_open`` of the shard; every way it fails is a _Damaged naming why."""
+    what = not_regular(shard.file)  # a FIFO would block the open for good
+    if what is not None:
+        raise _Damaged(f"{what}, not a regular file")
     try:
         with safe_open(shard.file, framework="pt") as f:
             yield f
