@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import os
 import pickle
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -114,8 +115,12 @@ def _build_target(target: str, kwargs: dict[str, Any], key: str, name_of: str) -
     A torchvision builder named this way loads its weights kwargs weights-only from the
     hub cache too (see :func:`_weights_only_hub`)."""
     factory = import_target(target, key)
+    # Guarded when torchvision can load weights here: the factory's module imported it, or a
+    # nested _target_ names it. Importing torchvision for any other build would cost seconds
+    # (it imports torch._dynamo); a factory that imports it inside its own call is the user's code.
+    guard = "torchvision" in sys.modules or _names_torchvision(kwargs)
     try:
-        with _weights_only_hub(name_of, None, key):
+        with _weights_only_hub(name_of, None, key) if guard else contextlib.nullcontext():
             kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
             model = _call(factory, kwargs, key, target)
     except (ConfigError, KeyboardInterrupt):
@@ -175,6 +180,18 @@ def _cached_state_dict(url: str, what: str, wk: str, key: str) -> Any:
 
 
 _HUB_LOCK = threading.Lock()
+
+
+def _names_torchvision(value: Any) -> bool:
+    """Whether a nested ``_target_`` in ``value`` names something in torchvision."""
+    if isinstance(value, dict):
+        target = value.get("_target_")
+        if isinstance(target, str) and target.split(".", 1)[0] == "torchvision":
+            return True
+        return any(_names_torchvision(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_names_torchvision(v) for v in value)
+    return False
 
 
 @contextlib.contextmanager
