@@ -10,6 +10,7 @@ replacing specs at one site at one order) are collected and raised once.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,19 +73,49 @@ def _torch_module_types() -> frozenset[str]:
     return frozenset([c.__name__ for c in classes] + [f"{c.__module__}.{c.__qualname__}" for c in classes])
 
 
-def _canonical_types(types: tuple[str, ...]) -> tuple[str, ...]:
-    """Dotted public aliases (torch.nn.Conv2d) -> the dotted name the class really has."""
+def _imported_attr(dotted: str) -> Any:
+    """The object ``dotted`` names among modules already imported, or None; never imports.
+
+    A ``types`` entry is a name to match against the model's classes, not a path to load:
+    importing it would run any module's top level from a config (``types: [evilmod.Conv]``).
+    Attributes are read from the module's ``__dict__``, so a module-level ``__getattr__``
+    (which may import lazily) is not called either.
+    """
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is None:
+            continue
+        obj: Any = module
+        for attr in parts[i:]:
+            space = getattr(obj, "__dict__", None)
+            if not isinstance(space, Mapping) or attr not in space:
+                return None
+            obj = space[attr]
+        return obj
+    return None
+
+
+def _canonical_types(types: tuple[str, ...], index: NameIndex) -> tuple[str, ...]:
+    """Dotted public aliases (torch.nn.Conv2d) -> the dotted name the class really has.
+
+    Only classes of modules already imported are looked up (the model's own classes are),
+    and a package's alias of a class in the model (transformers.GPT2Block for
+    transformers.models.gpt2.modeling_gpt2.GPT2Block) is matched by name against the
+    model's classes; an unknown name stays as written, and resolution reports it with the
+    nearest names.
+    """
     out = []
     for t in types:
-        if "." in t:
-            try:
-                from hydra.utils import get_object  # lazy: hydra is heavy; `import hookgraph` stays light
-
-                obj = get_object(t)
-                if isinstance(obj, type):
-                    t = f"{obj.__module__}.{obj.__qualname__}"
-            except Exception:  # unknown paths are reported by resolution with suggestions
-                pass
+        if "." in t and t not in index.all_kinds:
+            obj = _imported_attr(t)
+            if isinstance(obj, type):
+                t = f"{obj.__module__}.{obj.__qualname__}"
+            else:
+                package, _, short = t.rpartition(".")
+                same = [k for k in index.all_kinds if k.startswith(package + ".") and k.endswith("." + short)]
+                if len(same) == 1:
+                    t = same[0]
         out.append(t)
     return tuple(out)
 
@@ -270,7 +301,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         if spec.enabled and spec.targets and not matched and not found and spec.name not in broken:
             unmatched[spec.name] = explain_no_match(
                 targets=spec.targets, names=targets.index(POINTS[spec.at].on_params), excludes=spec.excludes,
-                types=_canonical_types(spec.type_names),
+                types=_canonical_types(spec.type_names, targets.index(POINTS[spec.at].on_params)),
             )
         # An argument whose interpolation failed is reported already; it is not also "missing".
         defn, found = _action(spec, key, reported={p.key for p in problems})
@@ -308,7 +339,7 @@ def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list
         targets=spec.targets,
         excludes=spec.excludes,
         names=targets.index(info.on_params),
-        types=_canonical_types(spec.type_names),
+        types=_canonical_types(spec.type_names, targets.index(info.on_params)),
         expect_min=spec.expect.min if spec.enabled else 0,
         expect_max=spec.expect.max,
         known_types=_torch_module_types(),

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import os
 import pickle
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -107,12 +109,20 @@ def _call(factory: Callable[..., Any], kwargs: dict[str, Any], key: str, what: s
         raise
 
 
-def _build_target(target: str, kwargs: dict[str, Any], key: str) -> nn.Module:
-    """``target(**kwargs)`` with Hydra's semantics: nested ``_target_`` kwargs are built first."""
+def _build_target(target: str, kwargs: dict[str, Any], key: str, name_of: str) -> nn.Module:
+    """``target(**kwargs)`` with Hydra's semantics: nested ``_target_`` kwargs are built first.
+
+    A torchvision builder named this way loads its weights kwargs weights-only from the
+    hub cache too (see :func:`_weights_only_hub`)."""
     factory = import_target(target, key)
-    kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
+    # Guarded when torchvision can load weights here: the factory's module imported it, or a
+    # nested _target_ names it. Importing torchvision for any other build would cost seconds
+    # (it imports torch._dynamo); a factory that imports it inside its own call is the user's code.
+    guard = "torchvision" in sys.modules or _names_torchvision(kwargs)
     try:
-        model = _call(factory, kwargs, key, target)
+        with _weights_only_hub(name_of, None, key) if guard else contextlib.nullcontext():
+            kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
+            model = _call(factory, kwargs, key, target)
     except (ConfigError, KeyboardInterrupt):
         raise
     except Exception as err:  # the constructor's own failure, e.g. from_pretrained on a bad folder
@@ -152,19 +162,19 @@ def hub_checkpoint_path(url: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
 
 
-def _cached_state_dict(url: str, name: str, weights: str, key: str) -> Any:
+def _cached_state_dict(url: str, what: str, wk: str, key: str) -> Any:
     """A torchvision weights file read from the hub cache with ``weights_only=True``.
 
     Never downloads: a run must not depend on the network, and what is loaded must be a
     file the user put there. torchvision's own loader unpickles with ``weights_only=False``,
-    so a file planted in the cache would run its code; this one refuses it.
+    so a file planted in the cache would run its code; this one refuses it. ``what`` names
+    the weights (``resnet18 weights 'IMAGENET1K_V1'``), ``wk`` the config key that asked.
     """
     path = hub_checkpoint_path(url)
-    wk = f"{key}.weights"
     if not path.is_file():
         raise ConfigError(
             wk,
-            f"weights {weights!r} for {name!r} are not in the torch hub cache: put {url} at {str(path)!r} "
+            f"{what} are not in the torch hub cache: put {url} at {str(path)!r} "
             "(hookgraph never downloads; set TORCH_HOME to use another cache), or load a local file with "
             f"{key}.checkpoint",
         )
@@ -174,18 +184,41 @@ def _cached_state_dict(url: str, name: str, weights: str, key: str) -> Any:
 _HUB_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
-    """While a torchvision builder runs, its ``weights.get_state_dict(...)`` reads the cache
-    with :func:`_cached_state_dict` instead of ``torch.hub.load_state_dict_from_url``.
+def _names_torchvision(value: Any) -> bool:
+    """Whether a nested ``_target_`` in ``value`` names something in torchvision."""
+    if isinstance(value, dict):
+        target = value.get("_target_")
+        if isinstance(target, str) and target.split(".", 1)[0] == "torchvision":
+            return True
+        return any(_names_torchvision(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_names_torchvision(v) for v in value)
+    return False
 
+
+@contextlib.contextmanager
+def _weights_only_hub(name: str, chosen: Any, key: str) -> Iterator[None]:
+    """While a model is built, every torchvision ``weights.get_state_dict(...)`` reads the
+    cache with :func:`_cached_state_dict` instead of ``torch.hub.load_state_dict_from_url``
+    (which downloads, and unpickles with ``weights_only=False``).
+
+    Active for every build, not only for ``model.weights``: a builder also loads weights its
+    kwargs name (``weights_backbone``, or a ``_target_`` builder's ``weights``), and those
+    must not run a planted pickle or reach the network either. ``chosen`` is the member
+    ``model.weights`` selected (errors about it name that key; others name ``model.kwargs``).
     Swapping the one method keeps everything else the builder does with named weights
     (num_classes from the weights' categories, transform_input, aux_logits...).
     """
-    from torchvision.models._api import WeightsEnum  # lazy: torchvision is slow to import
+    if importlib.util.find_spec("torchvision") is None:  # not installed: nothing can call its loader
+        yield
+        return
+    from torchvision.models._api import WeightsEnum  # lazy: slow to import; a _target_ may import it in its call
 
     def get_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _cached_state_dict(self.url, name, weights, key)
+        if chosen is not None and self is chosen:
+            return _cached_state_dict(self.url, f"weights {self.name!r} for {name!r}", f"{key}.weights", key)
+        what = f"weights {type(self).__name__}.{self.name} (named in {key}.kwargs)"
+        return _cached_state_dict(self.url, what, f"{key}.kwargs", key)
 
     with _HUB_LOCK:
         original = WeightsEnum.__dict__["get_state_dict"]
@@ -199,6 +232,14 @@ def _weights_only_hub(name: str, weights: str, key: str) -> Iterator[None]:
 def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], key: str) -> nn.Module:
     import torchvision.models as tvm  # lazy: torchvision is slow to import
 
+    if "weights" in kwargs:
+        # The builder would take it past the name check below; model.weights is the one door.
+        raise ConfigError(
+            f"{key}.kwargs.weights",
+            f"set {key}.weights={kwargs['weights']} instead: it checks the name against {name!r}'s published "
+            f"weights and reads them weights-only from the torch hub cache",
+        )
+    chosen = None
     if weights is not None:
         # Check the name before anything can reach the cache.
         try:
@@ -214,18 +255,21 @@ def _torchvision_model(name: str, weights: str | None, kwargs: dict[str, Any], k
                 f"unknown weights {weights!r} for {name!r}; {did_you_mean(str(weights), valid, 'valid weights')}",
             )
         weights = str(weights).split(".")[-1]
+        chosen = enum.verify(weights) if weights != "DEFAULT" else enum.DEFAULT
     builder = tvm.get_model_builder(name)
-    hub = _weights_only_hub(name, str(weights), key) if weights is not None else contextlib.nullcontext()
     try:
-        with hub:
+        with _weights_only_hub(name, chosen, key):
             return _call(
                 functools.partial(builder, weights=weights), kwargs, key, f"torchvision model {name!r}", shown=builder
             )
     except RuntimeError as err:
-        if weights is None:
+        if weights is None and not any(k.startswith("weights") for k in kwargs):
             raise
         # load_state_dict inside the builder: the cached file is not these weights.
-        raise ConfigError(f"{key}.weights", f"the cached file for {weights!r} does not fit {name!r}: {err}") from err
+        if weights is not None:
+            msg = f"the cached file for {weights!r} does not fit {name!r}: {err}"
+            raise ConfigError(f"{key}.weights", msg) from err
+        raise ConfigError(f"{key}.kwargs", f"the cached weights file does not fit {name!r}: {err}") from err
 
 
 def build_model(
@@ -262,7 +306,7 @@ def build_model(
                 f"{key}.weights",
                 f"weights only applies to torchvision names; pass it in {key}.kwargs or use {key}.checkpoint",
             )
-        model = _build_target(str(target), kwargs, key)
+        model = _build_target(str(target), kwargs, key, name_of=str(target))
     elif name in MODEL_REGISTRY:
         if weights is not None:
             raise ConfigError(

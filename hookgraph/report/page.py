@@ -20,7 +20,7 @@ import torch
 from hookgraph.errors import HookGraphError
 from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
 from hookgraph.runs import layout
-from hookgraph.runs.files import read_text
+from hookgraph.runs.files import read_bytes, read_text
 from hookgraph.runs.reader import load_run
 
 __all__ = ["read_run_page", "LIMITS", "STAT_PLOTS"]
@@ -191,13 +191,44 @@ def _trace(rows: list[dict]) -> dict:
     return {"columns": cols, "rows": head, "total": len(rows), "by_spec": count("spec"), "by_type": count("type")}
 
 
-def _figures(root: Path) -> list[dict]:
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def png_bytes(root: Path, path: Path, limit: int) -> tuple[bytes | None, str | None]:
+    """The bytes of ``path`` when the page may embed them, else (None, why).
+
+    Only a regular file that lies inside ``root`` once links are resolved (a link to
+    /etc/passwd put in figures/ is not embedded), that starts with PNG's signature (an image
+    that is an image) and holds at most ``limit`` bytes; (None, None) when it is only too big.
+    """
+    name = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+    try:
+        inside = path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError) as exc:  # a link loop
+        return None, f"{name}: not embedded ({exc})"
+    if not inside:
+        return None, f"{name}: not embedded (a link to {str(path.resolve())!r}, outside the run folder)"
+    try:
+        if path.stat().st_size > limit:
+            return None, None
+        data = read_bytes(path)
+    except (OSError, HookGraphError) as exc:
+        return None, f"{name}: not embedded ({getattr(exc, 'reason', None) or exc})"
+    if not data.startswith(_PNG):
+        return None, f"{name}: not embedded (not a PNG image)"
+    return (data, None) if len(data) <= limit else (None, None)
+
+
+def _figures(root: Path, notes: list[str]) -> list[dict]:
     figs, budget = [], LIMITS["figure_bytes"]
     folder = root / layout.FIGURES
     for path in sorted(folder.glob(f"*{layout.FIGURE_SUFFIX}")) if folder.is_dir() else []:
-        data = path.read_bytes()
+        data, why = png_bytes(root, path, budget)
+        if why is not None:
+            notes.append(why)
+            continue
         fig = {"name": path.name, "href": f"{layout.FIGURES}/{path.name}"}
-        if len(data) <= budget:
+        if data is not None:
             budget -= len(data)
             fig["src"] = "data:image/png;base64," + base64.b64encode(data).decode()
         figs.append(fig)
@@ -238,7 +269,7 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
         "stats": _stats(run.stats),
         "records": _records(run.records),
         "trace": _trace(run.trace),
-        "figures": _figures(root),
+        "figures": _figures(root, notes),
         "losses": list(enumerate(losses)),
         "config": _text(root, layout.CONFIG, notes, limit=20000),
         "overrides": _text(root, layout.OVERRIDES, notes),

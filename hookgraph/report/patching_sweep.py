@@ -19,6 +19,7 @@ import numpy as np
 
 from hookgraph.runs import layout
 from hookgraph.runs.files import read_json, read_overrides
+from hookgraph.runs.sweep import inside_sweep
 from hookgraph.runs.writer import RunWriter
 
 __all__ = ["patching_table", "patching_heatmap", "write_patching"]
@@ -57,7 +58,9 @@ def patching_table(
     """One row per job of a patching sweep: job, layer, position, metric (None when the
     job failed or had no ``runner.metric``), status. Sorted by layer, then position."""
     root = Path(sweep_dir)
-    jobs = sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    # A numbered link that leads out of the sweep is not one of its jobs (only folders inside are read).
+    jobs = sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit() and inside_sweep(root, p)),
+                  key=lambda p: int(p.name))
     overrides = [_overrides(j) for j in jobs]
     layer, position = _axes(overrides, layer_key, position_key)
     rows = []

@@ -17,11 +17,12 @@ from typing import Any
 
 from hookgraph.errors import HookGraphError
 from hookgraph.report.html import document, esc, table
+from hookgraph.report.page import png_bytes
 from hookgraph.report.run_page import write_report
 from hookgraph.report.svg import color, heatmap, line_plot
 from hookgraph.runs import layout
-from hookgraph.runs.files import read_csv, read_overrides
-from hookgraph.runs.sweep import sweep_rows
+from hookgraph.runs.files import exists, read_csv, read_overrides
+from hookgraph.runs.sweep import inside_sweep, sweep_rows
 from hookgraph.runs.writer import atomic_write
 
 __all__ = ["is_sweep", "read_sweep_page", "render_sweep_page", "write_sweep_report"]
@@ -41,10 +42,10 @@ def is_sweep(path: str | Path) -> bool:
     return (root / layout.SWEEP_TABLE).is_file() or any((j / layout.SUMMARY).is_file() for j in _jobs(root))
 
 
-def _overrides(job: Path, row: dict) -> dict[str, str]:
+def _overrides(job: Path | None, row: dict) -> dict[str, str]:
     """key -> value of a job's overrides, from .hydra/overrides.yaml or the table's column."""
     try:
-        items = read_overrides(job / layout.OVERRIDES) or []
+        items = (read_overrides(job / layout.OVERRIDES) or []) if job is not None else []
     except HookGraphError:  # a damaged file: the table's column still says it
         items = []
     if not items and row.get("overrides"):
@@ -89,6 +90,13 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     jobs: list[dict[str, Any]] = []
     for name in sorted(folders, key=int):
         job = folders[name]
+        if not inside_sweep(root, job):
+            # The table is data anyone may have edited: a folder cell of ../victim must not
+            # make the report write (or read) outside the sweep.
+            notes.append(f"job {name}: folder {str(job)!r} is outside the sweep folder; not read")
+            row = by_job.get(name) or {"job": int(name)}
+            jobs.append({"job": name, "row": row, "overrides": _overrides(None, row), "report": None})
+            continue
         row = by_job.get(name) or {"job": int(name), "status": f"missing from {layout.SWEEP_TABLE}"}
         report = job / layout.REPORT
         if build_jobs and not report.is_file() and ((job / layout.SUMMARY).is_file() or (job / layout.PLAN).is_file()):
@@ -107,8 +115,12 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
     axes = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
     sweep_png = root / layout.SWEEP_FIGURE
     figure = None
-    if sweep_png.is_file() and sweep_png.stat().st_size < 4_000_000:
-        figure = "data:image/png;base64," + base64.b64encode(sweep_png.read_bytes()).decode()
+    if exists(sweep_png):
+        data, why = png_bytes(root, sweep_png, 4_000_000)
+        if why is not None:
+            notes.append(why)
+        elif data is not None:
+            figure = "data:image/png;base64," + base64.b64encode(data).decode()
     return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes,
             "metric": "metric" if any("metric" in r for r in rows) else "loss",
             "columns": list(dict.fromkeys(k for r in rows for k in r)), "notes": notes, "figure": figure}

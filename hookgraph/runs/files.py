@@ -2,7 +2,7 @@
 format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner's rank merge
 and the report pages.
 
-Public names: DamagedFileError, exists, read_text, read_json, read_csv, read_config,
+Public names: DamagedFileError, exists, not_regular, read_bytes, read_text, read_json, read_csv, read_config,
 read_overrides, number_or_text, read_plan, read_modules, summary_shape.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
@@ -15,6 +15,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from hookgraph.runs import layout
 __all__ = [
     "DamagedFileError",
     "exists",
+    "not_regular",
+    "read_bytes",
     "read_text",
     "read_json",
     "read_csv",
@@ -59,16 +63,65 @@ def exists(path: Path) -> bool:
         return False
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def not_regular(path: Path | str) -> str | None:
+    """Why ``path`` is not a regular file ("a FIFO (named pipe)", "a directory", ...), or None
+    when it is one (a link to one counts) or is not there at all. A run folder's files are
+    only ever read when this is None: opening a FIFO blocks until someone writes to it, and a
+    device may never end."""
+    try:
+        return _kind(os.stat(path).st_mode)
+    except OSError:
+        return None  # not there, or the OS refuses: the open that follows names why
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of a regular file; anything else is a DamagedFileError naming what it is.
+
+    Opened non-blocking and checked on the open descriptor, so a FIFO put in place of a file
+    (or swapped in after a check) neither hangs the read nor is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise DamagedFileError(path, exc.strerror or str(exc), readable=False) from None
+    try:
+        what = _kind(os.fstat(fd).st_mode)
+        if what is not None:
+            raise DamagedFileError(path, f"{what}, not a regular file", readable=False)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise DamagedFileError(path, exc.strerror or str(exc), readable=False) from None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: Path) -> str | None:
-    """The file's text; None when there is no such file (a directory, a link loop, no
+    """The file's text; None when there is no such file (a directory, a FIFO, a link loop, no
     permission or bytes that are not UTF-8: DamagedFileError)."""
     if not exists(path):
         return None
+    data = read_bytes(path)
     try:
-        return path.read_bytes().decode("utf-8")  # no newline translation: csv needs the raw ends
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise DamagedFileError(path, why, readable=False) from None
+        return data.decode("utf-8")  # no newline translation: csv needs the raw ends
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(path, str(exc), readable=False) from None
 
 
 def read_json(path: Path, kind: type = dict) -> Any:

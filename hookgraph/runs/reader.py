@@ -51,6 +51,7 @@ from hookgraph.runs import layout
 from hookgraph.runs.files import (
     DamagedFileError,
     exists,
+    not_regular,
     read_config,
     read_csv,
     read_json,
@@ -122,6 +123,9 @@ def _why(path: Path, exc: Exception) -> str:
 @contextlib.contextmanager
 def _opened(shard: _Shard) -> Iterator[Any]:
     """``safe_open`` of the shard; every way it fails is a _Damaged naming why."""
+    what = not_regular(shard.file)  # a FIFO would block the open for good
+    if what is not None:
+        raise _Damaged(f"{what}, not a regular file")
     try:
         with safe_open(shard.file, framework="pt") as f:
             yield f

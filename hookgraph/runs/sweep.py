@@ -1,6 +1,6 @@
 """A sweep folder's table: one row per job, from the rows the jobs returned or their run folders.
 
-Public names: sweep_rows, job_folders, returned_rows, job_return_row, write_job_return.
+Public names: inside_sweep, sweep_rows, job_folders, returned_rows, job_return_row, write_job_return.
 
 ``sweep.csv`` (written by the Hydra callback :class:`hookgraph.cli.callbacks.SweepTable`) holds
 one row per job with its overrides and headline figures (status, steps, loss, records per
@@ -40,7 +40,7 @@ from hookgraph.runs import layout
 from hookgraph.runs.files import DamagedFileError, read_config, read_csv, read_json, read_overrides
 from hookgraph.runs.writer import atomic_write
 
-__all__ = ["sweep_rows", "job_folders", "returned_rows", "job_return_row", "write_job_return"]
+__all__ = ["inside_sweep", "sweep_rows", "job_folders", "returned_rows", "job_return_row", "write_job_return"]
 
 log = logging.getLogger("hookgraph")
 
@@ -57,6 +57,15 @@ def _job_num(folder: Path) -> int | None:
     except Exception:  # a damaged file (or one OmegaConf cannot select in): the name may still tell
         pass
     return int(folder.name) if folder.name.isdigit() else None
+
+
+def inside_sweep(sweep_dir: Path, folder: Path) -> bool:
+    """Whether ``folder`` lies inside ``sweep_dir`` once ``..`` and links are resolved: the only
+    job folders a sweep's table may send a reader (or the report's writer) to."""
+    try:
+        return Path(folder).resolve().is_relative_to(Path(sweep_dir).resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
 
 
 def job_folders(sweep_dir: Path) -> tuple[dict[int, Path], list[Path]]:
