@@ -140,7 +140,7 @@ def read_json(path: Path, kind: type = dict) -> Any:
     return value
 
 
-def _kind(value: Any) -> str:
+def _json_kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(value), "number"
     )
@@ -154,10 +154,11 @@ def _entries(path: Path, what: str, text_keys: tuple[str, ...]) -> list[dict] | 
         return None
     for i, entry in enumerate(value):
         if not isinstance(entry, dict):
-            raise DamagedFileError(path, f"entry {i} is a JSON {_kind(entry)}, expected an object ({what})")
+            raise DamagedFileError(path, f"entry {i} is a JSON {_json_kind(entry)}, expected an object ({what})")
         for key in text_keys:
             if key in entry and not isinstance(entry[key], str):
-                raise DamagedFileError(path, f"entry {i}: {key!r} is a JSON {_kind(entry[key])}, expected a string")
+                found = _json_kind(entry[key])
+                raise DamagedFileError(path, f"entry {i}: {key!r} is a JSON {found}, expected a string")
     return value
 
 
@@ -166,7 +167,7 @@ def read_plan(path: Path) -> list[dict] | None:
     plan = _entries(path, "a binding", ("spec", "target", "type", "at", "action"))
     for i, entry in enumerate(plan or []):
         if entry.get("when") is not None and not isinstance(entry["when"], dict):
-            raise DamagedFileError(path, f"entry {i}: 'when' is a JSON {_kind(entry['when'])}, expected an object")
+            raise DamagedFileError(path, f"entry {i}: 'when' is a JSON {_json_kind(entry['when'])}, expected an object")
     return plan
 
 
@@ -216,7 +217,7 @@ def summary_shape(summary: dict) -> tuple[dict, list[str]]:
             bad = any(not isinstance(v, dict) for v in value.values())
         if bad:
             expected = " or ".join(dict.fromkeys(_SHAPE_NAMES[k] for k in kinds))
-            shown = "an object of other than objects" if isinstance(value, dict) else f"a JSON {_kind(value)}"
+            shown = "an object of other than objects" if isinstance(value, dict) else f"a JSON {_json_kind(value)}"
             reasons.append(f"{key!r} is {shown}, expected {expected}")
             del kept[key]
     return kept, reasons
