@@ -392,7 +392,11 @@ def check_specs(specs: Any, *, prefix: str = "hooks") -> tuple[list[HookSpec], l
     mapping = _plain(specs, prefix)
     if len(mapping) > MAX_SPECS:
         raise SpecError(
-            [Problem(prefix, f"{len(mapping):,} specs, over the limit of {MAX_SPECS:,}; target many names with one spec")]
+            [
+                Problem(
+                    prefix, f"{len(mapping):,} specs, over the limit of {MAX_SPECS:,}; target many names with one spec"
+                )
+            ]
         )
     out: list[HookSpec] = []
     problems: list[Problem] = []
