@@ -45,6 +45,7 @@ class Chain(nn.Module):
 CHILD = r"""
 import json, resource, sys
 phase, out, modules, steps, profile = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+action = sys.argv[6]
 if profile:
     import tracemalloc
     tracemalloc.start(8)
@@ -57,7 +58,7 @@ if phase in ("baseline", "run"):
            "data": {"kind": "random", "shape": [4]},
            "runner": {"steps": steps, "batch_size": 1, "mode": "eval", "backward": False, "progress": False},
            "sink": {"figures": False},
-           "hooks": {"all": {"target": "layers.*", "action": "record"}} if phase == "run" else {}}
+           "hooks": {"all": {"target": "layers.*", "action": action}} if phase == "run" else {}}
     summary = run(cfg, out)
     facts["records_mb"] = summary.get("records_bytes", 0) / 2**20
 elif phase == "load_run":
@@ -81,9 +82,9 @@ print(json.dumps(facts))
 """
 
 
-def measure(phase: str, out: Path, modules: int, steps: int, profile: bool) -> dict:
+def measure(phase: str, out: Path, modules: int, steps: int, profile: bool, action: str = "record") -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, phase, str(out), str(modules), str(steps), "1" if profile else "0"],
+        [sys.executable, "-c", CHILD, phase, str(out), str(modules), str(steps), "1" if profile else "0", action],
         capture_output=True, text=True, check=False,
     )
     if proc.returncode:
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--modules", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--hooks-only", action="store_true", help="also a run whose hooks keep nothing (action: zero), "
+                    "what the bindings cost without records")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = {}
@@ -104,6 +107,9 @@ def main() -> None:
             rows[phase] = measure(phase, out, args.modules, args.steps, args.profile)
             if args.profile:
                 print(phase, json.dumps(rows[phase], indent=1))
+        if args.hooks_only:
+            noop = Path(tmp) / "noop"
+            rows["hooks, no records"] = measure("run", noop, args.modules, args.steps, args.profile, "zero")
         shards = sum(p.stat().st_size for p in (Path(tmp) / "run" / "records").iterdir()) / 2**20
     entries = args.modules * args.steps
     print(f"{args.modules} modules x {args.steps} steps = {entries:,} entries, {shards:.1f} MiB of shards")
