@@ -87,13 +87,20 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
 
 class _Entry:
     """One recorded call: its tensors and the structure that holds them (one per entry of
-    the run, kept while it is read: ``__slots__``, and the structure shared per shard)."""
+    the run, kept while it is read: ``__slots__``, the structure shared per shard, and a
+    call that is one tensor holds that _Tensor itself, not a tuple of one: 64 bytes less)."""
 
-    __slots__ = ("step", "call", "shard", "tensors", "structure")
+    __slots__ = ("step", "call", "shard", "_tensors", "structure")
 
     def __init__(self, step: int, call: int, shard: _Shard, tensors: tuple[_Tensor, ...], structure: Any):
-        self.step, self.call, self.shard, self.tensors = step, call, shard, tensors
+        self.step, self.call, self.shard = step, call, shard
+        self._tensors: _Tensor | tuple[_Tensor, ...] = tensors[0] if len(tensors) == 1 else tensors
         self.structure = structure  # tree.describe's form; for shards of format 1, ("legacy", [paths])
+
+    @property
+    def tensors(self) -> tuple[_Tensor, ...]:
+        t = self._tensors
+        return (t,) if isinstance(t, _Tensor) else t
 
 
 class _Damaged(Exception):
