@@ -25,7 +25,15 @@ if TYPE_CHECKING:  # imported where used: `import hookgraph` does not load Omega
 from hookgraph.core.points import HookPoint
 from hookgraph.errors import Problem, SpecError, did_you_mean
 
-__all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs"]
+__all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs", "MAX_PATTERNS", "MAX_SPECS"]
+
+# Bounds on what a config may hold, checked before anything is converted or matched: a
+# 50 MB config of 1.1M exclude globs otherwise spends minutes (and gigabytes) in OmegaConf
+# nodes before a word is said. Lists this long are never written by hand; a glob or a
+# `re:` pattern says the same in one line (docs/specs.md).
+MAX_PATTERNS = 10_000  # strings in one spec's target, exclude or types
+MAX_SPECS = 10_000  # specs under hooks:
+_LISTS = ("target", "exclude", "types")
 
 
 class Mode(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() in messages
@@ -243,8 +251,23 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
         except OmegaConfBaseException as exc:
             raw = body.cfg._get_node(body.k)._value()
             return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")]
+    if isinstance(body, DictConfig):
+        # Before _resolved: converting (or copying) a list over the bound is the cost refused.
+        over = []
+        for k in _LISTS:
+            node = body._get_node(k) if k in body else None
+            if (
+                isinstance(node, ListConfig)
+                and not (node._is_none() or node._is_missing() or node._is_interpolation())
+                and len(node) > MAX_PATTERNS
+            ):
+                problems.append(_too_many(f"{key}.{k}", len(node)))
+                over.append(k)
+        if over:  # the other fields, still under their parent (interpolations resolve as before)
+            body = OmegaConf.masked_copy(body, [str(k) for k in body if k not in over])
     if isinstance(body, (DictConfig, ListConfig)):
-        body, problems = _resolved(body, key)
+        body, found = _resolved(body, key)
+        problems += found
     if not isinstance(body, Mapping):
         return None, [*problems, Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
     reported = {p.key for p in problems}
@@ -264,8 +287,12 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
         return None, problems  # names cannot be checked without knowing modules vs parameters
     if clean.get("target") in (None, [], ()) and f"{key}.target" not in reported:
         problems.append(Problem(f"{key}.target", "missing: give a glob such as '**.conv*' or a list of globs"))
-    for k in ("target", "exclude", "types"):
+    for k in _LISTS:
         value = clean.get(k)
+        if isinstance(value, (list, tuple)) and len(value) > MAX_PATTERNS:
+            problems.append(_too_many(f"{key}.{k}", len(value)))
+            clean.pop(k)
+            continue
         if (
             value is not None
             and not isinstance(value, str)
@@ -292,6 +319,14 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
         )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
     return replace(spec, name=name), problems
+
+
+def _too_many(key: str, n: int) -> Problem:
+    return Problem(
+        key,
+        f"{n:,} patterns, over the limit of {MAX_PATTERNS:,} per list; "
+        "match them with fewer globs or one 're:' pattern",
+    )
 
 
 def _holds_objects(value: Any) -> bool:
@@ -355,6 +390,14 @@ def parse_steps(text: str) -> tuple[int, int | None]:
 def check_specs(specs: Any, *, prefix: str = "hooks") -> tuple[list[HookSpec], list[Problem], set[str]]:
     """Specs (best effort), every problem found, and the names of the specs that had problems."""
     mapping = _plain(specs, prefix)
+    if len(mapping) > MAX_SPECS:
+        raise SpecError(
+            [
+                Problem(
+                    prefix, f"{len(mapping):,} specs, over the limit of {MAX_SPECS:,}; target many names with one spec"
+                )
+            ]
+        )
     out: list[HookSpec] = []
     problems: list[Problem] = []
     broken: set[str] = set()

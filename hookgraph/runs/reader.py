@@ -64,14 +64,17 @@ from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
 
-class _Tensor(NamedTuple):
-    """Where one stored tensor's bytes lie in its shard (offsets from the file's start)."""
+class _Tensor:
+    """Where one stored tensor's bytes lie in its shard (offsets from the file's start).
 
-    key: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    begin: int
-    end: int
+    A class with ``__slots__``, not a NamedTuple: one per stored tensor stays alive for as
+    long as the run is read (200,000 for a run of 200k tiny records), so each field counts
+    (benchmarks/RESULTS.md, "Many tiny records")."""
+
+    __slots__ = ("key", "dtype", "shape", "begin", "end")
+
+    def __init__(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], begin: int, end: int):
+        self.key, self.dtype, self.shape, self.begin, self.end = key, dtype, shape, begin, end
 
 
 class _Shard:
@@ -92,14 +95,22 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class _Entry(NamedTuple):
-    """One recorded call: its tensors and the structure that holds them."""
+class _Entry:
+    """One recorded call: its tensors and the structure that holds them (one per entry of
+    the run, kept while it is read: ``__slots__``, the structure shared per shard, and a
+    call that is one tensor holds that _Tensor itself, not a tuple of one: 64 bytes less)."""
 
-    step: int
-    call: int
-    shard: _Shard
-    tensors: tuple[_Tensor, ...]
-    structure: Any  # tree.describe's form; for shards of format 1, ("legacy", [paths])
+    __slots__ = ("step", "call", "shard", "_tensors", "structure")
+
+    def __init__(self, step: int, call: int, shard: _Shard, tensors: tuple[_Tensor, ...], structure: Any):
+        self.step, self.call, self.shard = step, call, shard
+        self._tensors: _Tensor | tuple[_Tensor, ...] = tensors[0] if len(tensors) == 1 else tensors
+        self.structure = structure  # tree.describe's form; for shards of format 1, ("legacy", [paths])
+
+    @property
+    def tensors(self) -> tuple[_Tensor, ...]:
+        t = self._tensors
+        return (t,) if isinstance(t, _Tensor) else t
 
 
 class _Damaged(Exception):
@@ -495,7 +506,15 @@ def _locate(shard: _Shard, meta: dict, keys: set[str]) -> dict[str, _Tensor]:
     if header_meta != meta or header.keys() != keys:
         raise _Damaged("changed while it was indexed (header differs from what safetensors read)")
     shard.stamp = _stamp(st)
-    return {k: _tensor_info(k, v, 8 + n, st.st_size) for k, v in header.items()}
+    # Converted item by item, each parsed item freed as it goes (a shard of 200k entries
+    # parses to ~100 MB of dicts), and equal shapes shared: tiny records mostly have one.
+    out: dict[str, _Tensor] = {}
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for k in list(header):
+        t = _tensor_info(k, header.pop(k), 8 + n, st.st_size)
+        t.shape = shapes.setdefault(t.shape, t.shape)
+        out[k] = t
+    return out
 
 
 def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
