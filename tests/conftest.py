@@ -82,3 +82,11 @@ def big_plan_folder(tmp_path_factory) -> Path:
     (out / "modules.json").write_text(json.dumps(module_tree(model)))
     write_report(out)
     return out
+
+
+@pytest.fixture()
+def torch_home(tmp_path, monkeypatch):
+    """An empty torch hub home (TORCH_HOME) for tests that plant or look for cached weights."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # get_dir() reads TORCH_HOME then
+    return tmp_path / "torch_home"

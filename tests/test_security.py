@@ -36,25 +36,11 @@ from hookgraph.models.build import hub_checkpoint_path
 from hookgraph.report import write_report
 from hookgraph.report.sweep import write_sweep_report
 from hookgraph.runs.writer import RunWriter
+from tests.payloads import Payload
 
 # -- payloads and guards ----------------------------------------------------------------------
 
 
-class Payload:
-    """A pickle whose unpickling creates ``marker``: proof that its code ran."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
-
-
-@pytest.fixture()
-def torch_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # get_dir() reads TORCH_HOME then
-    return tmp_path / "torch_home"
 
 
 @pytest.fixture()

@@ -3,7 +3,6 @@ weights_only=True and never downloads (issue 15, security)."""
 
 from __future__ import annotations
 
-import os
 import pickle
 
 import pytest
@@ -13,23 +12,7 @@ import torchvision
 import hookgraph as hg
 from hookgraph.models import build_model
 from hookgraph.models.build import hub_checkpoint_path
-
-
-class Payload:
-    """What a planted checkpoint would hold: unpickling it creates the marker file."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
-
-
-@pytest.fixture()
-def torch_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # get_dir() reads TORCH_HOME then
-    return tmp_path / "torch_home"
+from tests.payloads import Payload
 
 
 def resnet18_file():
