@@ -131,11 +131,6 @@ else:  # no public equivalent: every call counts as a forward call, and says so 
         return False
 
 
-# What torch.compiler.assume_constant_result sets, without importing dynamo (seconds at
-# import): a traced hook keeps the value seen while tracing (compiled code never re-runs a
-# forward through Python hooks) instead of breaking the graph at a torch call returning an int.
-recomputing._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
 
 @functools.cache
 def _flag_probe() -> bool:
@@ -335,6 +330,11 @@ def mark_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
     dynamo: traced code keeps the value ``fn`` returned while tracing."""
     setattr(fn, _CONSTANT_RESULT, True)
     return fn
+
+
+# A traced hook keeps the value ``recomputing()`` had while tracing (compiled code never re-runs
+# a forward through Python hooks) instead of breaking the graph at a torch call returning an int.
+mark_constant_result(recomputing)
 
 
 # Dynamo's setting for module hook guards (torch 2.x; True by default in 2.14): compiled code

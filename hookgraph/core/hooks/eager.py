@@ -39,7 +39,7 @@ from hookgraph.core.hooks.callers import (
 )
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.points import REGISTRARS, HookPoint
-from hookgraph.core.torch_internals import add_forward_hook, has_old_backward_hooks, recomputing
+from hookgraph.core.torch_internals import add_forward_hook, compiler_disable, has_old_backward_hooks, recomputing
 from hookgraph.core.tree import tensors
 from hookgraph.errors import HookGraphError, full_key
 
@@ -70,7 +70,7 @@ def _prepared(b: Binding, st: SpecState, hook: Callable[..., Any], *, module: bo
 
     hook.__name__ = hook.__qualname__ = b.label
     if st.log is not None and module:
-        return torch.compiler.disable(hook)
+        return compiler_disable(hook)
     return hook
 
 
