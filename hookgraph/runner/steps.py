@@ -115,13 +115,20 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
     autocast = _autocast(r, parts.device)
     # Specs resolve against the bare model; the compiled wrapper shares its modules.
     forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
+    # What each phase of a step is called when the user's code raises there: built once, not
+    # per step (each config read is an OmegaConf lookup).
+    kind = cfg.data.kind
+    data_phase = f"the data (data.kind={kind}, making the batch)"
+    loss_phase = f"the loss (runner.loss={r.loss})"
+    metric_phase = f"the metric (runner.metric={r.metric})"
+    opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
     t = time.perf_counter()
     with graph.attach(compiled=r.compile):
         hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
         for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
             graph.set_step(step)
             # What the step is doing and with which batch: named when the user's code raises.
-            phase, batch = f"the data (data.kind={cfg.data.kind}, making the batch)", None
+            phase, batch = data_phase, None
             try:
                 inputs, labels = next(data)
                 batch = (inputs, labels)
@@ -132,14 +139,14 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
                 with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
                     phase = "the model's forward"
                     try:
-                        out = call_model(forward, inputs, check=step == 0, data_kind=cfg.data.kind)
+                        out = call_model(forward, inputs, check=step == 0, data_kind=kind)
                     except RuntimeError as exc:
                         _unused_parameters(exc, r)
                         raise
-                    phase = f"the loss (runner.loss={r.loss})"
+                    phase = loss_phase
                     loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                     if r.metric is not None:
-                        phase = f"the metric (runner.metric={r.metric})"
+                        phase = metric_phase
                         progress.metrics.append(compute_metric(r.metric, out, inputs))
                 if r.backward:
                     if not loss.requires_grad:
@@ -151,7 +158,7 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
                     phase = "the backward pass"
                     loss.backward()
                     if opt is not None:
-                        phase = f"the optimizer step (runner.optimizer={r.optimizer})"
+                        phase = opt_phase
                         opt.step()
                     model.zero_grad(set_to_none=True)
             except HookGraphError:
