@@ -140,6 +140,39 @@ def test_the_command_line_refuses_the_hub_pickle(tmp_path, torch_home):
     assert not marker.exists()
 
 
+# A fresh interpreter: in this one torchvision is imported already, and the guard of a _target_
+# build keys on whether torchvision can load weights there.
+_FRESH_TARGETS = """
+import json, sys
+import hookgraph as hg
+from hookgraph.models import build_model
+
+build_model(target="torch.nn.Linear", kwargs={"in_features": 2, "out_features": 2})
+plain = "torchvision" in sys.modules
+try:
+    build_model(target="torch.nn.ModuleDict", kwargs={"modules": {
+        "backbone": {"_target_": "torchvision.models.resnet18", "weights": "IMAGENET1K_V1"}}})
+    error = None
+except hg.ConfigError as exc:
+    error = [exc.key, str(exc)]
+print(json.dumps({"plain_imported_torchvision": plain, "error": error}))
+"""
+
+
+@pytest.mark.slow
+def test_a_nested_torchvision_target_is_guarded_and_other_targets_skip_torchvision(tmp_path, torch_home):
+    _, marker = plant(torchvision.models.ResNet18_Weights.IMAGENET1K_V1)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), TORCH_HOME=str(torch_home), HTTPS_PROXY="http://127.0.0.1:9")
+    proc = subprocess.run([sys.executable, "-c", _FRESH_TARGETS], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["plain_imported_torchvision"] is False  # no seconds of torchvision import for other builds
+    assert out["error"][0] == "model.kwargs.modules" and "refused to load" in out["error"][1]
+    assert not marker.exists()
+
+
 # -- types never import -----------------------------------------------------------------------
 
 
