@@ -42,3 +42,10 @@ def fail_on_rank(value: torch.Tensor, rank: int = 1) -> None:
     other ranks do not share."""
     if int(os.environ.get("RANK", "0")) == rank:
         raise RuntimeError(f"injected failure on rank {rank}")
+
+
+def exit_on_rank(value: torch.Tensor, rank: int = 1) -> None:
+    """An observer whose rank dies at once (no exception, no summary, sockets closed): what
+    the other ranks see when a peer is killed mid-step."""
+    if int(os.environ.get("RANK", "0")) == rank:
+        os._exit(3)

@@ -22,7 +22,7 @@ from hookgraph.data.shard import rank_slices
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
 from hookgraph.runner.distributed import rank_overrides
-from hookgraph.runner.ranks import merge_ranks
+from hookgraph.runner.ranks import merge_ranks, peer_message
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per torchrun launch; the process-group timeout below is far shorter
@@ -159,6 +159,25 @@ def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
     assert s["error"]["rank"] == 1 and "injected failure on rank 1" in s["error"]["message"], s
     rank1 = next(x for x in s["ranks"] if x["rank"] == 1)
     assert rank1["status"] == "failed" and "injected failure on rank 1" in rank1["error"]["message"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_the_rank_left_when_its_peer_dies_says_which_rank_in_one_line(tmp_path):
+    out = tmp_path / "peer"
+    die = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.helpers_actions.exit_on_rank",
+                                                        "replaces": False}, "args": {"rank": 1}}  # fmt: skip
+    proc = torchrun(out, "runner.distributed=ddp", "sink.figures=false", _override("die", die))
+    assert proc.returncode != 0
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph:")]
+    # Rank 1 died without a word; rank 0, whose collective broke under it, names rank 1 first.
+    assert len(said) == 1, proc.stdout[-4000:]
+    assert said[0].startswith("hookgraph: error: rank 1: wrote no summary (killed"), said
+    assert "rank 0 stopped with it, step 0, in the backward pass" in said[0] and "pair.cc" not in said[0], said
+    assert "Error executing job" not in proc.stdout
+    s = hg.load_run(out, strict=False).summary
+    assert s["failed_ranks"] == [0, 1] and s["error"]["rank"] == 1, s
 
 
 @pytest.mark.distributed
@@ -312,6 +331,23 @@ def test_the_summary_names_the_rank_that_failed_first():
     own = {"status": "failed", "error": {"type": "SpecError", "message": "bad spec"}}
     merge_ranks(own, {0: dict(own), 1: {"status": "failed", "error": {"type": "SpecError", "message": "bad spec"}}})
     assert own["error"] == {"type": "SpecError", "message": "bad spec", "rank": 0} and own["failed_ranks"] == [0, 1]
+
+
+def test_a_rank_stopped_by_its_peer_names_the_peer_not_the_socket():
+    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer")
+    merged = {"status": "failed", "failed_ranks": [0, 1], "error": {"type": "NoSummary", "rank": 1,
+              "message": "rank 1: wrote no summary (killed, or still waiting on a collective)"}}  # fmt: skip
+    assert peer_message(merged, 0, gloo, "step 3, in the backward pass") == (
+        "rank 1: wrote no summary (killed, or still waiting on a collective); rank 0 stopped with it, "
+        "step 3, in the backward pass (RuntimeError: Connection closed by peer)"
+    )
+    # A rank other than 0 does not gather: it says its collective broke and where the others' summaries are.
+    assert peer_message({}, 1, gloo, "step 3") == (
+        "rank 1 stopped, step 3: another rank closed its connection (RuntimeError: Connection closed by peer); "
+        "each rank's own summary is under ranks/"
+    )
+    # Its own failure is not a peer's: the usual message stays.
+    assert peer_message(merged, 0, ValueError("bad batch"), "step 3") is None
 
 
 def test_ranks_other_than_0_write_nothing_of_their_own(monkeypatch):

@@ -45,6 +45,7 @@ from hookgraph.runner.distributed import rank_overrides, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted
 from hookgraph.runner.messages import closing_lines
 from hookgraph.runner.outputs import where_of
+from hookgraph.runner.ranks import peer_message
 from hookgraph.runs import layout
 
 __all__ = ["main", "CONFIG_DIR"]
@@ -160,7 +161,11 @@ def _app(cfg: DictConfig) -> float | None:
                 raise  # a bug in hookgraph, or the user's code outside the steps: Hydra shows where
             _to_log_file(logging.ERROR, f"{where}{type(exc).__name__}", exc_info=sys.exc_info())
         kept = not _tidy(out_dir, summary, exc)
-        if raised_at is not None:
+        world = world_from_env()
+        peer = peer_message(summary, world.rank, exc, raised_at or "during the run") if world.ranked else None
+        if peer is not None:  # this rank stopped because another did: name that one, not gloo's socket
+            _error(f"{where}{peer}" + (f"; the traceback is in {Path(out_dir) / layout.LOG}" if kept else ""))
+        elif raised_at is not None:
             what = f"{raised_at}: {type(exc).__name__}: {_first_line(exc)}"
             if kept:
                 what += f"; the traceback is in {Path(out_dir) / layout.LOG}"

@@ -1,6 +1,6 @@
 """Rank 0 gathers the ranks of a run: their summaries into summary.json, their tables into one.
 
-Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables.
+Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables, peer_message.
 
 Every rank writes its own ``ranks/rank-N/summary.json`` (its status, error, steps, losses) when
 it ends, failed or not, and never waits on another rank to do so. Rank 0 reads them through the
@@ -11,6 +11,7 @@ file system every rank sees (one machine, or a shared file system across nodes).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hookgraph.runs import layout
 from hookgraph.runs.files import read_csv, read_json
 from hookgraph.runs.writer import RunWriter
 
-__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables"]
+__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables", "peer_message"]
 
 
 class RankFailedError(HookGraphError):
@@ -78,7 +79,7 @@ def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]
                     "status": "unknown",
                     "error": {
                         "type": "NoSummary",
-                        "message": (f"rank {k} wrote no summary (killed, or still waiting on a collective)"),
+                        "message": "wrote no summary (killed, or still waiting on a collective)",
                     },
                 }
             )
@@ -122,3 +123,27 @@ def merge_tables(writer: RunWriter, size: int) -> None:
             except Exception:  # a damaged rank table: the others still merge; load_run names it
                 continue
         writer.csv(name, rows)
+
+
+# gloo's messages start with the C++ source line that raised ("[/path/pair.cc:561] Connection
+# closed by peer ..."): a user needs the words, not the path of a file in PyTorch's build tree.
+_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def peer_message(summary: dict[str, Any], rank: int, exc: BaseException, where: str) -> str | None:
+    """The one line a rank prints when it stopped because another rank did (its collective
+    broke: the peer died or raised), naming the rank that failed first where rank 0 has
+    gathered the summaries; None when this rank's own error is the cause."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    own = {"type": type(exc).__name__, "message": text}
+    if not _collateral({"error": own}):
+        return None
+    said = f"{type(exc).__name__}: {_SOURCE_PREFIX.sub('', text)}"
+    err = summary.get("error") or {}
+    cause = err.get("rank")
+    if summary.get("failed_ranks") and cause is not None and cause != rank:
+        return f"{err.get('message', f'rank {cause} failed')}; rank {rank} stopped with it, {where} ({said})"
+    return (
+        f"rank {rank} stopped, {where}: another rank closed its connection ({said}); "
+        f"each rank's own summary is under {layout.RANKS}/"
+    )
