@@ -6,7 +6,9 @@ the spec, and where it can, the step, batch and module."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.cli import app
+from hookgraph.cli.logfile import guard_log_files
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.models.build import build_model
 from hookgraph.report.__main__ import main as report_main
@@ -324,3 +327,55 @@ def test_fullgraph_attaches_traceable_specs():
     with graph.attach(compiled=True):
         wrapper(x)
     torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a disk that fills up mid-run (mounting needs root, as CI's container has)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow  # the command line in a subprocess, until the disk is full
+def test_a_full_disk_mid_run_is_said_once_and_the_summary_is_written(small_disk, tmp_path):
+    out = small_disk / "run"
+    result = run_cli([f"hydra.run.dir={out}", "runner.steps=2000", "runner.progress=false"], cwd=tmp_path, timeout=240)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Logging error" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("hookgraph:")]
+    assert said == ["hookgraph: error: the disk is full: cannot write into the run folder "
+                    "([Errno 28] No space left on device)"], result.stderr[-3000:]  # fmt: skip
+    # The room kept for it took the summary: it says how far the run got, and the folder reads back.
+    r = hg.load_run(out)
+    assert r.summary["status"] == "failed" and 0 < r.summary["steps"] < 2000
+    assert r.missing == [] and not (out / ".reserve").exists()
+    assert len(list((out / "records").glob("step-*.safetensors"))) == r.summary["steps"]
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once(capsys):
+    logger = logging.getLogger("hookgraph.test_full_log")
+    logger.propagate = False
+    handler = logging.FileHandler("/dev/full")  # every write: ENOSPC
+    logger.addHandler(handler)
+    guard_log_files(logger)
+    for i in range(3):
+        logger.warning("line %d", i)
+    err = capsys.readouterr().err
+    assert "Logging error" not in err
+    # Said once; the lines after it still reach the terminal (here through logging's last resort).
+    assert err.splitlines() == [
+        "hookgraph: warning: cannot write the log file /dev/full ([Errno 28] No space left on device); "
+        "log lines go to the terminal only from here",
+        "line 1",
+        "line 2",
+    ]
+    assert handler not in logger.handlers

@@ -36,6 +36,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hookgraph.cli import callbacks
+from hookgraph.cli.logfile import guard_log_files
 from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
@@ -138,6 +139,7 @@ def _app(cfg: DictConfig) -> float | None:
     sweep = hc.mode == RunMode.MULTIRUN
     where = f"job {hc.job.num} " if sweep else ""
     summary: dict[str, Any] = {}
+    guard_log_files(logging.getLogger(), log)
     try:
         with quiet_logger("hydra.utils"):
             run(cfg, out_dir, summary=summary)

@@ -24,7 +24,7 @@ from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
 from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
 from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
-from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
+from hookgraph.runs.writer import RunWriter, TensorBoardSink, disk_full, rows_with_spec
 
 __all__ = ["write", "write_tables", "write_outputs", "fail", "close", "add_where", "where_of"]
 
@@ -55,6 +55,8 @@ def write(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except OSError as exc:
+        if disk_full(exc):
+            raise RunFolderError(f"the disk is full: cannot write into the run folder ({exc})") from exc
         raise RunFolderError(f"cannot write into the run folder: {exc}") from exc
 
 
@@ -117,7 +119,7 @@ def fail(job: Job, progress: Progress, exc: BaseException) -> None:
             "total": exc.total,
         }
     graph = progress.graph
-    if graph is None:
+    if graph is None or disk_full(exc):  # nothing more fits: the summary alone goes in the room kept for it
         return
     # Over budget, the step that tripped it is dropped: writing it would trip the budget again.
     if not isinstance(exc, RecordBudgetError):
@@ -172,6 +174,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
         except OSError as exc:
             log.error("rank %d: could not write its summary into %s: %s", world.rank, writer.dir, exc)
         if not world.main:
+            writer.release_reserve()
             return
         # Every rank ends on its own; a failing run waits only briefly for ranks that may be stuck.
         timeout = float(job.cfg.runner.dist_timeout_s)
@@ -183,7 +186,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
             s.setdefault("warnings", []).append(f"could not write the merged stats and trace tables: {exc}")
     s["manifest"] = writer.manifest()  # after the merged tables: what load_run checks the folder against
     try:
-        writer.json(layout.SUMMARY, s)
+        _write_summary(writer, s)
     except OSError as exc:
         msg = f"could not write {layout.SUMMARY} into {writer.dir}: {exc}"
         s.setdefault("warnings", []).append(msg)
@@ -194,8 +197,30 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
     if s.get("status") != "listed":
         try:  # after summary.json, which the page reads; a page must never hide the run's result
             write_report(writer.dir)
-        except Exception as exc:
-            log.warning("no %s: %s: %s", layout.REPORT, type(exc).__name__, exc)
+        except Exception as exc:  # on a full disk the error already said so: the page is its consequence
+            log.log(logging.INFO if disk_full(exc) else logging.WARNING, "no %s: %s: %s", layout.REPORT,
+                    type(exc).__name__, exc)  # fmt: skip
+
+
+def _write_summary(writer: RunWriter, s: dict[str, Any]) -> None:
+    """summary.json, whatever the disk holds: on a full disk, the room the writer kept; when the
+    whole summary does not fit even there, one without the per-step losses and the shard list
+    (the reader then names the folder's pieces as unchecked), saying so in its warnings."""
+    try:
+        writer.json(layout.SUMMARY, s)
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        dropped = [k for k in ("manifest", "losses", "metrics") if k in s]
+        compact = {k: v for k, v in s.items() if k not in dropped}
+        left_out = f"the disk was full: this summary leaves out {', '.join(dropped)}"
+        compact["warnings"] = [*s.get("warnings", []), left_out]
+        writer.release_reserve()
+        writer.json(layout.SUMMARY, compact)
+        s.clear()
+        s.update(compact)
+    finally:
+        writer.release_reserve()
 
 
 def _silent_specs(summary: dict[str, Any], graph: HookGraph) -> None:

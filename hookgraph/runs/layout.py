@@ -4,7 +4,7 @@ named here once. Whatever writes or reads a run folder (the runner, :mod:`hookgr
 from this module; a new file of a run folder is a constant and an :class:`Entry` here (a test
 fails when a name from here is spelled out anywhere else in the package).
 
-Public names: Entry, RUN_FOLDER, SWEEP_FOLDER, RUN_CONTENT, entry, renamed, MARKER, SUMMARY,
+Public names: Entry, RUN_FOLDER, SWEEP_FOLDER, RUN_CONTENT, entry, renamed, MARKER, RESERVE, SUMMARY,
 PLAN, MODULES, PLAN_SVG, STATS, TRACE, RECORDS, RANKS, FIGURES, TENSORBOARD, REPORT, HYDRA,
 CONFIG, OVERRIDES, HYDRA_JOB, LOG, SWEEP_TABLE, SWEEP_FIGURE, JOB_RETURNS, PATCHING_TABLE,
 PATCHING_FIGURE, MULTIRUN, SHARD_SUFFIX, FIGURE_SUFFIX, STATS_FIGURE, shard_name, rank_folder,
@@ -14,6 +14,7 @@ gradcam_figure.
 A run folder (``runs/<date>/<time>`` by default)::
 
     .hookgraph            the claim: written first, exclusively (a second run in the folder fails)
+    .reserve              room kept for summary.json on a disk that fills up (removed at the end)
     summary.json          status, steps, losses, timings, error, per-spec counts
     plan.json             the bindings (spec, target, type, at, action, order, when)
     modules.json          the model's module tree
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Entry", "RUN_FOLDER", "SWEEP_FOLDER", "RUN_CONTENT", "entry", "renamed",
-    "MARKER", "SUMMARY", "PLAN", "MODULES", "PLAN_SVG", "STATS", "TRACE", "RECORDS", "RANKS", "FIGURES",
+    "MARKER", "RESERVE", "SUMMARY", "PLAN", "MODULES", "PLAN_SVG", "STATS", "TRACE", "RECORDS", "RANKS", "FIGURES",
     "TENSORBOARD", "REPORT", "HYDRA", "CONFIG", "OVERRIDES", "HYDRA_JOB", "LOG",
     "SWEEP_TABLE", "SWEEP_FIGURE", "JOB_RETURNS", "PATCHING_TABLE", "PATCHING_FIGURE", "MULTIRUN",
     "SHARD_SUFFIX", "FIGURE_SUFFIX", "STATS_FIGURE",
@@ -75,6 +76,7 @@ class Entry:
 # -- a run folder ------------------------------------------------------------------------
 
 MARKER = ".hookgraph"
+RESERVE = ".reserve"
 SUMMARY = "summary.json"
 PLAN = "plan.json"
 MODULES = "modules.json"
@@ -105,6 +107,8 @@ RUN_FOLDER: tuple[Entry, ...] = (
     Entry(MARKER, "the run's claim on the folder: JSON {hookgraph: version, pid}; a folder holding it "
           "belongs to a run, finished or not", "runner (lifecycle.claim_run_dir), first, by exclusive create",
           always=True),
+    Entry(RESERVE, "bytes kept free for the summary: released when the disk is full, removed at the end",
+          "RunWriter, when it opens the folder", always=False, when="while the run runs (or one killed left it)"),
     Entry(SUMMARY, "status, steps, losses, timings, error, per-spec counts, warnings; a torchrun run's "
           "merged over its ranks", "runner (loop._close), whatever happened", always=False,
           when="a run killed (SIGKILL) before it ended has none"),

@@ -24,7 +24,9 @@ reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missin
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import functools
 import hashlib
 import io
@@ -45,11 +47,25 @@ from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError
 from hookgraph.runs import layout
 
-__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher"]
+__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "disk_full"]
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
 _THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
+# Room kept for summary.json while a run writes: on a full disk the reserve is released and the
+# summary written in its place, so the folder still says what happened. 256 KiB holds the summary
+# of a run of about a thousand steps with its manifest; a longer one falls back to a compact summary.
+RESERVE_BYTES = 256 << 10
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the disk or the user's quota is full."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
 
 
 def hasher() -> Any:
@@ -145,9 +161,17 @@ class RunWriter:
 
     ``rank``: one rank of a run of several processes: its shards go to ``records/rank-N/``
     and its own tables and summary to ``ranks/rank-N/`` (:meth:`rank_path`); None (a single
-    process) keeps the flat layout."""
+    process) keeps the flat layout. ``reserve``: keep RESERVE_BYTES on the disk (``.reserve``)
+    so that summary.json can still be written when the disk fills up mid-run."""
 
-    def __init__(self, out_dir: str | os.PathLike, max_bytes: int | None = None, rank: int | None = None):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        max_bytes: int | None = None,
+        rank: int | None = None,
+        *,
+        reserve: bool = False,
+    ):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -160,6 +184,31 @@ class RunWriter:
         self.run_id = uuid.uuid4().hex
         self._shard_facts: dict[str, dict[str, Any]] = {}
         self._tables: dict[str, dict[str, int]] = {}
+        # A run's writer (reserve=True) keeps room for its summary; a sweep's tables need none.
+        self._reserve = self._keep_room(self.dir / self.rank_path(layout.RESERVE)) if reserve else None
+
+    @staticmethod
+    def _keep_room(path: Path) -> Path | None:
+        """Claim RESERVE_BYTES of the disk for the summary (None: the disk has not even that)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
+                try:
+                    os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)
+                except (AttributeError, OSError):  # a file system without fallocate: real bytes
+                    f.write(bytes(RESERVE_BYTES))
+            return path
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return None
+
+    def release_reserve(self) -> None:
+        """Give the reserved room back (at the end, or to write the summary on a full disk)."""
+        if self._reserve is not None:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink(missing_ok=True)
+            self._reserve = None
 
     def manifest(self) -> dict[str, Any]:
         """What this writer wrote, for ``summary.json``: ``run`` (the id every shard carries),
@@ -182,7 +231,14 @@ class RunWriter:
         clean = strict_json(obj, found)
         if found and isinstance(clean, dict):
             clean["non_finite"] = found
-        atomic_write(path, (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode())
+        data = (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode()
+        try:
+            atomic_write(path, data)
+        except OSError as exc:
+            if not disk_full(exc) or self._reserve is None:
+                raise
+            self.release_reserve()  # the disk filled up: the room kept for this moment
+            atomic_write(path, data)
         return path
 
     def csv(self, name: str, rows: Sequence[dict], columns: Sequence[str] | None = None) -> Path | None:
