@@ -129,6 +129,14 @@ def test_an_unknown_compile_backend_is_refused_with_the_nearest_names(tmp_path):
     assert "'aot_eager'" in str(err.value)
 
 
+def test_a_compile_backend_without_compile_is_checked_and_said_to_be_unused(tmp_path, caplog):
+    with pytest.raises(ConfigError, match="'aot_eager'"):
+        run(_quick(runner={"compile": False, "compile_backend": "aot_eagr"}), tmp_path / "typo")
+    with caplog.at_level("WARNING"):
+        run(_quick(runner={"compile": False, "compile_backend": "aot_eager", "steps": 1}), tmp_path / "unused")
+    assert "runner.compile_backend=aot_eager is not used: runner.compile is false" in caplog.text
+
+
 # --- sink.feature_maps ---------------------------------------------------------------------
 
 

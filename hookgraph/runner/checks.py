@@ -5,6 +5,7 @@ Public names: OPTIMIZERS, GRADCAM_KEYS, MAX_COUNT, Settings, check_settings, che
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
 from hookgraph.runner.metrics import check_metric
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OPTIMIZERS", "GRADCAM_KEYS", "MAX_COUNT", "Settings", "check_settings", "check_compiled"]
 
@@ -89,6 +92,12 @@ def _check_runner(r: DictConfig) -> None:
         raise ConfigError("runner.dist_timeout_s", f"must be a finite number of seconds > 0, got {r.dist_timeout_s}")
     if r.compile:
         _check_backend(r.compile_backend)
+    elif r.compile_backend != DEFAULT_BACKEND:  # set, but nothing will compile: a typo is still refused
+        _check_backend(r.compile_backend)
+        log.warning(
+            "runner.compile_backend=%s is not used: runner.compile is false (set runner.compile=true to compile)",
+            r.compile_backend,
+        )
     if r.autocast not in (None, "bf16", "fp16"):
         raise ConfigError("runner.autocast", f"must be null, bf16 or fp16, got {r.autocast!r}")
     if r.metric is not None:
@@ -96,11 +105,14 @@ def _check_runner(r: DictConfig) -> None:
     check_distributed(r)
 
 
+DEFAULT_BACKEND = "inductor"  # the schema's default: without runner.compile, only another name is checked
+
+
 def _check_backend(name: str) -> None:
     """runner.compile_backend among torch.compile's registered backends (the debug ones too).
 
-    Checked only with runner.compile=true: listing them imports dynamo (seconds), and without
-    compile the backend is not used."""
+    Checked with runner.compile=true, or when another backend than the default is named
+    without it (then also said to be unused): listing them imports dynamo (seconds)."""
     backends = torch.compiler.list_backends(exclude_tags=())
     if name not in backends:
         raise ConfigError(
