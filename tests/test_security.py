@@ -35,6 +35,7 @@ from hookgraph.models import build_model
 from hookgraph.models.build import hub_checkpoint_path
 from hookgraph.report import write_report
 from hookgraph.report.sweep import write_sweep_report
+from hookgraph.runs.sweep import sweep_rows
 from hookgraph.runs.writer import RunWriter
 from tests.payloads import Payload
 
@@ -245,6 +246,10 @@ def test_report_does_not_follow_a_job_folder_link_out_of_the_sweep(tmp_path):
     (sweep / "1").symlink_to(victim, target_is_directory=True)
     write_sweep_report(sweep)
     assert not (victim / "report.html").exists()
+    # Without a sweep.csv the table is rebuilt from the folders: the link's run is not read as job 1.
+    rows = sweep_rows(sweep)
+    assert [r["status"] for r in rows] == ["completed", "unreadable"]
+    assert rows[1]["error"] == "1 links to a folder outside the sweep; not read" and "loss" not in rows[1]
 
 
 # -- what the page embeds ---------------------------------------------------------------------

@@ -115,6 +115,10 @@ def sweep_rows(sweep_dir: Path, expected: list[str] | None = None) -> list[dict[
             row.update(status="missing", error="no job folder")
             rows.append(row)
             continue
+        if not inside_sweep(sweep_dir, job):  # a link out of the sweep: another run's numbers, not this job's
+            row.update(status="unreadable", error=f"{job.name} links to a folder outside the sweep; not read")
+            rows.append(row)
+            continue
         rows.append(_job_row(job, row))
     reported = {str(r.get("folder")) for r in returned.values()}
     for job in unnumbered:
