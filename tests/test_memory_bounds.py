@@ -10,6 +10,7 @@ from torch import nn
 
 import hookgraph as hg
 import hookgraph.core.spec as spec_module
+from hookgraph.cli import app
 from hookgraph.core.spec import MAX_PATTERNS, MAX_SPECS, parse_specs
 from hookgraph.errors import SpecError
 
@@ -68,3 +69,21 @@ def test_too_many_specs_is_one_problem_naming_hooks():
     (problem,) = info.value.problems
     assert problem.key == "hooks"
     assert f"{MAX_SPECS + 1:,} specs, over the limit of {MAX_SPECS:,}" in problem.message
+
+
+def test_a_config_file_over_a_mebibyte_is_refused_before_it_is_read(tmp_path):
+    # Hydra composes a file at ~0.5 ms a list item and cannot be stopped: 50 MB ran for minutes.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    big = hooks / "big.yaml"
+    big.write_text("big:\n  target: '**'\n  action: stats\n  exclude:\n" + "".join(
+        f"    - layers.{i}.foo*\n" for i in range(60_000)))  # fmt: skip
+    assert big.stat().st_size > app.MAX_CONFIG_BYTES
+    message = app._yaml_syntax(["--config-dir", str(tmp_path), "hooks=[big]"])
+    assert message == (
+        f"{big}: {big.stat().st_size / 2**20:.1f} MiB, over the limit of 1 MiB for a config file "
+        "(a spec's target, exclude and types hold at most 10,000 patterns)"
+    )
+    big.write_text("big:\n  target: '**'\n  action: stats\n  exclude:\n" + "".join(
+        f"    - layers.{i}.foo*\n" for i in range(MAX_PATTERNS)))  # fmt: skip
+    assert big.stat().st_size < app.MAX_CONFIG_BYTES and app._yaml_syntax(["--config-dir", str(tmp_path)]) is None
