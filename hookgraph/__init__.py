@@ -1,7 +1,7 @@
 """hookgraph: a declarative hook graph for PyTorch, configured by files.
 
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
-register_action, register_point, PointInfo, list_targets, format_targets, load_run, and the errors
+register_action, register_point, PointInfo, list_targets, format_targets, load_run, open_run, and the errors
 HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
 RecordBudgetError.
 
@@ -52,6 +52,7 @@ __all__ = [
     "format_targets",
     "list_targets",
     "load_run",
+    "open_run",
     "register_action",
     "register_point",
 ]
@@ -64,3 +65,13 @@ def load_run(path, rank=None, *, strict=True):  # noqa: ANN001 - thin lazy forwa
     from hookgraph.runs import load_run as _load_run  # lazy: `import hookgraph` does not load the reader
 
     return _load_run(path, rank, strict=strict)
+
+
+def open_run(run_dir, model, specs, **options):  # noqa: ANN001, ANN003, ANN201 - thin lazy forwarder keeps `import hookgraph` light
+    """A run folder for your own training loop: ``with hg.open_run("runs/x", model, specs) as run:``
+    ... ``run.step(loss=loss)`` after each optimizer step. The folder is the one
+    ``python -m hookgraph`` writes, read back with :func:`load_run`. See
+    hookgraph.runner.session.open_run for the options (config, mode, overwrite, start_step, ...)."""
+    from hookgraph.runner.session import open_run as _open_run  # lazy: `import hookgraph` does not load the runner
+
+    return _open_run(run_dir, model, specs, **options)

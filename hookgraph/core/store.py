@@ -190,17 +190,21 @@ class StatsBuffer:
             out[spec] = out.get(spec, 0) + 1
         return out
 
-    def rows(self) -> list[dict]:
-        if not self._keys:
+    def rows(self, start: int = 0) -> list[dict]:
+        """The rows from the ``start``-th call on (0: all of them). A caller that reads the
+        rows as steps end (a live run forwarding them to a logger) gives the count it read
+        before: the calls of one step are numbered within it, so a slice starting at a
+        step's first call numbers them as the whole table does."""
+        if len(self._keys) <= start:
             return []
-        vecs = self._values
+        vecs = self._values[start:]
         if len({v.device for v in vecs}) == 1:
             values = torch.stack(vecs).cpu().tolist()  # one device-to-host copy for all rows
         else:
             values = torch.stack([v.cpu() for v in vecs]).tolist()
         calls: dict[tuple, int] = {}
         out = []
-        for (spec, target, point, step), vals in zip(self._keys, values, strict=True):
+        for (spec, target, point, step), vals in zip(self._keys[start:], values, strict=True):
             k = (spec, target, point, step)
             calls[k] = calls.get(k, -1) + 1
             out.append(

@@ -36,9 +36,10 @@ from hookgraph.runner.checks import check_compiled, check_settings
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
-from hookgraph.runner.outputs import close, fail, write_outputs
+from hookgraph.runner.outputs import close, fail
 from hookgraph.runner.parts import as_config, build_parts, compile_specs, open_tensorboard, write_plan
 from hookgraph.runner.ranks import RankFailedError
+from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runner.steps import run_steps
 
@@ -84,36 +85,62 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
 def _run(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:
     job = claim(cfg, out_dir, {} if summary is None else summary, world)
     progress = Progress()
-    failing = True
     with signals_as_interrupts() as signals:
         try:
-            settings = check_settings(cfg, world)
-            progress.tb = open_tensorboard(job)
-            parts = build_parts(job, settings, progress)
-            if cfg.list_targets is not None:
-                failing = False
-                return _list(job, parts)
-            graph = progress.graph = compile_specs(job, parts, progress)
-            check_compiled(cfg, parts.gradcam, graph)
-            write_plan(job, parts, graph)
-            if cfg.dry_run:
-                failing = False
-                return _plan_only(job, graph)
-            run_steps(job, parts, graph, progress)
-            write_outputs(job, parts, graph, progress)
-            job.summary["status"] = "completed"
-            failing = False
-            return job.summary
+            prepared = _prepare(job, progress)
         except KeyboardInterrupt as exc:
             signals.hold()  # what was recorded gets written, whatever signal follows
             fail(job, progress, exc if isinstance(exc, RunInterrupted) else RunInterrupted(signal.SIGINT))
+            close(job, progress, True)
             raise
         except BaseException as exc:
             signals.hold()
             fail(job, progress, exc)
+            close(job, progress, True)
             raise
-        finally:
-            close(job, progress, failing)
+        if prepared is None:  # listed or planned: nothing runs
+            close(job, progress, False)
+            return job.summary
+        parts, live = prepared
+        # From here the run is a LiveRun, the one writer of run folders (open_run's too): its
+        # close() writes the tables, figures, summary and page, whatever happened.
+        try:
+            run_steps(job, parts, live)
+        except BaseException as exc:
+            signals.hold()
+            live.close(exc)  # raises the clearer error where the hooks name one
+            raise
+        live.close()
+        return job.summary
+
+
+def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
+    """Settings checked, model built, specs compiled and the plan written: the run's
+    :class:`LiveRun`, not started. None when the config only lists targets or plans."""
+    cfg, world = job.cfg, job.world
+    settings = check_settings(cfg, world)
+    progress.tb = open_tensorboard(job)
+    parts = build_parts(job, settings, progress)
+    if cfg.list_targets is not None:
+        _list(job, parts)
+        return None
+    graph = progress.graph = compile_specs(job, parts, progress)
+    check_compiled(cfg, parts.gradcam, graph)
+    write_plan(job, parts.modules, graph)
+    if cfg.dry_run:
+        _plan_only(job, graph)
+        return None
+    live = LiveRun(
+        graph,
+        parts.modules,
+        job=job,
+        progress=progress,
+        phase=cfg.runner.mode,
+        compiled=cfg.runner.compile,
+        handle_signals=False,  # run() holds them for the whole run, from the claim on
+        gradcam=parts.gradcam,
+    )
+    return parts, live
 
 
 def _list(job: Job, parts: Parts) -> dict[str, Any]:

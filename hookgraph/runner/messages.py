@@ -19,6 +19,9 @@ def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for spec, reason in (summary.get("unmatched") or {}).items():
         out.append((logging.WARNING, f"spec {spec!r} matched nothing: {reason}"))
+    for spec, phase in (summary.get("phase_never_ran") or {}).items():
+        out.append((logging.WARNING, f"spec {spec!r} fires only in {phase} mode (when.mode={phase}), and the "
+                    f"run never ran in {phase} mode"))
     if summary.get("never_fired"):
         out.append((logging.WARNING, "specs bound but never fired: " + ", ".join(summary["never_fired"])
                     + " (a schedule that excludes every step, a gradient that never reaches the target, "

@@ -22,7 +22,7 @@ from hookgraph.errors import NonFiniteError, RecordBudgetError
 from hookgraph.report import write_report
 from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
 from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
-from hookgraph.runner.state import Job, Parts, Progress
+from hookgraph.runner.state import Job, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, disk_full, rows_with_spec
 
@@ -77,8 +77,9 @@ def write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None
     writer.csv(writer.rank_path(layout.TRACE), _ranked(_trace_rows(graph), writer.rank))
 
 
-def write_outputs(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
-    """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run."""
+def write_outputs(job: Job, graph: HookGraph, progress: Progress, gradcam: dict[str, str] | None = None) -> None:
+    """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run.
+    ``gradcam``: sink.gradcam with its defaults filled in (the runner's), or None."""
     t = time.perf_counter()
     write(write_tables, job.writer, graph, progress.tb)
     if job.cfg.sink.figures and job.world.main:  # rank 0's records
@@ -91,7 +92,7 @@ def write_outputs(job: Job, parts: Parts, graph: HookGraph, progress: Progress) 
                 job.cfg.sink,
                 image=progress.first_input,
                 warnings=progress.warnings,
-                gradcam=parts.gradcam,
+                gradcam=gradcam,
             )
         except Exception as exc:  # the records are the result; figures only show them
             progress.warnings.append(f"figures: {type(exc).__name__}: {exc}")
@@ -123,10 +124,11 @@ def fail(job: Job, progress: Progress, exc: BaseException) -> None:
         return
     # Over budget, the step that tripped it is dropped: writing it would trip the budget again.
     if not isinstance(exc, RecordBudgetError):
+        step = graph.step  # the step that was running: its shard holds what it recorded so far
         try:
-            job.writer.flush_records(graph.records, s["steps"])
+            job.writer.flush_records(graph.records, step)
         except Exception as inner:  # the original error matters more
-            progress.warnings.append(f"could not write the partial records of step {s['steps']}: {inner}")
+            progress.warnings.append(f"could not write the partial records of step {step}: {inner}")
     try:
         write_tables(job.writer, graph, progress.tb)
     except Exception as inner:
@@ -154,9 +156,11 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
     if progress.metrics:
         s["metric"] = _finite(progress.metrics[-1])
         s["metrics"] = [_finite(v) for v in progress.metrics]
+    if progress.values:
+        s["values"] = {k: [_finite(v) for v in vs] for k, vs in progress.values.items()}
     if progress.graph is not None:
         s["specs"] = _headline(progress.graph, writer)
-        _silent_specs(s, progress.graph)
+        _silent_specs(s, progress.graph, progress.phases)
         s.setdefault("first_nonfinite", _first_nonfinite(progress.graph))
         if s["first_nonfinite"] is None:
             del s["first_nonfinite"]
@@ -223,16 +227,22 @@ def _write_summary(writer: RunWriter, s: dict[str, Any]) -> None:
         writer.release_reserve()
 
 
-def _silent_specs(summary: dict[str, Any], graph: HookGraph) -> None:
-    """Specs that matched nothing, and specs bound but never run: named in the summary."""
+def _silent_specs(summary: dict[str, Any], graph: HookGraph, phases: set[str]) -> None:
+    """Specs that matched nothing, specs bound but never run, and of those the specs whose
+    ``when.mode`` phase never ran (``phase_never_ran``: spec -> phase): named in the summary."""
     unmatched = dict(getattr(graph, "unmatched", None) or {})
     if unmatched:
         summary["unmatched"] = unmatched
     if summary["steps"] > 0:
         # Bound but never run: e.g. input_grad where no input needs a gradient.
-        silent = sorted(name for name, n in graph.calls.items() if n == 0)
+        calls = graph.calls
+        silent = sorted(name for name, n in calls.items() if n == 0)
         if silent:
             summary["never_fired"] = silent
+        wanted = {b.spec.name: b.spec.when.mode.value for b in graph.bindings if b.want_training is not None}
+        missed = {name: wanted[name] for name in silent if name in wanted and wanted[name] not in phases}
+        if missed:  # the likeliest reason, said by name: e.g. an eval-only spec in a loop that never evaluated
+            summary["phase_never_ran"] = missed
 
 
 def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:

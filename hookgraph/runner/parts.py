@@ -105,9 +105,9 @@ def compile_specs(job: Job, parts: Parts, progress: Progress) -> HookGraph:
     return graph
 
 
-def write_plan(job: Job, parts: Parts, graph: HookGraph) -> None:
-    """plan.json and plan.svg (rank 0)."""
+def write_plan(job: Job, modules: list[dict], graph: HookGraph) -> None:
+    """plan.json and plan.svg (rank 0); ``modules``: the module tree (modules.json's)."""
     if job.world.main:
         plan = graph.plan()
         write(job.writer.json, layout.PLAN, list(plan))
-        write(write_plan_svg, plan, parts.modules, job.writer.dir / layout.PLAN_SVG)
+        write(write_plan_svg, plan, modules, job.writer.dir / layout.PLAN_SVG)

@@ -56,6 +56,8 @@ class Progress:
     losses: list[float] = field(default_factory=list)  # per step; the mean over ranks once the steps end
     own_losses: list[float] = field(default_factory=list)  # this rank's, per step
     metrics: list[float] = field(default_factory=list)  # runner.metric per step
+    values: dict[str, list[float]] = field(default_factory=dict)  # a live run's own named values, per step
+    phases: set[str] = field(default_factory=set)  # the when.mode phases that ran (train, eval)
     first_input: torch.Tensor | None = None  # sample 0 of the first step, for the Grad-CAM overlay
     tb: TensorBoardSink | None = None  # open from before the model is built (sink.tensorboard)
     graph: HookGraph | None = None  # from the moment the specs compiled

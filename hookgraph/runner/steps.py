@@ -15,15 +15,15 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner.batches import call_model, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.metrics import compute_metric
-from hookgraph.runner.outputs import add_where, write
-from hookgraph.runner.state import Job, Parts, Progress
+from hookgraph.runner.outputs import add_where
+from hookgraph.runner.session import LiveRun
+from hookgraph.runner.state import Job, Parts
 
 __all__ = ["run_steps"]
 
@@ -106,9 +106,12 @@ def _where(exc: BaseException, step: int, phase: str, batch: Any, model: torch.n
     return ", ".join(parts)
 
 
-def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
-    """runner.steps passes; each step's records leave memory as one shard."""
+def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
+    """runner.steps passes through ``live`` (started here, once the data and the optimizer
+    are built); each step's records leave memory as one shard (``live.step``). The caller
+    closes ``live``, whatever happened."""
     cfg, r, world, model = job.cfg, job.cfg.runner, job.world, parts.model
+    progress = live.progress
     data = iter(_data(job, parts))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
@@ -123,58 +126,47 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
     metric_phase = f"the metric (runner.metric={r.metric})"
     opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
     t = time.perf_counter()
-    with graph.attach(compiled=r.compile):
-        hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
-        for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
-            graph.set_step(step)
-            # What the step is doing and with which batch: named when the user's code raises.
-            phase, batch = data_phase, None
-            try:
-                inputs, labels = next(data)
-                batch = (inputs, labels)
-                if step == 0 and parts.gradcam is not None:
-                    progress.first_input = _picture(inputs)
-                inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
-                batch = (inputs, labels)
-                with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
-                    phase = "the model's forward"
-                    try:
-                        out = call_model(forward, inputs, check=step == 0, data_kind=kind)
-                    except RuntimeError as exc:
-                        _unused_parameters(exc, r)
-                        raise
-                    phase = loss_phase
-                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
-                    if r.metric is not None:
-                        phase = metric_phase
-                        progress.metrics.append(compute_metric(r.metric, out, inputs))
-                if r.backward:
-                    if not loss.requires_grad:
-                        raise ConfigError(
-                            "runner.backward",
-                            "the loss does not require grad (no trainable parameters or inputs); "
-                            "set runner.backward=false",
-                        )
-                    phase = "the backward pass"
-                    loss.backward()
-                    if opt is not None:
-                        phase = opt_phase
-                        opt.step()
-                    model.zero_grad(set_to_none=True)
-            except HookGraphError:
-                raise  # hookgraph's own message already names the key or the spec
-            except Exception as exc:
-                add_where(exc, _where(exc, step, phase, batch, parts.bare))
-                raise
-            progress.losses.append(float(loss.detach()))  # one sync per step, after the hooks ran
-            if progress.tb is not None:
-                progress.tb.histograms(graph.records, step)  # before the flush empties the slots
-            write(job.writer.flush_records, graph.records, step)
-            job.summary["steps"] = step + 1
-    progress.own_losses = list(progress.losses)
-    if world.ranked and progress.losses:
-        # The job's loss: the mean over ranks (with a mean loss, the loss of the global batch).
-        total = torch.tensor(progress.losses, dtype=torch.float64)
-        torch.distributed.all_reduce(total)
-        progress.losses = (total / world.size).tolist()
+    live.start()
+    hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
+    for step in tqdm(range(r.steps), desc="hookgraph", disable=hide, leave=False):
+        # What the step is doing and with which batch: named when the user's code raises.
+        phase, batch, metric = data_phase, None, None
+        try:
+            inputs, labels = next(data)
+            batch = (inputs, labels)
+            if step == 0 and parts.gradcam is not None:
+                progress.first_input = _picture(inputs)
+            inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
+            batch = (inputs, labels)
+            with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
+                phase = "the model's forward"
+                try:
+                    out = call_model(forward, inputs, check=step == 0, data_kind=kind)
+                except RuntimeError as exc:
+                    _unused_parameters(exc, r)
+                    raise
+                phase = loss_phase
+                loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                if r.metric is not None:
+                    phase = metric_phase
+                    metric = compute_metric(r.metric, out, inputs)
+            if r.backward:
+                if not loss.requires_grad:
+                    raise ConfigError(
+                        "runner.backward",
+                        "the loss does not require grad (no trainable parameters or inputs); "
+                        "set runner.backward=false",
+                    )
+                phase = "the backward pass"
+                loss.backward()
+                if opt is not None:
+                    phase = opt_phase
+                    opt.step()
+                model.zero_grad(set_to_none=True)
+        except HookGraphError:
+            raise  # hookgraph's own message already names the key or the spec
+        except Exception as exc:
+            add_where(exc, _where(exc, step, phase, batch, parts.bare))
+            raise
+        live.step(loss=loss, metric=metric)  # one sync per step, after the hooks ran; the shard written
     progress.lap("run_s", t)

@@ -199,6 +199,8 @@ _SUMMARY_SHAPES: dict[str, tuple[type, ...]] = {
     "warnings": (list,),
     "never_fired": (list,),
     "unmatched": (dict,),
+    "phase_never_ran": (dict,),
+    "values": (dict,),
     "error": (dict, str),
     "world_size": (int,),
     "failed_ranks": (list,),
