@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -310,3 +312,43 @@ def test_the_readme_plain_loop_and_accelerate_examples_run_as_written(tmp_path, 
     assert [s for s, _ in acc.records["acts"].calls("0")] == [0, 1, 2, 3]
     assert acc.summary["phase_never_ran"] == {"val": "eval"}
 
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason="no gloo backend")
+def test_two_processes_write_the_per_rank_layout_and_both_ranks_read_back(tmp_path):
+    from safetensors.torch import load_file
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", "tests.open_run_worker",
+           str(tmp_path / "run"), str(tmp_path / "hand")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("torchrun did not end within 180 s")
+    assert proc.returncode == 0, output[-3000:]
+    root = tmp_path / "run"
+    s = strict_json(root / "summary.json")
+    assert s["status"] == "completed" and s["world_size"] == 2
+    assert [(r["rank"], r["status"], r["steps"]) for r in s["ranks"]] == [(0, "ok", 3), (1, "ok", 3)]
+    for k in (0, 1):
+        assert sorted(p.name for p in (root / "records" / f"rank-{k}").iterdir()) == [
+            f"step-{i:06d}.safetensors" for i in range(3)
+        ]
+        assert (root / "ranks" / f"rank-{k}" / "summary.json").is_file()
+        hand = load_file(str(tmp_path / "hand" / f"rank-{k}.safetensors"))
+        r = hg.load_run(root, rank=k)
+        for step in range(3):
+            assert torch.equal(r.records["acts"].entry("0", step), hand[f"step{step}"])
+    rows = hg.load_run(root).stats
+    assert sorted({row["rank"] for row in rows}) == [0, 1] and len(rows) == 6
+    a, b = (hg.load_run(root, rank=k).records["acts"].entry("0", 0) for k in (0, 1))
+    assert not torch.equal(a, b)  # each rank wrote its own batches, not rank 0's twice
