@@ -352,3 +352,33 @@ def test_two_processes_write_the_per_rank_layout_and_both_ranks_read_back(tmp_pa
     assert sorted({row["rank"] for row in rows}) == [0, 1] and len(rows) == 6
     a, b = (hg.load_run(root, rank=k).records["acts"].entry("0", 0) for k in (0, 1))
     assert not torch.equal(a, b)  # each rank wrote its own batches, not rank 0's twice
+
+
+def test_gradient_accumulation_fires_per_micro_batch_and_keeps_one_shard_per_optimizer_step(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = _batches(4)
+    with hg.open_run(tmp_path / "run", model, SPECS, figures=False) as run:
+        for i, (x, y) in enumerate(batches):
+            (F.cross_entropy(model(x), y) / 2).backward()
+            if i % 2 == 1:  # two micro-batches per optimizer step
+                opt.step()
+                opt.zero_grad()
+                run.step()
+    r = hg.load_run(tmp_path / "run")
+    assert r.records["acts"].calls("0") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert r.records["grads"].calls("2") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len(list((tmp_path / "run" / "records").iterdir())) == 2 and r.summary["steps"] == 2
+
+
+def test_tensorboard_gets_the_histograms_and_the_stats_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    model = mlp()
+    specs = {"acts": {"target": "0", "action": "record"}, "s": {"target": "2", "action": "stats"}}
+    with hg.open_run(tmp_path / "run", model, specs, tensorboard=True, figures=False) as run:
+        for x, _ in _batches(2):
+            model(x)
+            run.step()
+    events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    assert hg.load_run(tmp_path / "run").ok

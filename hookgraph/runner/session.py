@@ -235,7 +235,7 @@ class LiveRun:
                 exc, failing, raised = inner, True, inner
             if not failing:
                 try:
-                    self.finish()
+                    self._finish()
                 except BaseException as inner:  # a full disk, a figure's library
                     exc, failing, raised = inner, True, inner
             if failing and job is not None:
@@ -258,7 +258,7 @@ class LiveRun:
         if raised is not None:
             raise raised
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         """After the last step: what it left unflushed, then tables and figures; status completed."""
         job, progress, graph = self.job, self.progress, self.graph
         if self._attachment is not None:
