@@ -338,6 +338,7 @@ def test_two_processes_write_the_per_rank_layout_and_both_ranks_read_back(tmp_pa
     root = tmp_path / "run"
     s = strict_json(root / "summary.json")
     assert s["status"] == "completed" and s["world_size"] == 2
+    assert [m["name"] for m in strict_json(root / "modules.json")] == ["", "0", "1", "2"]  # bare names, not module.*
     assert [(r["rank"], r["status"], r["steps"]) for r in s["ranks"]] == [(0, "ok", 3), (1, "ok", 3)]
     for k in (0, 1):
         assert sorted(p.name for p in (root / "records" / f"rank-{k}").iterdir()) == [

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from hookgraph.core.compiler import compile_graph
+from hookgraph.core.compiler import compile_graph, unwrap_model
 from hookgraph.core.graph import Attachment, HookGraph
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
@@ -525,7 +525,7 @@ def open_run(
 
     return LiveRun(
         graph,
-        module_tree(model),
+        module_tree(unwrap_model(model)),  # the names specs use, not DDP's module.* (as the runner's bare model)
         claim_job=claim_job,
         progress=progress,
         start_step=start_step,
