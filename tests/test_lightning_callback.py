@@ -11,6 +11,7 @@ should_stop ends the fit; the run folder reads back with load_run.
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -254,3 +255,28 @@ def test_import_hookgraph_loads_neither_trainer():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_writes_the_per_rank_layout(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.lightning_ddp_worker", str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    assert (run_dir / "records" / "rank-1").is_dir() and (run_dir / "ranks" / "rank-1").is_dir()
+    for rank in (0, 1):
+        run = hg.load_run(run_dir, rank=rank)
+        assert run.status == "completed"
+        hand = load_file(str(tmp_path / f"hand-{rank}.safetensors"))
+        assert run.records["acts"].calls("net.0") == [(0, 0), (1, 0)]
+        for i in range(2):
+            assert torch.equal(run.records["acts"]["net.0"][i], hand[str(i)])
+    # Each rank saw its own batches (the distributed sampler): the ranks' records differ.
+    assert not torch.equal(hg.load_run(run_dir, rank=0).records["acts"]["net.0"][0],
+                           hg.load_run(run_dir, rank=1).records["acts"]["net.0"][0])
