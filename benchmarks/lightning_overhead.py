@@ -39,7 +39,8 @@ WIDTH, BATCH, WARMUP = 256, 64, 5
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
     except Exception:
         return "?"
 
@@ -78,7 +79,9 @@ def run(steps: int, rounds: int) -> dict[str, list[float]]:
         """The same records by hand: forward hooks, one safetensors file per step."""
 
         def __init__(self, out: Path, durable: bool) -> None:
-            self.out, self.durable, self.kept, self.handles = out, durable, {}, []
+            self.out, self.durable = out, durable
+            self.kept: dict[str, torch.Tensor] = {}
+            self.handles: list = []
 
         def on_train_start(self, trainer, pl_module):  # noqa: ANN001
             self.out.mkdir(parents=True)
@@ -119,7 +122,8 @@ def run(steps: int, rounds: int) -> dict[str, list[float]]:
                 if name.startswith("hand"):
                     extra = [Hand(Path(tmp) / f"{name}-{r}", durable=name == "hand_fsync")]
                 elif name == "hookgraph":
-                    extra = [HookGraphCallback(specs=specs, run_dir=Path(tmp) / f"hg-{r}", figures=False, log_stats=False)]
+                    run_dir = Path(tmp) / f"hg-{r}"
+                    extra = [HookGraphCallback(specs=specs, run_dir=run_dir, figures=False, log_stats=False)]
                 trainer = pl.Trainer(
                     accelerator="cpu", max_steps=steps + WARMUP, callbacks=[clock, *extra], logger=False,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -45,7 +45,8 @@ def main(out: Path) -> None:
     model.net[0].register_forward_hook(lambda m, i, o: hand.append(o.detach().clone()))
     cb = HookGraphCallback(specs={"acts": {"target": "net.0", "action": "record"}}, run_dir=out / "run", figures=False)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=60)),
+        accelerator="cpu", devices=2,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=60)),
         max_steps=2, callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=out,
     )

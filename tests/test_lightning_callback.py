@@ -143,7 +143,8 @@ def test_records_gradients_and_edits_equal_hand_written_hooks(tmp_path):
 
 
 def test_stats_reach_the_csv_logger(tmp_path):
-    cb = HookGraphCallback(specs={"st": {"target": "net.2", "action": "stats"}}, run_dir=tmp_path / "run", figures=False)
+    specs = {"st": {"target": "net.2", "action": "stats"}}
+    cb = HookGraphCallback(specs=specs, run_dir=tmp_path / "run", figures=False)
     logger = CSVLogger(tmp_path / "logs", name="x", version=0)
     _trainer(tmp_path, [cb], logger=logger, log_every_n_steps=1, limit_val_batches=1, val_check_interval=3).fit(
         Net(), _data(), _data(8, 8)

@@ -64,7 +64,7 @@ class HookGraphCallback(pl.Callback):
     def __init__(
         self,
         specs: Any = None,
-        run_dir: str | None = None,
+        run_dir: str | Path | None = None,
         *,
         config: Any = None,
         overwrite: bool = False,
@@ -121,7 +121,9 @@ class HookGraphCallback(pl.Callback):
         self._start(trainer, pl_module, "eval")
 
     # -- batches ---------------------------------------------------------------------------
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._driver.batch(trainer.global_step, "train")
 
     def on_train_batch_end(

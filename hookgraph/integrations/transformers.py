@@ -79,7 +79,7 @@ class HookGraphCallback(TrainerCallback):
     def __init__(
         self,
         specs: Any = None,
-        run_dir: str | None = None,
+        run_dir: str | Path | None = None,
         *,
         config: Any = None,
         overwrite: bool = False,
@@ -164,10 +164,8 @@ class HookGraphCallback(TrainerCallback):
         return training_step
 
     def _open(self, trainer: transformers.Trainer, model: Any, mode: str, call: str) -> None:
-        self._driver.start(
-            model, step=trainer.state.global_step, mode=mode, default_dir=Path(trainer.args.output_dir) / "hookgraph",
-            stage=call,
-        )
+        default = Path(trainer.args.output_dir or ".") / "hookgraph"
+        self._driver.start(model, step=trainer.state.global_step, mode=mode, default_dir=default, stage=call)
 
     def _log(self, scalars: dict[str, float]) -> None:
         if scalars and self._trainer is not None:
@@ -178,10 +176,14 @@ class HookGraphCallback(TrainerCallback):
                 self._logging = False
 
     # -- the callback's events ---------------------------------------------------------------
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._bind(_find_trainer())
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         # Added with add_callback, the Trainer is found only now: this train() is not wrapped,
         # its training_step is, and on_train_end closes the run.
         self._bind(self._trainer or _find_trainer())
@@ -189,27 +191,37 @@ class HookGraphCallback(TrainerCallback):
             raise HookGraphError(f"{_OWNER}: could not find the Trainer calling this callback")
         self._open(self._trainer, kwargs.get("model") or self._trainer.model, "train", "train")
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._driver.batch(state.global_step, "train")
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         scalars = self._driver.stepped(state.global_step)
         # At the Trainer's logging cadence (logging_steps: its flow callback, before this one,
         # set should_log), after the Trainer's own line: a trainer.log here would reset
         # should_log and cancel that line.
         self._pending = scalars if control.should_log else {}
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._pending and not self._logging:
             pending, self._pending = self._pending, {}
             self._log(pending)
 
-    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if not self._driver.open:
             raise HookGraphError(
                 f"{_OWNER} sees an evaluate()/predict() outside train() but was not given to the Trainer when it was "
                 "built: pass it as Trainer(callbacks=[HookGraphCallback(...)]) so it can open a run folder first"
             )
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._driver.close()
