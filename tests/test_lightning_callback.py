@@ -167,8 +167,11 @@ def test_stats_reach_the_csv_logger(tmp_path):
 def test_resumed_fit_continues_the_step_numbers(tmp_path):
     ckpts = tmp_path / "ckpt"
     ck = pl.callbacks.ModelCheckpoint(dirpath=ckpts, save_last=True)
-    first = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "a", figures=False)
+    specs = {"acts": {"target": "net.0"}, "evals": {"target": "net.0", "when": {"mode": "eval"}}}
+    first = HookGraphCallback(specs=specs, run_dir=tmp_path / "a", figures=False)
     _trainer(tmp_path, [first, ck], max_steps=2, enable_checkpointing=True).fit(Net(), _data())
+    # A fit without validation never runs phase eval: the summary names the spec that needed it.
+    assert hg.load_run(tmp_path / "a").summary["phase_never_ran"] == {"evals": "eval"}
     second = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "b", figures=False)
     _trainer(tmp_path, [second], max_steps=4).fit(Net(), _data(), ckpt_path=ckpts / "last.ckpt")
     run = hg.load_run(tmp_path / "b")
