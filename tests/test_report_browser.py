@@ -14,8 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
+import hookgraph as hg
 from hookgraph.report import write_sweep_report
+from tests.models import mlp
 from tests.runs import conv_names_of, make_run
 
 # The shared run folders (module-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
@@ -178,6 +181,30 @@ def test_twenty_thousand_modules_render_lazily(browser, big_plan_folder, tmp_pat
         v.page.click("#results div >> nth=0")
         assert v.page.locator('#tree .row[data-name="39.498"]').is_visible()
         v.screenshot(full_page=False)
+        check_clean(v)
+    finally:
+        v.close()
+
+
+def test_a_page_of_a_run_from_a_plain_loop(browser, tmp_path):
+    """hg.open_run's folder gets the same page as a command-line run's."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    specs = {"acts": {"target": "0", "action": "record"}, "s": {"target": "2", "at": "output_grad", "action": "stats"}}
+    with hg.open_run(tmp_path / "loop", model, specs, config={"lr": 0.1}) as run:
+        for _ in range(3):
+            loss = model(torch.randn(3, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            run.step(loss=loss)
+    v = Visit(browser, tmp_path / "loop" / "report.html", tmp_path / "report-open-run.png")
+    try:
+        assert v.page.inner_text("#status") == "completed"
+        v.page.click("#expand-hooked")
+        assert sorted(v.visible_hooked()) == ["0", "2"]
+        assert v.page.locator('svg[data-spec="s"] path.series').count() == 4  # one line per statistic
+        v.screenshot()
         check_clean(v)
     finally:
         v.close()

@@ -42,6 +42,7 @@ def test_import_hookgraph_loads_nothing_heavy():
     loaded = _loaded_after("import hookgraph")
     assert "hookgraph.core.compiler" in loaded and "torch" in loaded
     assert _heavy(loaded) == []
+    assert sorted(m for m in loaded if m.startswith("hookgraph.runner")) == []  # hg.open_run loads it when called
 
 
 def test_the_public_api_is_there_without_the_heavy_imports():
@@ -52,7 +53,8 @@ def test_the_public_api_is_there_without_the_heavy_imports():
         "with g.attach():\n"
         "    m(torch.ones(1, 2))\n"
         "assert [len(v) for v in g.records['r'].values()] == [1, 1]\n"
-        "assert callable(hg.load_run) and callable(hg.list_targets) and hg.SpecError and hg.ACTIONS['record']\n"
+        "assert callable(hg.load_run) and callable(hg.open_run) and callable(hg.list_targets)\n"
+        "assert hg.SpecError and hg.ACTIONS['record']\n"
     )
     loaded = _loaded_after(code)
     # Compiling a spec reads it through OmegaConf's schema; nothing else heavy comes with it.

@@ -223,6 +223,8 @@ class LiveRun:
         if self._closed:
             return
         self._closed = True
+        if not self._started and self._job is None:
+            return  # never started: nothing was claimed, written or attached
         job, progress = self._job, self.progress
         failing = exc is not None
         raised: BaseException | None = None
@@ -235,7 +237,7 @@ class LiveRun:
                 exc, failing, raised = inner, True, inner
             if not failing:
                 try:
-                    self.finish()
+                    self._finish()
                 except BaseException as inner:  # a full disk, a figure's library
                     exc, failing, raised = inner, True, inner
             if failing and job is not None:
@@ -258,7 +260,7 @@ class LiveRun:
         if raised is not None:
             raise raised
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         """After the last step: what it left unflushed, then tables and figures; status completed."""
         job, progress, graph = self.job, self.progress, self.graph
         if self._attachment is not None:
@@ -284,15 +286,19 @@ class LiveRun:
         progress.own_losses = list(progress.losses)
         if not world.ranked:
             return
-        n = torch.tensor([len(progress.losses), -len(progress.losses)], dtype=torch.float64)
+        # A group of the caller's own may be NCCL only (Lightning's DDP on GPUs): its
+        # collectives take CUDA tensors; the runner's groups and gloo take CPU ones.
+        backend = str(dist.get_backend())
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        n = torch.tensor([len(progress.losses), -len(progress.losses)], dtype=torch.float64, device=device)
         dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        if n[0] != -n[1]:
+        if n[0] != -n[1]:  # the same count everywhere, else the sum below would pair unlike steps
             progress.warnings.append("the ranks logged different numbers of losses: the loss is this rank's own")
             return
         if progress.losses:
-            total = torch.tensor(progress.losses, dtype=torch.float64)
+            total = torch.tensor(progress.losses, dtype=torch.float64, device=device)
             dist.all_reduce(total)
-            progress.losses = (total / world.size).tolist()
+            progress.losses = (total / world.size).cpu().tolist()
 
     def _log_end(self) -> None:
         s = self.job.summary
