@@ -2,6 +2,7 @@
 Lightning loop (issue 20).
 
     python -m benchmarks.lightning_overhead --steps 60 --rounds 5
+    python -m benchmarks.lightning_overhead --memory 2000    # host memory over a long fit
 
 Three variants of one fit (an MLP of 4 Linear layers, width 256, batch 64, SGD, CPU):
 
@@ -133,12 +134,60 @@ def run(steps: int, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def memory(steps: int) -> None:
+    """RSS after step 200 and after the last step of one fit with a record spec writing every
+    step's shard (Linear(64, 256), ReLU, Linear(256, 8), batch 32: 32 KiB of records a step)."""
+    import lightning.pytorch as pl  # lazy: only this benchmark needs Lightning
+    import psutil  # lazy: only the memory mode reads RSS
+
+    from hookgraph.integrations.lightning import HookGraphCallback
+
+    class Small(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201 - Lightning's signature
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    proc, rss = psutil.Process(), {}
+
+    class Rss(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+            if trainer.global_step in (200, steps):
+                rss[trainer.global_step] = proc.memory_info().rss / 2**20
+
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(32 * 100, 64, generator=g), torch.randn(32 * 100, 8, generator=g))
+    with tempfile.TemporaryDirectory() as tmp:
+        cb = HookGraphCallback(specs={"acts": {"target": "net.0", "action": "record"}}, run_dir=Path(tmp) / "run",
+                               figures=False)
+        t = time.time()
+        pl.Trainer(
+            accelerator="cpu", max_steps=steps, callbacks=[cb, Rss()], logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        ).fit(Small(), DataLoader(data, batch_size=32, shuffle=True))
+        written = sum(f.stat().st_size for f in (Path(tmp) / "run" / "records").glob("*.safetensors")) / 2**20
+    print(f"commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
+          f"{steps} steps in {time.time() - t:.0f} s: RSS after step 200 {rss[200]:.1f} MiB, after step {steps} "
+          f"{rss[steps]:.1f} MiB (growth {rss[steps] - rss[200]:.1f} MiB), records written {written:.1f} MiB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--memory", type=int, default=0, help="instead: RSS over one fit of this many steps")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.memory:
+        memory(args.memory)
+        return
     t = time.time()
     times = run(args.steps, args.rounds)
     ratio = statistics.median(h / m for h, m in zip(times["hookgraph"], times["hand"], strict=True))
