@@ -138,7 +138,7 @@ def memory(steps: int) -> None:
     """RSS after step 200 and after the last step of one fit with a record spec writing every
     step's shard (Linear(64, 256), ReLU, Linear(256, 8), batch 32: 32 KiB of records a step)."""
     import lightning.pytorch as pl  # lazy: only this benchmark needs Lightning
-    import psutil  # lazy: only the memory mode reads RSS
+    import psutil  # type: ignore[import-untyped]  # lazy: only the memory mode reads RSS
 
     from hookgraph.integrations.lightning import HookGraphCallback
 
