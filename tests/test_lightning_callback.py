@@ -222,6 +222,12 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(hg.SpecError, match=r"hooks.a.target: 'nett.0' matched nothing"):
         _trainer(tmp_path, [cb]).fit(model, _data())
     assert not any(m._forward_hooks for m in model.modules())
+    # A folder that holds an earlier run is refused by name (a new callback: its first call).
+    _trainer(tmp_path, [HookGraphCallback(specs={"a": {"target": "net.0"}}, run_dir=tmp_path / "taken")],
+             max_steps=1).fit(Net(), _data())
+    cb = HookGraphCallback(specs={"a": {"target": "net.0"}}, run_dir=tmp_path / "taken")
+    with pytest.raises(hg.ConfigError, match=r"run_dir.*holds an earlier run"):
+        _trainer(tmp_path, [cb], max_steps=1).fit(Net(), _data())
 
 
 def test_lightning_cli_config_builds_the_callback(tmp_path):
