@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,25 @@ def test_should_stop_and_an_exception_remove_every_hook(tmp_path):
     run = hg.load_run(tmp_path / "fail")
     assert run.status == "failed" and "planted failure" in run.summary["error"]["message"]
     assert run.records["acts"].calls("net.0") == [(0, 0), (1, 0)]  # what ran before the fault stays readable
+
+
+class Sigterm(pl.Callback):
+    """Sends this process SIGTERM after step 2, once Lightning's own handler is there."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 2:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # else the kill ends pytest
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_lightnings_sigterm_leaves_an_interrupted_run(tmp_path):
+    model = Net()
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException, at the next batch boundary
+        _trainer(tmp_path, [cb, Sigterm()], max_steps=10).fit(model, _data())
+    run = hg.load_run(tmp_path / "r")
+    assert run.status == "interrupted" and run.summary["signal"] == "SIGTERM"
+    assert run.summary["steps"] == 2 and not any(m._forward_hooks for m in model.modules())
 
 
 def test_validate_then_test_write_a_folder_each(tmp_path):
