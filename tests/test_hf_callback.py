@@ -171,3 +171,22 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(hg.SpecError, match=r"hooks.a.target: 'nett.0' matched nothing"):
         _trainer(tmp_path, model, [cb]).train()
     assert not any(m._forward_hooks for m in model.modules())
+
+
+class StopAt2(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            control.should_training_stop = True
+
+
+def test_should_training_stop_ends_the_run_and_predict_writes_its_own(tmp_path):
+    model = Net()
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    trainer = _trainer(tmp_path, model, [StopAt2(), cb], max_steps=10)
+    trainer.train()
+    assert not any(m._forward_hooks for m in model.modules()) and cb.run is None
+    run = hg.load_run(tmp_path / "r")
+    assert run.status == "completed" and run.summary["steps"] == 2
+    trainer.predict(_data(4))  # outside training: a folder of its own, at the step training reached
+    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-predict"]
+    assert hg.load_run(tmp_path / "r-predict").records["acts"].calls("net.0") == [(2, 0)]
