@@ -20,8 +20,9 @@ The layers, lowest first; a module may import its own layer and the ones below i
 6. inputs: ``hookgraph.data`` and ``hookgraph.models``;
 7. report: ``hookgraph.report`` (pages and figures of finished runs);
 8. runner: ``hookgraph.runner`` (a config in, a run folder out);
-9. cli: ``hookgraph.cli``;
-10. top: ``hookgraph`` itself and ``hookgraph.__main__``.
+9. integrations: ``hookgraph.integrations`` (callbacks of other trainers driving a run folder);
+10. cli: ``hookgraph.cli``;
+11. top: ``hookgraph`` itself and ``hookgraph.__main__``.
 
 Circles are looked for over every import, at module level and inside functions alike (an
 import inside a function hides a circle from Python, not from the reader); imports under
@@ -57,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("inputs", ("hookgraph.data", "hookgraph.models")),
     ("report", ("hookgraph.report",)),
     ("runner", ("hookgraph.runner",)),
+    ("integrations", ("hookgraph.integrations",)),
     ("cli", ("hookgraph.cli",)),
     ("top", ("hookgraph", "hookgraph.__main__")),
 )

@@ -316,3 +316,25 @@ def test_tensorboard_missing_is_a_config_error_with_the_install_hint(tmp_path, m
     assert err.value.key == "sink.tensorboard"
     assert "pip install hookgraph[tensorboard]" in str(err.value)
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_record_under_inference_mode_copies_what_has_no_version_counter():
+    # Lightning's validate/test run under torch.inference_mode, where tensors keep no version
+    # counter: the first call of a slot used to fail ("Inference tensors do not track version
+    # counter"); now such entries are copies, equal to the output before the in-place ReLU.
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(2, 3), nn.ReLU(inplace=True))
+    graph = hg.compile(m, {"a": {"target": "0", "action": "record"}})
+    x = torch.tensor([[1.0, -2.0]])
+    with graph.attach():
+        with torch.inference_mode():
+            m(x)
+            m(x)
+        m(x)
+        with torch.inference_mode():
+            m(x)
+    want = m[0](x)
+    assert (want < 0).any()  # the in-place ReLU would have changed an uncopied entry
+    entries = graph.records["a"]["0"]
+    assert [e.is_inference() for e in entries] == [True, True, False, True]
+    assert all(torch.equal(e, want) for e in entries)

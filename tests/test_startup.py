@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Each costs from ~50 ms (yaml) to seconds (torchvision and torch._dynamo: ~4 s on 2 cores).
 HEAVY = ("matplotlib", "transformers", "timm", "torchvision", "safetensors", "tqdm", "hydra", "omegaconf",
-         "yaml", "torch._dynamo", "sympy", "PIL", "pandas", "tensorboard", "transformer_lens")
+         "yaml", "torch._dynamo", "sympy", "PIL", "pandas", "tensorboard", "transformer_lens",
+         "lightning", "pytorch_lightning", "accelerate")  # the trainers: hookgraph.integrations.* import them
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -39,7 +40,7 @@ def _heavy(loaded: set[str]) -> list[str]:
 
 
 def test_import_hookgraph_loads_nothing_heavy():
-    loaded = _loaded_after("import hookgraph")
+    loaded = _loaded_after("import hookgraph, hookgraph.integrations")  # the callbacks' package too
     assert "hookgraph.core.compiler" in loaded and "torch" in loaded
     assert _heavy(loaded) == []
     assert sorted(m for m in loaded if m.startswith("hookgraph.runner")) == []  # hg.open_run loads it when called

@@ -95,6 +95,10 @@ class Entries(list):
     def needs_copy(self, live: Tensor) -> bool:
         """Whether the entry for ``live`` (a detached alias of the module's output) must be
         a copy; an uncopied one is watched."""
+        if live.is_inference():
+            # Under torch.inference_mode (Lightning's validate and test) a tensor keeps no
+            # version counter to watch: its entry is a copy, which nothing else can rewrite.
+            return True
         if not self.alias and not self.copy_always:
             if self._probes and not self.replicas:
                 self._decide()  # replicas decide at settle, when every device's thread is done
@@ -126,7 +130,8 @@ class Entries(list):
         rewritten = any(version(t) != v for t, v in self._watched)
         if self.fresh and not rewritten:
             rewritten = any(
-                type(e) is Tensor and version(e) != 0 for e in itertools.islice(self, self._fresh_from, None)
+                type(e) is Tensor and not e.is_inference() and version(e) != 0
+                for e in itertools.islice(self, self._fresh_from, None)
             )
         if rewritten:
             self.alias, self.fresh, self.copy_always = False, False, True

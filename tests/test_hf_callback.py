@@ -1,0 +1,192 @@
+"""hookgraph.integrations.transformers.HookGraphCallback inside the Hugging Face Trainer.
+
+Checked against hooks written by hand in the same loop (records and gradients, zero
+tolerance on CPU) and against a second loop whose edit is written by hand (the weights after
+training equal); steps follow state.global_step under gradient accumulation and after
+train(resume_from_checkpoint=...); evaluations inside train() run in phase eval; the stats
+rows reach trainer.log without cancelling the Trainer's own loss line; an exception removes
+every hook and leaves a failed summary; the run folder reads back with load_run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hookgraph as hg
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from hookgraph.integrations.transformers import HookGraphCallback  # noqa: E402
+
+
+class Net(nn.Module):
+    """A tiny regression model in the Trainer's shape: a dict with the loss."""
+
+    def __init__(self, fail_at: int | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 1))
+        self.fail_at, self.calls = fail_at, 0
+
+    def forward(self, x, labels=None):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("planted failure")
+        out = self.net(x)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+def _data(n: int) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
+    return [{"x": x[i], "labels": y[i]} for i in range(n)]
+
+
+def _trainer(tmp_path: Path, model: nn.Module, callbacks: list, **kw) -> transformers.Trainer:
+    opts = dict(
+        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2, learning_rate=0.1,
+        report_to=[], disable_tqdm=True, use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
+    )
+    opts.update(kw)
+    args = transformers.TrainingArguments(**opts)
+    return transformers.Trainer(model=model, args=args, train_dataset=_data(16), eval_dataset=_data(8),
+                                callbacks=callbacks)
+
+
+class HandHooks:
+    """The specs below written by hand: net.0's training outputs and their gradients, its
+    eval outputs, and (``edit``) net.1's output scaled by 0.5."""
+
+    def __init__(self, model: Net, edit: bool):
+        self.acts, self.grads, self.evals = [], [], []
+        model.net[0].register_forward_hook(self._record)
+        if edit:
+            model.net[1].register_forward_hook(lambda m, i, o: o * 0.5)
+
+    def _record(self, module, inputs, out):
+        if module.training:
+            self.acts.append(out.detach().clone())
+            out.register_hook(lambda g: self.grads.append(g.detach().clone()))
+        else:
+            self.evals.append(out.detach().clone())
+
+
+SPECS = {
+    "acts": {"target": "net.0", "action": "record", "when": {"mode": "train"}},
+    "grads": {"target": "net.0", "at": "output_grad", "action": "record", "when": {"mode": "train"}},
+    "evals": {"target": "net.0", "action": "record", "when": {"mode": "eval"}},
+    "half": {"target": "net.1", "action": "scale", "args": {"factor": 0.5}},
+    "st": {"target": "net.2", "action": "stats"},
+}
+
+
+def test_records_gradients_and_edits_equal_hand_written_hooks(tmp_path):
+    kw = dict(gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4)
+    model_a = Net()
+    hand_a = HandHooks(model_a, edit=False)
+    cb = HookGraphCallback(specs=SPECS, run_dir=tmp_path / "run", figures=False)
+    trainer = _trainer(tmp_path, model_a, [cb], **kw)
+    trainer.train()
+    model_b = Net()
+    hand_b = HandHooks(model_b, edit=True)
+    _trainer(tmp_path, model_b, [], **kw).train()
+
+    run = hg.load_run(tmp_path / "run")
+    assert run.status == "completed" and run.summary["steps"] == 3
+    rec = run.records
+    assert rec["acts"].calls("net.0") == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert len(hand_a.acts) == len(hand_a.grads) == 6
+    for i in range(6):
+        assert torch.equal(rec["acts"]["net.0"][i], hand_a.acts[i])
+        assert torch.equal(rec["grads"]["net.0"][i], hand_a.grads[i])
+    # The evaluations after 2 and after 3 (the last) optimizer steps: 8 samples in batches of
+    # 4, each at the step it follows, in phase eval only.
+    assert rec["evals"].calls("net.0") == [(2, 0), (2, 1), (3, 0), (3, 1)]
+    assert len(hand_a.evals) == 4
+    assert all(torch.equal(rec["evals"]["net.0"][i], hand_a.evals[i]) for i in range(4))
+    # The callback's edit equals the hand-written one.
+    assert all(torch.equal(a, b) for a, b in zip(hand_a.acts + hand_a.grads, hand_b.acts + hand_b.grads, strict=True))
+    for (name, pa), (_, pb) in zip(model_a.named_parameters(), model_b.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    # The step's loss is the Trainer's own (the micro-batches' shares summed), and the
+    # Trainer's loss line is still logged beside the statistics.
+    history = trainer.state.log_history
+    assert run.summary["losses"] == pytest.approx([h["loss"] for h in history if "loss" in h], rel=1e-6)
+    stats = [h for h in history if "hookgraph/st/net.2/mean" in h]
+    assert [h["step"] for h in stats] == [1, 2, 3]  # logged after each step, as the Trainer counts
+    rows = [r for r in run.stats if r["step"] == 0]
+    assert stats[0]["hookgraph/st/net.2/mean"] == pytest.approx(sum(r["mean"] for r in rows) / len(rows), rel=1e-6)
+    assert [h["step"] for h in history if "eval/hookgraph/st/net.2/mean" in h] == [2, 3]
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+def test_resume_from_checkpoint_continues_the_step_numbers(tmp_path):
+    spec = {"acts": {"target": "net.0"}}
+    first = HookGraphCallback(specs=spec, run_dir=tmp_path / "a", figures=False)
+    _trainer(tmp_path, Net(), [first], max_steps=2, save_strategy="steps", save_steps=2).train()
+    second = HookGraphCallback(specs=spec, run_dir=tmp_path / "b", figures=False)
+    trainer = _trainer(tmp_path, Net(), [second], max_steps=4)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    run = hg.load_run(tmp_path / "b")
+    assert run.records["acts"].calls("net.0") == [(2, 0), (3, 0)]
+    assert run.summary["first_step"] == 2
+
+
+def test_an_exception_removes_every_hook(tmp_path):
+    model = Net(fail_at=3)
+    cb = HookGraphCallback(specs={"acts": {"target": "net.*"}}, run_dir=tmp_path / "fail", figures=False)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        _trainer(tmp_path, model, [cb], max_steps=10).train()
+    assert not any(m._forward_hooks for m in model.modules()) and cb.run is None
+    run = hg.load_run(tmp_path / "fail")
+    assert run.status == "failed" and "planted failure" in run.summary["error"]["message"]
+    assert run.records["acts"].calls("net.0") == [(0, 0), (1, 0)]
+
+
+def test_evaluate_outside_training_writes_its_own_folder(tmp_path):
+    cb = HookGraphCallback(specs={"evals": {"target": "net.0", "when": {"mode": "eval"}}}, run_dir=tmp_path / "r",
+                           figures=False)
+    trainer = _trainer(tmp_path, Net(), [cb], per_device_eval_batch_size=4)
+    trainer.evaluate()
+    trainer.evaluate()
+    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-evaluate"]
+    assert hg.load_run(tmp_path / "r-evaluate").records["evals"].calls("net.0") == [(0, 0), (0, 1)]
+    # Added after the Trainer was built, the callback cannot open a folder before evaluate's first batch.
+    late = _trainer(tmp_path, Net(), [])
+    late.add_callback(HookGraphCallback(specs={"a": {"target": "net.0"}}, run_dir=tmp_path / "late"))
+    with pytest.raises(hg.HookGraphError, match=r"Trainer\(callbacks=\[HookGraphCallback"):
+        late.evaluate()
+
+
+def test_bad_input_is_named(tmp_path):
+    with pytest.raises(hg.HookGraphError, match=r"unknown argument 'spec'; did you mean 'specs'"):
+        HookGraphCallback(spec={}, run_dir="x")
+    model = Net()
+    cb = HookGraphCallback(specs={"a": {"target": "nett.0"}}, run_dir=tmp_path / "r")
+    with pytest.raises(hg.SpecError, match=r"hooks.a.target: 'nett.0' matched nothing"):
+        _trainer(tmp_path, model, [cb]).train()
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+class StopAt2(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            control.should_training_stop = True
+
+
+def test_should_training_stop_ends_the_run_and_predict_writes_its_own(tmp_path):
+    model = Net()
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    trainer = _trainer(tmp_path, model, [StopAt2(), cb], max_steps=10)
+    trainer.train()
+    assert not any(m._forward_hooks for m in model.modules()) and cb.run is None
+    run = hg.load_run(tmp_path / "r")
+    assert run.status == "completed" and run.summary["steps"] == 2
+    trainer.predict(_data(4))  # outside training: a folder of its own, at the step training reached
+    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-predict"]
+    assert hg.load_run(tmp_path / "r-predict").records["acts"].calls("net.0") == [(2, 0)]
