@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookgraph.core.sequence import SequenceClock
 from hookgraph.core.torch_internals import version
 from hookgraph.core.tracelog import TRACE
 from hookgraph.core.transfer import HostCopier
@@ -240,6 +241,12 @@ class ResultStore:
         self.step = 0  # the step results are stamped with; the graph sets it
         self.log = TRACE  # what traced hooks kept (the process's one log), emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
+        # Where each forward call sits in the token sequence (KV cache, generate): the actions
+        # that take positions read it; the graph installs it on the model while attached.
+        self.clock = SequenceClock()
+        # spec -> target -> (sequence, first position) of each recorded call, in call order
+        # (kept while the clock is installed), for reading a generation back as one sequence.
+        self.spans: dict[str, dict[str, list[tuple[int, int]]]] = {}
 
     # -- what actions get ---------------------------------------------------------
     def record_slot(self, spec: str, target: str) -> Entries:
@@ -314,4 +321,7 @@ class ResultStore:
                 entries.clear()
         for rows in self.rows.values():
             rows.clear()
+        for spans in self.spans.values():
+            for kept in spans.values():
+                kept.clear()
         self.stats.clear()

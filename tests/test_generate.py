@@ -1,0 +1,304 @@
+"""Hooks while a language model generates: positions are positions in the sequence (prompt +
+generated tokens), the same with and without the KV cache, equal to hand-written hooks that
+track positions by hand and to nnsight's ``generate`` with the same intervention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookgraph as hg
+from hookgraph.errors import SpecError
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = torch.tensor([[5, 17, 42, 8, 3], [9, 1, 77, 23, 61]])
+NEW = 6
+D = 64
+
+
+def gpt2(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99,
+    )
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def generate(model, use_cache: bool, sample: bool = False, ids=PROMPT, new: int = NEW):
+    """Tokens and the per-step logits of ``model.generate`` (seeded when sampling)."""
+    if sample:
+        torch.manual_seed(123)
+    out = model.generate(
+        ids, max_new_tokens=new, do_sample=sample, top_k=0 if sample else None, use_cache=use_cache,
+        output_logits=True, return_dict_in_generate=True, pad_token_id=0, attention_mask=torch.ones_like(ids),
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+VEC = (torch.arange(D, dtype=torch.float32) / D - 0.5).tolist()
+
+
+def steer(positions):
+    return {"s": {"target": "transformer.h.0", "action": "steer",
+                  "args": {"vector": VEC, "scale": 4.0, "positions": positions}}}
+
+
+def hand_steer(model, positions_of, P: int):
+    """A hand-written hook that counts positions itself: the call's offset is the number of
+    tokens read before it in this generation (0 again whenever a call re-reads from 0)."""
+    state = {"seen": 0}
+    v = torch.tensor(VEC) * 4.0
+
+    def hook(mod, args, out):
+        L = out.shape[1]
+        offset = 0 if L > 1 else state["seen"]  # a cached call reads one token
+        state["seen"] = offset + L
+        keep = [p - offset for p in positions_of(P) if offset <= p < offset + L]
+        out = out.clone()
+        out[:, keep] += v
+        return out
+
+    return model.transformer.h[0].register_forward_hook(hook)
+
+
+CASES = {
+    2: lambda P: [2],
+    -1: lambda P: [P - 1],
+    "prompt": lambda P: range(P),
+    "generated": lambda P: range(P, 100),
+    "1:7": lambda P: range(1, 7),
+    None: lambda P: range(100),
+}
+
+
+# Every form of positions greedily; two of them sampled (seeded), which costs the same per case.
+@pytest.mark.parametrize(("positions", "sample"), [(p, False) for p in CASES] + [(-1, True), ("generated", True)],
+                         ids=str)
+def test_steer_cache_equals_no_cache_and_hand_hooks(positions, sample):
+    model = gpt2()
+    plain, _ = generate(model, True, sample)
+    graph = hg.compile(model, steer(positions))
+    with graph.attach():
+        cached, lc = generate(model, True, sample)
+        full, lf = generate(model, False, sample)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
+    handle = hand_steer(model, CASES[positions], PROMPT.shape[1])
+    try:
+        hand, lh = generate(model, True, sample)
+    finally:
+        handle.remove()
+    assert torch.equal(cached, hand)
+    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+    assert not torch.equal(cached, plain) or not torch.allclose(lc, generate(model, True, sample)[1])
+    assert "generate" not in vars(model)  # the wrapper went with the attachment
+
+
+def test_steer_changes_logits_where_it_should():
+    """Steering only generated tokens leaves the first step's logits alone; steering the
+    prompt's last token changes them."""
+    model = gpt2()
+    _, base = generate(model, True)
+    for positions, first_changed in (("generated", False), (-1, True)):
+        with hg.compile(model, steer(positions)).attach():
+            _, lg = generate(model, True)
+        assert torch.allclose(lg[:, 0], base[:, 0]) is not first_changed
+        assert not torch.allclose(lg[:, 1:], base[:, 1:])
+
+
+def test_position_past_the_generation_is_refused_before_the_model_runs():
+    model = gpt2()
+    calls: list[int] = []
+    graph = hg.compile(model, steer(PROMPT.shape[1] + NEW - 1))  # the last generated token is never read
+    h = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        with graph.attach(), pytest.raises(SpecError, match=r"hooks\.s\.args\.positions: position 10 .* past the end"):
+            generate(model, True)
+    finally:
+        h.remove()
+    assert calls == []
+    with hg.compile(model, steer(PROMPT.shape[1] + NEW - 2)).attach():
+        generate(model, True)  # the last position read is fine
+
+
+def test_plain_forward_keeps_its_meaning():
+    model = gpt2()
+    graph = hg.compile(model, steer(7))
+    with graph.attach(), pytest.raises(hg.HookGraphError, match="position 7 is out of range for a sequence of length 5"):
+        model(PROMPT)
+    v = torch.tensor(VEC) * 4.0
+    with hg.compile(model, steer(-1)).attach():
+        got = model(PROMPT).logits
+    h = model.transformer.h[0].register_forward_hook(lambda m, a, o: o + torch.cat([torch.zeros(4, D), v[None]])[None])
+    try:
+        want = model(PROMPT).logits
+    finally:
+        h.remove()
+    torch.testing.assert_close(got, want)
+
+
+def _record(positions=None, target="transformer.h.1"):
+    args = {} if positions is None else {"positions": positions}
+    return {"r": {"target": target, "action": "record", "args": args}}
+
+
+def test_record_reads_a_generation_back_as_one_sequence():
+    model = gpt2()
+    seqs = {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record())
+        with graph.attach():
+            generate(model, use_cache)
+        [got] = graph.sequences("r")["transformer.h.1"]
+        seqs[use_cache] = got
+    P = PROMPT.shape[1]
+    assert seqs[True].positions == list(range(P + NEW - 1)) == seqs[False].positions
+    assert seqs[True].value.shape == (2, P + NEW - 1, D)
+    torch.testing.assert_close(seqs[True].value, seqs[False].value, atol=1e-5, rtol=0)
+    # The plain forward over the whole sequence gives the same residuals.
+    tokens, _ = generate(model, True)
+    out = {}
+    h = model.transformer.h[1].register_forward_hook(lambda m, a, o: out.setdefault("v", o))
+    try:
+        model(tokens[:, :-1])
+    finally:
+        h.remove()
+    torch.testing.assert_close(seqs[True].value, out["v"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["generated", [1, -1], "prompt"], ids=str)
+def test_positioned_record_keeps_the_same_tokens_with_and_without_cache(positions):
+    model = gpt2()
+    got = {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record(positions))
+        with graph.attach():
+            generate(model, use_cache)
+        [got[use_cache]] = graph.sequences("r")["transformer.h.1"]
+    P = PROMPT.shape[1]
+    want = {"generated": list(range(P, P + NEW - 1)), "prompt": list(range(P))}.get(str(positions), [1, P - 1])
+    assert got[True].positions == want == got[False].positions
+    torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
+    if positions == "generated":
+        with graph.attach():
+            generate(model, True)
+        assert len(graph.records["r"]["transformer.h.1"]) == 2 * (NEW - 1)  # one per cached call
+
+
+def _patch_source(model, new: int = NEW):
+    """Residuals of the clean prompt over a whole generation (prompt + generated - 1)."""
+    clean = torch.tensor([[7, 7, 12, 44, 90], [3, 50, 2, 2, 8]])
+    graph = hg.compile(model, _record(target="transformer.h.0"))
+    with graph.attach():
+        generate(model, True, ids=clean, new=new)
+    [seq] = graph.sequences("r")["transformer.h.0"]
+    return {"r": {"transformer.h.0": [seq.value]}}
+
+
+@pytest.mark.parametrize(("positions", "sample"), [(-1, False), ("generated", False), ([0, 6], True)], ids=str)
+def test_patch_positions_cache_equals_no_cache_and_hand(positions, sample):
+    model = gpt2()
+    source = _patch_source(model)
+    spec = {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                  "args": {"run": source, "spec": "r", "positions": positions}}}
+    with hg.compile(model, spec).attach():
+        cached, lc = generate(model, True, sample)
+        full, lf = generate(model, False, sample)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
+    saved = source["r"]["transformer.h.0"][0]
+    P = PROMPT.shape[1]
+    absolute = {"-1": [P - 1], "generated": range(P, P + NEW - 1)}.get(str(positions), [0, 6])
+    state = {"seen": 0}
+
+    def hook(mod, args, out):
+        L = out.shape[1]
+        offset = 0 if L > 1 else state["seen"]
+        state["seen"] = offset + L
+        out = out.clone()
+        for p in absolute:
+            if offset <= p < offset + L:
+                out[:, p - offset] = saved[:, p]
+        return out
+
+    h = model.transformer.h[0].register_forward_hook(hook)
+    try:
+        hand, lh = generate(model, True, sample)
+    finally:
+        h.remove()
+    assert torch.equal(cached, hand)
+    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+
+
+def test_patch_source_over_a_shorter_generation_is_refused_before_the_model_runs():
+    model = gpt2()
+    short = _patch_source(model, new=2)  # covers positions 0..5
+    spec = {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                  "args": {"run": short, "spec": "r", "positions": "generated"}}}
+    calls: list[int] = []
+    graph = hg.compile(model, spec)
+    h = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        with graph.attach(), pytest.raises(
+            SpecError, match=r"hooks\.p\.args\.run: the source was recorded over 6 positions"
+        ):
+            generate(model, True)
+    finally:
+        h.remove()
+    assert calls == []
+
+
+@pytest.mark.parametrize(("positions", "sample"), [(-1, False), ("generated", True), (None, False)], ids=str)
+def test_head_mask_cache_equals_no_cache_and_hand(positions, sample):
+    model = gpt2()
+    spec = {"m": {"target": "transformer.h.0.attn.c_proj", "at": "forward_pre", "action": "head_mask",
+                  "args": {"heads": [1, 3], "positions": positions}}}
+    with hg.compile(model, spec).attach():
+        cached, lc = generate(model, True, sample)
+        full, lf = generate(model, False, sample)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
+    P = PROMPT.shape[1]
+    absolute = {"-1": [P - 1], "generated": range(P, 100)}.get(str(positions), range(100))
+    state = {"seen": 0}
+
+    def pre(mod, args):
+        (x,) = args
+        L = x.shape[1]
+        offset = 0 if L > 1 else state["seen"]
+        state["seen"] = offset + L
+        x = x.clone().view(x.shape[0], L, 4, D // 4)
+        for p in absolute:
+            if offset <= p < offset + L:
+                x[:, p - offset, [1, 3]] = 0
+        return (x.view(x.shape[0], L, D),)
+
+    h = model.transformer.h[0].attn.c_proj.register_forward_pre_hook(pre)
+    try:
+        hand, lh = generate(model, True, sample)
+    finally:
+        h.remove()
+    assert torch.equal(cached, hand)
+    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+
+
+def test_head_patch_cache_equals_no_cache():
+    model = gpt2()
+    clean = torch.tensor([[7, 7, 12, 44, 90], [3, 50, 2, 2, 8]])
+    rec = {"r": {"target": "transformer.h.1.attn.c_proj", "at": "forward_pre", "action": "record"}}
+    graph = hg.compile(model, rec)
+    with graph.attach():
+        generate(model, True, ids=clean)
+    [seq] = graph.sequences("r")["transformer.h.1.attn.c_proj"]
+    spec = {"p": {"target": "transformer.h.1.attn.c_proj", "at": "forward_pre", "action": "head_patch",
+                  "args": {"heads": 2, "run": {"r": {"transformer.h.1.attn.c_proj": [seq.value]}}, "spec": "r",
+                           "positions": "generated"}}}
+    _, base = generate(model, True)
+    with hg.compile(model, spec).attach():
+        cached, lc = generate(model, True)
+        full, lf = generate(model, False)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lc[:, 0], base[:, 0])  # the first step reads only the prompt
+    assert not torch.allclose(lc[:, 1:], base[:, 1:])
