@@ -125,7 +125,9 @@ def test_position_past_the_generation_is_refused_before_the_model_runs():
 def test_plain_forward_keeps_its_meaning():
     model = gpt2()
     graph = hg.compile(model, steer(7))
-    with graph.attach(), pytest.raises(hg.HookGraphError, match="position 7 is out of range for a sequence of length 5"):
+    with graph.attach(), pytest.raises(
+        hg.HookGraphError, match="position 7 is out of range for a sequence of length 5"
+    ):
         model(PROMPT)
     v = torch.tensor(VEC) * 4.0
     with hg.compile(model, steer(-1)).attach():

@@ -184,7 +184,7 @@ def _patcher(
     value is indexed by absolute position: during generation with the KV cache a call of one
     token at position p is patched from the recorded value's position p."""
     label = f"{ctx.spec} at {ctx.target!r}"
-    cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+    cache: dict[tuple, Tensor] = {}
     source: dict[tuple, Tensor] = {}
 
     def fn(value: Any) -> Any:

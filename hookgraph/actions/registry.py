@@ -45,9 +45,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from hookgraph.core.points import HookPoint
+from hookgraph.core.sequence import parse_positions
 from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.transfer import HostCopier
-from hookgraph.core.sequence import parse_positions
 from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action", "load_action_libraries"]

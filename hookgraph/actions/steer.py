@@ -146,11 +146,15 @@ def steer(
         local = None
         if pos is not None:
             if not -t.dim() <= dim < t.dim() or dim % t.dim() == t.dim() - 1:
-                raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+                raise HookGraphError(
+                    f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
+                )
             local = pos(t.shape[dim])
             if local is None:
                 return t  # none of the named positions is in this call
-        where = None if local is None else (local.start, local.stop) if isinstance(local, slice) else tuple(local.tolist())
+        where = None
+        if local is not None:
+            where = (local.start, local.stop) if isinstance(local, slice) else tuple(local.tolist())
         key = (t.device, t.dtype, t.shape if pos is not None else None, where)
         add = cache.get(key)
         if add is None:

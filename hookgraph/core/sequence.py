@@ -304,7 +304,7 @@ def assemble(entries: Sequence[Any], spans: Sequence[tuple[int, tuple[int, ...],
     out = []
     for seq, calls in groups.items():
         where: dict[int, tuple[Tensor, int]] = {}
-        for value, positions, dim in calls:
+        for value, positions, _ in calls:
             if not isinstance(value, Tensor):
                 raise HookGraphError(
                     f"a record of a {type(value).__name__} cannot be read as a sequence; record one tensor (index: 0)"

@@ -244,9 +244,9 @@ class ResultStore:
         # Where each forward call sits in the token sequence (KV cache, generate): the actions
         # that take positions read it; the graph installs it on the model while attached.
         self.clock = SequenceClock()
-        # spec -> target -> (sequence, first position) of each recorded call, in call order
+        # spec -> target -> (sequence, absolute positions, dim) of each recorded call, in call order
         # (kept while the clock is installed), for reading a generation back as one sequence.
-        self.spans: dict[str, dict[str, list[tuple[int, int]]]] = {}
+        self.spans: dict[str, dict[str, list[tuple[int, tuple[int, ...], int]]]] = {}
 
     # -- what actions get ---------------------------------------------------------
     def record_slot(self, spec: str, target: str) -> Entries:
