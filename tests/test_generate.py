@@ -4,6 +4,8 @@ track positions by hand and to nnsight's ``generate`` with the same intervention
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -304,3 +306,97 @@ def test_head_patch_cache_equals_no_cache():
     torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
     torch.testing.assert_close(lc[:, 0], base[:, 0])  # the first step reads only the prompt
     assert not torch.allclose(lc[:, 1:], base[:, 1:])
+
+
+# -- nnsight: the same intervention through its generate ------------------------------------
+
+
+def _nnsight(model):
+    nnsight = pytest.importorskip("nnsight")
+    from tokenizers import Tokenizer, models
+
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({f"t{i}": i for i in range(100)}, unk_token="t0")),
+        pad_token="t0", eos_token="t99",
+    )
+    with warnings.catch_warnings():  # LanguageModel is deprecated in 0.8 but still takes a model object
+        warnings.simplefilter("ignore")
+        return nnsight.LanguageModel(model, tokenizer=tok)
+
+
+def _nnsight_generate(lm, edit, sample: bool, steps: int = NEW):
+    """Tokens and per-step logits of nnsight's generate, ``edit(lm, step)`` run at every step
+    (nnsight's steps are the model's forward calls: step 0 reads the prompt)."""
+    if sample:
+        torch.manual_seed(123)
+    with lm.generate(PROMPT, max_new_tokens=NEW, do_sample=sample, top_k=0 if sample else None, pad_token_id=0,
+                     attention_mask=torch.ones_like(PROMPT)) as tracer:
+        logits = list().save()
+        kept = list().save()
+        for step in tracer.iter[0:steps]:
+            edit(lm, step, kept)
+            logits.append(lm.lm_head.output[:, -1].clone())
+        ids = tracer.result.save()
+    return ids, torch.stack(list(logits), 1), list(kept)
+
+
+@pytest.mark.parametrize(("positions", "sample"), [("generated", False), (-1, True), ("prompt", False)], ids=str)
+def test_steer_equals_nnsight_generate(positions, sample):
+    lm = _nnsight(gpt2())  # nnsight rewrites the modules it wraps: a model of its own, same weights
+    v = torch.tensor(VEC) * 4.0
+
+    def edit(lm, step, kept):
+        out = lm.transformer.h[0].output
+        if positions == "generated" and step >= 1:
+            out[:] += v
+        elif positions == -1 and step == 0:
+            out[:, -1] += v
+        elif positions == "prompt" and step == 0:
+            out[:] += v
+
+    ids, logits, _ = _nnsight_generate(lm, edit, sample)
+    model = gpt2()
+    with hg.compile(model, steer(positions)).attach():
+        tokens, lg = generate(model, True, sample)
+    assert torch.equal(tokens, ids)
+    torch.testing.assert_close(lg, logits, atol=1e-5, rtol=0)
+
+
+def test_patch_and_head_mask_equal_nnsight_generate():
+    model = gpt2()
+    source = _patch_source(model)
+    saved = source["r"]["transformer.h.0"][0]
+    P = PROMPT.shape[1]
+
+    def edit(lm, step, kept):
+        if step == 0:
+            lm.transformer.h[0].output[:, -1] = saved[:, P - 1]
+        else:
+            x = lm.transformer.h[1].attn.c_proj.input
+            x.view(x.shape[0], x.shape[1], 4, D // 4)[:, :, 2] = 0
+
+    ids, logits, _ = _nnsight_generate(_nnsight(gpt2()), edit, False)
+    specs = {
+        "p": {"target": "transformer.h.0", "action": "patch_positions",
+              "args": {"run": source, "spec": "r", "positions": -1}},
+        "m": {"target": "transformer.h.1.attn.c_proj", "at": "forward_pre", "action": "head_mask",
+              "args": {"heads": 2, "positions": "generated"}},
+    }
+    with hg.compile(model, specs).attach():
+        tokens, lg = generate(model, True)
+    assert torch.equal(tokens, ids)
+    torch.testing.assert_close(lg, logits, atol=1e-5, rtol=0)
+
+
+def test_positioned_record_equals_nnsight_saves():
+    def edit(lm, step, kept):
+        if step >= 1:
+            kept.append(lm.transformer.h[1].output.clone())
+
+    _, _, kept = _nnsight_generate(_nnsight(gpt2()), edit, False, steps=NEW - 1 + 1)
+    model = gpt2()
+    graph = hg.compile(model, _record("generated"))
+    with graph.attach():
+        generate(model, False)  # without the cache: hookgraph keeps the same tokens as nnsight's cached steps
+    [seq] = graph.sequences("r")["transformer.h.1"]
+    torch.testing.assert_close(seq.value, torch.cat(kept, 1), atol=1e-5, rtol=0)
