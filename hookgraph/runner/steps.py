@@ -21,6 +21,7 @@ from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner.batches import call_model, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
+from hookgraph.runner.generate import generation
 from hookgraph.runner.metrics import compute_metric
 from hookgraph.runner.outputs import add_where, write
 from hookgraph.runner.state import Job, Parts, Progress
@@ -122,6 +123,7 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
     loss_phase = f"the loss (runner.loss={r.loss})"
     metric_phase = f"the metric (runner.metric={r.metric})"
     opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
+    generator = generation(job, parts)  # runner.generate: each step generates instead of one forward
     t = time.perf_counter()
     with graph.attach(compiled=r.compile):
         hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
@@ -138,16 +140,22 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
                 batch = (inputs, labels)
                 with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
                     phase = "the model's forward"
-                    try:
-                        out = call_model(forward, inputs, check=step == 0, data_kind=kind)
-                    except RuntimeError as exc:
-                        _unused_parameters(exc, r)
-                        raise
-                    phase = loss_phase
-                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                    if generator is not None:
+                        phase = "the model's generate"
+                        out, loss = generator.step(model, inputs, step)
+                    else:
+                        try:
+                            out = call_model(forward, inputs, check=step == 0, data_kind=kind)
+                        except RuntimeError as exc:
+                            _unused_parameters(exc, r)
+                            raise
+                        phase = loss_phase
+                        loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                     if r.metric is not None:
                         phase = metric_phase
                         progress.metrics.append(compute_metric(r.metric, out, inputs))
+                    if generator is not None:
+                        generator.write(step, progress.metrics[-1] if r.metric is not None else None)
                 if r.backward:
                     if not loss.requires_grad:
                         raise ConfigError(
@@ -171,6 +179,8 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
                 progress.tb.histograms(graph.records, step)  # before the flush empties the slots
             write(job.writer.flush_records, graph.records, step)
             job.summary["steps"] = step + 1
+            if generator is not None:
+                job.summary["generation"] = generator.headline()
     progress.own_losses = list(progress.losses)
     if world.ranked and progress.losses:
         # The job's loss: the mean over ranks (with a mean loss, the loss of the global batch).

@@ -55,6 +55,7 @@ from hookgraph.runs.files import (
     read_config,
     read_csv,
     read_json,
+    read_jsonl,
     read_modules,
     read_plan,
     summary_shape,
@@ -749,6 +750,7 @@ class Run:
     missing: list = field(default_factory=list)  # strict=False: what the summary lists that is gone or another run's
     strict: bool = True
     _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
+    _generations: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 
     @property
     def status(self) -> str:
@@ -762,6 +764,18 @@ class Run:
                 read_modules, self.path / layout.MODULES, strict=self.strict, problems=self.problems, empty=None
             )
         return self._modules
+
+    @property
+    def generations(self) -> list[dict]:
+        """generations.jsonl (``runner.generate``): one dict per generated sample, ``{step, row,
+        prompt_ids, generated_ids}`` and ``prompt``, ``text`` (with a tokenizer), ``metric``;
+        empty for a run that did not generate. Read on first use."""
+        if self._generations is _UNREAD:
+            got = _read(
+                read_jsonl, self.path / layout.GENERATIONS, strict=self.strict, problems=self.problems, empty=None
+            )
+            self._generations = got or []
+        return self._generations
 
     def records_by_rank(self) -> dict[int, Mapping]:
         """Every rank's records, ``{rank: records}`` (each read lazily, as ``records`` is)."""
