@@ -400,3 +400,96 @@ def test_positioned_record_equals_nnsight_saves():
         generate(model, False)  # without the cache: hookgraph keeps the same tokens as nnsight's cached steps
     [seq] = graph.sequences("r")["transformer.h.1"]
     torch.testing.assert_close(seq.value, torch.cat(kept, 1), atol=1e-5, rtol=0)
+
+
+# -- the runner: runner.generate ------------------------------------------------------------
+
+GPT2_MODEL = {"name": None, "_target_": "transformers.GPT2LMHeadModel", "kwargs": {"config": {
+    "_target_": "transformers.GPT2Config", "n_layer": 2, "n_embd": D, "n_head": 4, "vocab_size": 100,
+    "n_positions": 64, "bos_token_id": 0, "eos_token_id": 99}}}
+
+
+def _tokenizer_folder(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(100)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="t0", eos_token="t99")
+    tok.save_pretrained(str(path))
+    return str(path)
+
+
+def _job(hooks, generate_cfg, **runner):
+    return {
+        "model": GPT2_MODEL,
+        "data": {"kind": "custom", "_target_": "hookgraph.data.prompts.Prompts",
+                 "kwargs": {"ids": PROMPT.tolist()}},
+        "runner": {"backward": False, "progress": False, "device": "cpu", "batch_size": 2, "generate": generate_cfg,
+                   **runner},
+        "sink": {"figures": False},
+        "hooks": hooks,
+    }
+
+
+def test_runner_generate_writes_generations_equal_to_generate_from_python(tmp_path):
+    from hookgraph.runner import run
+
+    job = _job(steer("generated"), {"max_new_tokens": NEW, "do_sample": True, "top_k": 0, "seed": 7},
+               metric={"name": "logprob", "token": 7, "position": -1}, steps=2)
+    job["data"]["tokenizer"] = _tokenizer_folder(tmp_path / "tok")
+    summary = run(job, tmp_path / "run")
+    assert summary["status"] == "completed"
+    got = hg.load_run(tmp_path / "run").generations
+    assert [(g["step"], g["row"]) for g in got] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # The same generation from Python: the model the runner builds (runner.seed 0), the spec, the seed.
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    with hg.compile(model, steer("generated")).attach():
+        for step in (0, 1):
+            torch.manual_seed(7 + step)
+            out = model.generate(PROMPT, max_new_tokens=NEW, do_sample=True, top_k=0, pad_token_id=99,
+                                 output_logits=True, return_dict_in_generate=True)
+            new = out.sequences[:, PROMPT.shape[1]:].tolist()
+            assert [g["generated_ids"] for g in got if g["step"] == step] == new
+            assert got[2 * step]["prompt_ids"] == PROMPT[0].tolist()
+            assert got[2 * step]["text"] == " ".join(f"t{i}" for i in new[0])
+            want = torch.log_softmax(out.logits[-1], -1)[:, 7].mean().item()
+            assert got[2 * step]["metric"] == pytest.approx(want, abs=1e-5)
+    assert summary["generation"] == got[2]["text"]
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert 'id="generations"' in page and got[3]["text"] in page
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    ({"model": {"name": "mlp"}, "data": {"kind": "random"}}, "runner.generate", "has no generate method"),
+    ({"runner": {"backward": True}}, "runner.backward", "set runner.backward=false"),
+    ({"generate": {"max_new_tokens": 3, "top_kk": 4}}, "runner.generate.top_kk", "top_k"),
+    ({"generate": {"do_sample": True}}, "runner.generate.max_new_tokens", "needs max_new_tokens"),
+    ({"generate": {"max_new_tokens": 0}}, "runner.generate.max_new_tokens", ">= 1"),
+], ids=["no-generate", "backward", "unknown-key", "no-max", "zero"])
+def test_runner_generate_bad_input_names_the_key_before_the_model_runs(tmp_path, change, key, words):
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner import run
+
+    job = _job({}, change.get("generate", {"max_new_tokens": 3}))
+    for section in ("model", "data", "runner"):
+        if section in change:
+            job[section] = change[section] if section == "model" else {**job[section], **change[section]}
+    if "model" in change:
+        job.pop("data")
+        job["data"] = change["data"]
+    with pytest.raises(ConfigError, match=words) as err:
+        run(job, tmp_path / "run")
+    assert err.value.key == key
+    assert hg.load_run(tmp_path / "run", strict=False).summary.get("steps", 0) == 0
+
+
+def test_runner_generate_refuses_a_position_past_the_generation_before_it_runs(tmp_path):
+    from hookgraph.runner import run
+
+    with pytest.raises(SpecError, match=r"hooks\.s\.args\.positions: position 9 .* past the end"):
+        run(_job(steer(9), {"max_new_tokens": 4}), tmp_path / "run")
+    s = hg.load_run(tmp_path / "run", strict=False).summary
+    assert s["status"] == "failed" and s.get("steps", 0) == 0
+    assert (s.get("specs") or {}).get("s", {}).get("calls", 0) == 0  # the model never ran

@@ -225,11 +225,11 @@ def render_sweep_page(p: dict) -> str:
              j["row"].get("generation")]
             for j in generations
         ]
+        shown = table(["job", *p["axes"], p["metric"], "generation"], gen_rows, sortable=True,
+                      css_id="generations-by-job")
         body.append(
             '<section id="generations"><h2>Generations</h2><p>Each job\'s first generation (its last step); '
-            f'every sample is in the job\'s {layout.GENERATIONS}.</p><div class="scroll">'
-            f'{table(["job", *p["axes"], p["metric"], "generation"], gen_rows, sortable=True, css_id="generations-by-job")}'
-            "</div></section>"
+            f'every sample is in the job\'s {layout.GENERATIONS}.</p><div class="scroll">{shown}</div></section>'
         )
     if p["figure"]:
         body.append(
