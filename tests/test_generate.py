@@ -493,3 +493,32 @@ def test_runner_generate_refuses_a_position_past_the_generation_before_it_runs(t
     s = hg.load_run(tmp_path / "run", strict=False).summary
     assert s["status"] == "failed" and s.get("steps", 0) == 0
     assert (s.get("specs") or {}).get("s", {}).get("calls", 0) == 0  # the model never ran
+
+
+def test_runner_generate_records_read_back_as_one_sequence_with_and_without_cache(tmp_path):
+    from hookgraph.runner import run
+
+    seqs = {}
+    for use_cache in (True, False):
+        job = _job({"r": _record()["r"], "g": _record("generated", "transformer.h.0")["r"]},
+                   {"max_new_tokens": NEW, "use_cache": use_cache}, steps=2)
+        run(job, tmp_path / str(use_cache))
+        loaded = hg.load_run(tmp_path / str(use_cache))
+        seqs[use_cache] = (loaded.sequences("r")["transformer.h.1"], loaded.sequences("g")["transformer.h.0"])
+    P = PROMPT.shape[1]
+    for which in (0, 1):
+        cached, full = seqs[True][which], seqs[False][which]
+        assert len(cached) == len(full) == 2  # one per step's generation
+        want_positions = list(range(P + NEW - 1)) if which == 0 else list(range(P, P + NEW - 1))
+        for a, b in zip(cached, full, strict=True):
+            assert a.positions == b.positions == want_positions
+            torch.testing.assert_close(a.value, b.value, atol=1e-5, rtol=0)
+    # The same as a record of the same generation from Python.
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    graph = hg.compile(model, _record())
+    with graph.attach():
+        generate(model, True)
+    [want] = graph.sequences("r")["transformer.h.1"]
+    torch.testing.assert_close(seqs[True][0][0].value, want.value, atol=1e-5, rtol=0)

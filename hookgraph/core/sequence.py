@@ -34,7 +34,10 @@ from torch import Tensor
 
 from hookgraph.errors import HookGraphError
 
-__all__ = ["SequenceClock", "Positions", "SequenceRecord", "parse_positions", "install_clock", "assemble"]
+__all__ = [
+    "SequenceClock", "Positions", "SequenceRecord", "parse_positions", "install_clock", "assemble", "pack_span",
+    "unpack_span",
+]
 
 _WORDS = ("prompt", "generated")
 
@@ -207,6 +210,8 @@ class SequenceClock:
 
     def window(self, length: int) -> tuple[int, int, bool]:
         """(offset, prompt length, strict) for a hooked value of ``length`` tokens now."""
+        if not self.installed:  # a compiled attach: every call is a sequence of its own
+            return 0, length, True
         prompt = self.prompt
         if prompt is None:
             prompt = self.prompt = self.offset + length
@@ -286,6 +291,26 @@ class SequenceRecord(NamedTuple):
     value: Tensor
     positions: list[int]
     sequence: int
+
+
+def pack_span(step: int, call: int, span: tuple[int, tuple[int, ...], int]) -> list:
+    """A recorded call's span as JSON for a run folder: ``[step, call, sequence, dim, first,
+    count]`` for consecutive positions, ``[step, call, sequence, dim, [positions]]`` otherwise."""
+    seq, positions, dim = span
+    if positions and list(positions) == list(range(positions[0], positions[0] + len(positions))):
+        return [step, call, seq, dim, positions[0], len(positions)]
+    return [step, call, seq, dim, list(positions)]
+
+
+def unpack_span(packed: Sequence[Any]) -> tuple[int, int, tuple[int, tuple[int, ...], int]]:
+    """:func:`pack_span` read back: (step, call, span). ValueError for another shape."""
+    if len(packed) == 6 and all(_is_int(x) for x in packed):
+        step, call, seq, dim, first, count = packed
+        return step, call, (seq, tuple(range(first, first + count)), dim)
+    if len(packed) == 5 and isinstance(packed[4], list) and all(_is_int(x) for x in (*packed[:4], *packed[4])):
+        step, call, seq, dim, positions = packed
+        return step, call, (seq, tuple(positions), dim)
+    raise ValueError(f"not a record position span: {packed!r}")
 
 
 def assemble(entries: Sequence[Any], spans: Sequence[tuple[int, tuple[int, ...], int]]) -> list[SequenceRecord]:

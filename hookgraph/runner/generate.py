@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from hookgraph.config.plain import to_plain
+from hookgraph.core.sequence import pack_span
 from hookgraph.data.kinds.text import load_tokenizer
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runs import layout
@@ -125,6 +126,17 @@ class Generator:
         self.tokenizer = _tokenizer(cfg)
         self.path = out_dir / layout.GENERATIONS
         self.rows: list[dict[str, Any]] = []
+        # spec -> target -> packed spans (core.sequence.pack_span) of every recorded call, for
+        # summary.json's record_positions: Run.sequences reads a generation back from them.
+        self.positions: dict[str, dict[str, list[list]]] = {}
+
+    def collect(self, store: Any, step: int) -> None:
+        """Move the step's record spans out of the store (its records leave as a shard)."""
+        for spec, targets in store.spans.items():
+            for target, spans in targets.items():
+                kept = self.positions.setdefault(spec, {}).setdefault(target, [])
+                kept.extend(pack_span(step, call, span) for call, span in enumerate(spans))
+                spans.clear()
 
     def step(self, model: Any, inputs: Any, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if not isinstance(inputs, Mapping) or not isinstance(inputs.get("input_ids"), torch.Tensor):

@@ -143,6 +143,7 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
                     if generator is not None:
                         phase = "the model's generate"
                         out, loss = generator.step(model, inputs, step)
+                        generator.collect(graph.store, step)
                     else:
                         try:
                             out = call_model(forward, inputs, check=step == 0, data_kind=kind)
@@ -181,6 +182,8 @@ def run_steps(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> N
             job.summary["steps"] = step + 1
             if generator is not None:
                 job.summary["generation"] = generator.headline()
+                if generator.positions:
+                    job.summary["record_positions"] = generator.positions
     progress.own_losses = list(progress.losses)
     if world.ranked and progress.losses:
         # The job's loss: the mean over ranks (with a mean loss, the loss of the global batch).
