@@ -256,7 +256,7 @@ def _per_spec(
         raise ValueError("positions: records token positions of activations (forward, forward_pre), one device")
     # Calls carry their positions where a sequence can span calls (a model that generates) or
     # positions are asked for; other models keep the plain hook, as cheap as before.
-    spans = ctx.store.spans.setdefault(spec, {}) if (pos is not None or generates) and not per_device else None
+    track = (pos is not None or generates) and not per_device
 
     def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
         """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""
@@ -290,8 +290,10 @@ def _per_spec(
         if clone:
             slot.copy_always = True
         fn = make(slot, target)
-        if spans is not None:
-            fn = _positioned(fn, ctx.store.clock, pos, dim, spans.setdefault(target, []), last_only)
+        if track:
+            if slot.spans is None:
+                slot.spans = []
+            fn = _positioned(fn, ctx.store.clock, pos, dim, slot.spans, last_only)
             if pos is not None:  # positions are read from the clock per call: eager only
                 fn.traceable = False  # type: ignore[attr-defined]
         fn.traced = (pure, slot.keep_last if last_only else slot.append)  # type: ignore[attr-defined]

@@ -418,13 +418,13 @@ class HookGraph:
                 cannot generate and the record has no ``positions``).
         """
         records = self.records
-        spans = self.store.spans.get(spec)
-        if spec not in records or spans is None:
+        keeping = sorted(s for s, targets in records.items() if any(e.spans is not None for e in targets.values()))
+        if spec not in keeping:
             raise HookGraphError(
                 f"spec {spec!r} kept no token positions; records with positions (or any record on a model "
-                f"that can generate) do: {sorted(self.store.spans) or 'none here'}"
+                f"that can generate) do: {keeping or 'none here'}"
             )
-        return {target: assemble(list(entries), spans.get(target, [])) for target, entries in records[spec].items()}
+        return {target: assemble(list(entries), entries.spans or []) for target, entries in records[spec].items()}
 
     @property
     def rows(self) -> dict[str, list[dict]]:

@@ -79,6 +79,7 @@ class Entries(list):
         "_probes",
         "_watched",
         "_parts",
+        "spans",
     )
 
     def __init__(self) -> None:  # no list.__init__: a new list is empty (~30,000 slots per big-model compile)
@@ -92,6 +93,9 @@ class Entries(list):
         self._probes: list[tuple[Tensor, int]] = []
         self._watched: list[tuple[Tensor, int]] = []
         self._parts: dict[tuple, list] = {}
+        # (sequence, absolute token positions, dim) of each entry, where the record keeps them
+        # (hookgraph.core.sequence): emptied with the entries, so the two stay in step.
+        self.spans: list[tuple[int, tuple[int, ...], int]] | None = None
 
     def needs_copy(self, live: Tensor) -> bool:
         """Whether the entry for ``live`` (a detached alias of the module's output) must be
@@ -160,6 +164,8 @@ class Entries(list):
         self._fresh_from = 0
         self._watched.clear()
         self._parts.clear()
+        if self.spans:
+            self.spans.clear()
 
 
 class StatsBuffer:
@@ -244,9 +250,6 @@ class ResultStore:
         # Where each forward call sits in the token sequence (KV cache, generate): the actions
         # that take positions read it; the graph installs it on the model while attached.
         self.clock = SequenceClock()
-        # spec -> target -> (sequence, absolute positions, dim) of each recorded call, in call order
-        # (kept while the clock is installed), for reading a generation back as one sequence.
-        self.spans: dict[str, dict[str, list[tuple[int, tuple[int, ...], int]]]] = {}
 
     # -- what actions get ---------------------------------------------------------
     def record_slot(self, spec: str, target: str) -> Entries:
@@ -321,7 +324,4 @@ class ResultStore:
                 entries.clear()
         for rows in self.rows.values():
             rows.clear()
-        for spans in self.spans.values():
-            for kept in spans.values():
-                kept.clear()
         self.stats.clear()

@@ -131,12 +131,12 @@ class Generator:
         self.positions: dict[str, dict[str, list[list]]] = {}
 
     def collect(self, store: Any, step: int) -> None:
-        """Move the step's record spans out of the store (its records leave as a shard)."""
-        for spec, targets in store.spans.items():
-            for target, spans in targets.items():
-                kept = self.positions.setdefault(spec, {}).setdefault(target, [])
-                kept.extend(pack_span(step, call, span) for call, span in enumerate(spans))
-                spans.clear()
+        """Keep the step's record spans (its records then leave as a shard, and the spans with them)."""
+        for spec, targets in store.records.items():
+            for target, entries in targets.items():
+                if entries.spans:
+                    kept = self.positions.setdefault(spec, {}).setdefault(target, [])
+                    kept.extend(pack_span(step, call, span) for call, span in enumerate(entries.spans))
 
     def step(self, model: Any, inputs: Any, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if not isinstance(inputs, Mapping) or not isinstance(inputs.get("input_ids"), torch.Tensor):
