@@ -522,3 +522,14 @@ def test_runner_generate_records_read_back_as_one_sequence_with_and_without_cach
         generate(model, True)
     [want] = graph.sequences("r")["transformer.h.1"]
     torch.testing.assert_close(seqs[True][0][0].value, want.value, atol=1e-5, rtol=0)
+
+
+def test_positions_on_a_model_that_reads_no_tokens_count_from_the_value_itself():
+    """A conv net's channels: -1 is the last channel of the hooked value, not of the input's width."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3), torch.nn.ReLU())
+    x = torch.randn(2, 3, 9, 9)
+    spec = {"s": {"target": "0", "action": "steer", "args": {"vector": [1.0] * 7, "positions": -1, "dim": 1}}}
+    with hg.compile(model, spec).attach():
+        got = model(x)
+    last_channel = torch.cat([torch.zeros(4, 7), torch.ones(1, 7)])[None, :, None, :]
+    torch.testing.assert_close(got, torch.relu(model[0](x) + last_channel))

@@ -181,17 +181,23 @@ class SequenceClock:
 
     # -- the hooks -------------------------------------------------------------------
     def begin_call(self, module: Any, args: tuple, kwargs: dict) -> None:
-        ids = _first_tensor(args, kwargs, ("input_ids", "inputs_embeds"))
+        # The call's token count, from token ids or inputs_embeds only: the first input of
+        # another model (an image) says nothing about the dimension a spec's positions index.
         length = None
-        if ids is not None and ids.dim() >= 1:
-            length = int(ids.shape[1] if ids.dim() >= 2 and "inputs_embeds" in kwargs else ids.shape[-1])
+        ids = kwargs.get("input_ids")
+        if not isinstance(ids, Tensor) and args and isinstance(args[0], Tensor):
+            ids = args[0]
+        if isinstance(ids, Tensor) and ids.dim() in (1, 2) and not ids.is_floating_point():
+            length = int(ids.shape[-1])
+        elif isinstance(kwargs.get("inputs_embeds"), Tensor) and kwargs["inputs_embeds"].dim() == 3:
+            length = int(kwargs["inputs_embeds"].shape[1])
         offset = self._offset(kwargs)
         self.calls += 1
         self.offset, self.length = offset, length
         if offset == 0 and not (self.generating and self.sequence_started):
             self.sequence += 1
             if not self.generating:
-                self.prompt = length  # None: the first positioned hook's value says
+                self.prompt = length  # None: each hooked value's own length says (window)
         self.sequence_started = True
 
     sequence_started = False
@@ -213,8 +219,8 @@ class SequenceClock:
         if not self.installed:  # a compiled attach: every call is a sequence of its own
             return 0, length, True
         prompt = self.prompt
-        if prompt is None:
-            prompt = self.prompt = self.offset + length
+        if prompt is None:  # not a token model: negative positions count from the value's own end
+            prompt = self.offset + length
         return self.offset, prompt, not self.generating and self.offset == 0
 
     # -- generate ----------------------------------------------------------------------
