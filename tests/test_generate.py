@@ -79,7 +79,7 @@ CASES = {
                          ids=str)
 def test_steer_cache_equals_no_cache_and_hand_hooks(positions, sample):
     model = gpt2()
-    plain, _ = generate(model, True, sample)
+    _, unsteered = generate(model, True, sample)
     graph = hg.compile(model, steer(positions))
     with graph.attach():
         cached, lc = generate(model, True, sample)
@@ -93,7 +93,7 @@ def test_steer_cache_equals_no_cache_and_hand_hooks(positions, sample):
         handle.remove()
     assert torch.equal(cached, hand)
     torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
-    assert not torch.equal(cached, plain) or not torch.allclose(lc, generate(model, True, sample)[1])
+    assert not torch.allclose(lc, unsteered)  # the steering acted
     assert "generate" not in vars(model)  # the wrapper went with the attachment
 
 
