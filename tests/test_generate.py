@@ -533,3 +533,16 @@ def test_positions_on_a_model_that_reads_no_tokens_count_from_the_value_itself()
         got = model(x)
     last_channel = torch.cat([torch.zeros(4, 7), torch.ones(1, 7)])[None, :, None, :]
     torch.testing.assert_close(got, torch.relu(model[0](x) + last_channel))
+
+
+def test_runner_generate_refuses_a_right_padded_batch(tmp_path):
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner import run
+
+    text = tmp_path / "lines.txt"
+    text.write_text("t5 t6 t7 t8\nt9 t10\n")
+    job = _job({}, {"max_new_tokens": 2})
+    job["data"] = {"kind": "text", "path": str(text), "tokenizer": _tokenizer_folder(tmp_path / "tok")}
+    with pytest.raises(ConfigError, match="right-padded batch") as err:
+        run(job, tmp_path / "run")
+    assert err.value.key == "data"

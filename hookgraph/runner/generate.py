@@ -144,6 +144,13 @@ class Generator:
                 "data", "runner.generate needs batches of token ids ({input_ids: ...}): data=tokens, data=text, "
                 "or data=custom with hookgraph.data.prompts.Prompts"
             )
+        mask = inputs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool((mask[:, -1] == 0).any()):
+            raise ConfigError(
+                "data", "a right-padded batch (attention_mask ends in 0): generate would continue after the "
+                "padding; give prompts of one length (data=custom with hookgraph.data.prompts.Prompts, or "
+                "runner.batch_size=1)"
+            )
         kwargs = dict(self.settings)
         if kwargs.get("pad_token_id") is None:
             eos = kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
