@@ -546,3 +546,13 @@ def test_runner_generate_refuses_a_right_padded_batch(tmp_path):
     with pytest.raises(ConfigError, match="right-padded batch") as err:
         run(job, tmp_path / "run")
     assert err.value.key == "data"
+
+
+def test_a_run_without_generate_refuses_positions_generated(tmp_path):
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner import run
+
+    job = _job(steer("generated"), None)
+    with pytest.raises(ConfigError, match="names no token of a plain forward pass") as err:
+        run(job, tmp_path / "run")
+    assert err.value.key == "hooks.s.args.positions"

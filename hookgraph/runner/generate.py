@@ -203,6 +203,20 @@ def generation(job: Any, parts: Any) -> Generator | None:
     again, and the model asked for ``generate``, before the model runs), else None."""
     settings = check_generate(job.cfg)
     if settings is None:
+        _refuse_generated_without_generate(job.cfg)
         return None
     check_can_generate(parts.bare, job.cfg)
     return Generator(settings, job.cfg, job.writer.dir)
+
+
+def _refuse_generated_without_generate(cfg: Any) -> None:
+    """``positions: generated`` in a run that only reads its prompts would act on nothing."""
+    hooks = _plain(cfg.get("hooks")) or {}
+    for name, spec in hooks.items() if isinstance(hooks, Mapping) else ():
+        args = spec.get("args") if isinstance(spec, Mapping) else None
+        if isinstance(args, Mapping) and args.get("positions") == "generated":
+            raise ConfigError(
+                f"hooks.{name}.args.positions", "'generated' names no token of a plain forward pass: the run "
+                "only reads its prompts; set runner.generate (e.g. runner.generate.max_new_tokens=20) or name "
+                "prompt positions"
+            )
