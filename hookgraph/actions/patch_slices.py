@@ -192,6 +192,8 @@ def _patcher(
             raise HookGraphError(f"{label}: the value is a {type(value).__name__}; pick one tensor with index: 0")
         nd = value.dim()
         if not -nd <= dim < nd:
+            if pos is None and heads is None and saved.shape == value.shape:
+                return saved.to(device=value.device, dtype=value.dtype)  # no position dimension: all of it
             raise HookGraphError(f"{label}: dim {dim} is out of range for a value of shape {list(value.shape)}")
         d = dim % nd
         clock = ctx.store.clock
