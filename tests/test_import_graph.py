@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hookgraph.core.transfer",
             "hookgraph.core.torch_internals",
             "hookgraph.core.dtensors",
+            "hookgraph.core.sequence",
         ),
     ),
     ("runs", ("hookgraph.runs",)),

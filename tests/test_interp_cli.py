@@ -61,3 +61,20 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode != 0 and "head(s) [5] out of range; this attention has 4 heads" in r.stderr
+
+
+def test_steering_while_generating_sweep_shows_each_jobs_generation(tmp_path):
+    out = tmp_path / "sweep"
+    r = run_cli(["-m", "+experiment=gpt2_steering_generate", "hooks.steer.args.scale=-8,0,8", "runner.progress=false",
+                 f"hydra.sweep.dir={out}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    gens = [[json.loads(line) for line in (out / str(i) / "generations.jsonl").read_text().splitlines()]
+            for i in range(3)]
+    assert [len(g) for g in gens] == [1, 1, 1] and all(len(g[0]["generated_ids"]) == 8 for g in gens)
+    texts = [" ".join(map(str, g[0]["generated_ids"])) for g in gens]
+    assert [x["generation"] for x in rows] == texts and len(set(texts)) == 3
+    # scale 0 writes what the model writes unsteered; positions: generated leaves the first token alone
+    assert len({g[0]["generated_ids"][0] for g in gens}) == 1
+    page = (out / "report.html").read_text()
+    assert 'id="generations"' in page and all(t in page for t in texts)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph import load_run
 from hookgraph.report import write_sweep_report
 from tests.models import mlp
 from tests.runs import conv_names_of, make_run
@@ -208,3 +209,31 @@ def test_a_page_of_a_run_from_a_plain_loop(browser, tmp_path):
         check_clean(v)
     finally:
         v.close()
+
+
+def test_generate_sweep_page_shows_each_jobs_generation(browser, tmp_path):
+    for i, scale in enumerate([-8, 0, 8]):
+        make_run(tmp_path / "sweep" / str(i), "+experiment=gpt2_steering_generate",
+                 f"hooks.steer.args.scale={scale}", modules=False)
+    sweep = write_sweep_report(tmp_path / "sweep")
+    want = [" ".join(map(str, hg_run.generations[0]["generated_ids"]))
+            for hg_run in (load_run(tmp_path / "sweep" / str(i)) for i in range(3))]
+    assert len(set(want)) == 3  # the scale changes what the model writes
+    v = Visit(browser, sweep, tmp_path / "report-sweep-generate.png")
+    try:
+        rows = v.page.eval_on_selector_all(
+            "#generations-by-job tbody tr", "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
+        assert [(r[1], r[-1]) for r in rows] == [("-8", want[0]), ("0", want[1]), ("8", want[2])]
+        assert v.page.locator("#generations").is_visible()
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+    job = Visit(browser, tmp_path / "sweep" / "2" / "report.html", tmp_path / "report-generate-job.png")
+    try:
+        cells = job.page.eval_on_selector_all("#generations-table tbody td", "cs => cs.map(c => c.textContent)")
+        assert want[2] in cells
+        check_clean(job)
+    finally:
+        job.close()

@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions, source_label
+from hookgraph.actions.recorded import recorded_value, source_label
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
-from hookgraph.errors import HookGraphError
+from hookgraph.core.sequence import parse_positions
+from hookgraph.errors import HookGraphError, Problem, SpecError
 
 __all__ = ["head_view", "n_heads_of"]
 
@@ -86,21 +87,35 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
 
 
 def _mask(
-    view_shape: torch.Size, dim: int, pos: Any, heads: list[int] | None, device: torch.device, where: str
+    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
 ) -> Tensor:
-    """A boolean mask broadcastable to ``view_shape``: True where the patch applies."""
+    """A boolean mask broadcastable to ``view_shape``: True where the patch applies.
+    ``local``: the call's indices along ``dim`` (a slice or an index tensor), None for all."""
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
-    if pos is not None:
+    if local is not None:
         d = dim % nd
         sel = torch.zeros(view_shape[d], dtype=torch.bool, device=device)
-        sel[resolve_positions(pos, view_shape[d], where)] = True
+        sel[local] = True
         m = m & sel.reshape([-1 if i == d else 1 for i in range(nd)])
     if heads is not None:
         sel = torch.zeros(view_shape[-2], dtype=torch.bool, device=device)
         sel[torch.tensor(heads) % view_shape[-2]] = True
         m = m & sel.reshape([1] * (nd - 2) + [-1, 1])
     return m
+
+
+def _key(local: Any) -> Any:
+    """A hashable form of a call's indices, for the mask caches."""
+    if local is None:
+        return None
+    if isinstance(local, slice):
+        return (local.start, local.stop)
+    return tuple(local.tolist())
+
+
+def _dim_ok(dim: int, nd: int, heads: bool) -> bool:
+    return -nd <= dim < nd and (not heads or dim % nd < nd - 2)
 
 
 def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
@@ -165,30 +180,66 @@ def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int
 def _patcher(
     ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: list[int] | None, n_heads: int | None
 ):
+    """``pos``: ``ctx.positions(...)``'s resolver, or None for every position. The recorded
+    value is indexed by absolute position: during generation with the KV cache a call of one
+    token at position p is patched from the recorded value's position p."""
     label = f"{ctx.spec} at {ctx.target!r}"
-    cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+    cache: dict[tuple, Tensor] = {}
+    source: dict[tuple, Tensor] = {}
 
-    def fn(value: Any) -> Tensor:
+    def fn(value: Any) -> Any:
         if not isinstance(value, Tensor):
             raise HookGraphError(f"{label}: the value is a {type(value).__name__}; pick one tensor with index: 0")
-        if saved.shape != value.shape:
+        nd = value.dim()
+        if not -nd <= dim < nd:
+            if pos is None and heads is None and saved.shape == value.shape:
+                return saved.to(device=value.device, dtype=value.dtype)  # no position dimension: all of it
+            raise HookGraphError(f"{label}: dim {dim} is out of range for a value of shape {list(value.shape)}")
+        d = dim % nd
+        clock = ctx.store.clock
+        offset = clock.offset if clock.installed else 0
+        length = value.shape[d]
+        whole = offset == 0 and not clock.generating  # a plain forward: the source must match it
+        others = [n for i, n in enumerate(value.shape) if i != d]
+        if saved.dim() != nd or [n for i, n in enumerate(saved.shape) if i != d] != others or (
+            whole and saved.shape[d] != length
+        ):
             raise HookGraphError(
                 f"{label}: the recorded value from {where} has shape {list(saved.shape)}, the live value "
                 f"{list(value.shape)}; patch runs with the same batch size and sequence length"
             )
-        key = (value.device, value.dtype, value.shape)
-        hit = cache.get(key)
-        if hit is None:
+        local = pos(length) if pos is not None else None
+        if pos is not None and local is None:
+            return value  # none of the named positions is in this call
+        reach = offset + (length if local is None else int(torch.arange(length)[local].max()) + 1)
+        if reach > saved.shape[d]:
+            raise HookGraphError(
+                f"{label}: the recorded value from {where} covers positions 0..{saved.shape[d] - 1} (shape "
+                f"{list(saved.shape)}), and this call patches up to position {reach - 1}: record the source "
+                "over the whole generation, or patch fewer positions"
+            )
+        skey = (value.device, value.dtype, offset, length)
+        src = source.get(skey)
+        if src is None:
+            if len(source) > 64:  # one entry per call window: bounded over a long generation
+                source.clear()
+                cache.clear()
             src = saved.to(device=value.device, dtype=value.dtype)
-            view = head_view(src, n_heads, label) if heads is not None else src
+            if src.shape[d] < offset + length:  # positions past the source are never patched (checked above)
+                pad = list(src.shape)
+                pad[d] = offset + length - src.shape[d]
+                src = torch.cat([src, src.new_zeros(pad)], d)
+            if offset or src.shape[d] != length:
+                src = src.narrow(d, offset, length)
+            src = source[skey] = head_view(src, n_heads, label) if heads is not None else src
             if heads is not None:
-                _check_heads(heads, view, label)
-            if pos is not None and not -view.dim() <= dim < view.dim():
-                raise HookGraphError(f"{label}: dim {dim} is out of range for a value of shape {list(value.shape)}")
-            hit = cache[key] = (view, _mask(view.shape, dim, pos, heads, value.device, label))
-        src_view, m = hit
+                _check_heads(heads, src, label)
+        key = (value.device, value.shape, offset, _key(local))
+        m = cache.get(key)
+        if m is None:
+            m = cache[key] = _mask(src.shape, dim, local, heads, value.device)
         live = head_view(value, n_heads, label) if heads is not None else value
-        return torch.where(m, src_view, live).reshape(value.shape)
+        return torch.where(m, src, live).reshape(value.shape)
 
     return fn
 
@@ -210,9 +261,33 @@ def patch_positions(
     model reads once at compile time (the clean prompt, in the same run); ``positions``: an
     int, a list of ints (negative ones count from the end) or a slice string "a:b"; null
     patches everything."""
-    pos = position_index(positions)
+    pos = ctx.positions(positions)
     saved = _source(ctx, run, spec, step, call, prompt)
+    _check_source_length(ctx, positions, saved, dim)
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
+
+
+def _check_source_length(ctx: ActionContext, positions: Any, saved: Tensor, dim: int) -> None:
+    """Refuse, when ``generate`` starts, a source that does not reach the last position the
+    generation would patch (every position read, for open-ended positions)."""
+    parsed = parse_positions(positions)
+    if not -saved.dim() <= dim < saved.dim():
+        return  # the hook names the bad dim
+    have = saved.shape[dim]
+    key = f"{ctx.key or ctx.spec}.args.run"
+
+    def check(prompt: int, total: int) -> None:
+        last = parsed.last_needed(prompt) if parsed is not None else None
+        if last is None:
+            last = prompt - 1 if parsed is not None and parsed.word == "prompt" else total - 1
+        if last >= have:
+            raise SpecError([Problem(key, (
+                f"the source was recorded over {have} positions (shape {list(saved.shape)}), and this "
+                f"generation patches up to position {last} (a prompt of {prompt} tokens, reading {total}); "
+                "record the source over the same length, or patch fewer positions"
+            ))])
+
+    ctx.store.clock.checks[key] = check
 
 
 def _where(run: Any, spec: str | None, step: int, call: int, prompt: Any) -> str:
@@ -237,9 +312,10 @@ def head_patch(
     TransformerLens's ``hook_z``. The source is ``run``/``spec`` or ``prompt``, as for
     patch_positions; ``n_heads`` defaults to the enclosing attention's."""
     idx = _heads_list(heads)
-    pos = position_index(positions)
+    pos = ctx.positions(positions)
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
     saved = _source(ctx, run, spec, step, call, prompt)
+    _check_source_length(ctx, positions, saved, dim)
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
 
 
@@ -256,22 +332,25 @@ def head_mask(
     along ``dim`` only when given: at GPT-2's ``attn.c_proj`` input (``at: forward_pre``)
     or TransformerLens's ``hook_z``."""
     idx = _heads_list(heads)
-    pos = position_index(positions)
+    pos = ctx.positions(positions)
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
 
     def fn(t: Tensor) -> Tensor:
         view = head_view(t, n, label)
-        key = (t.device, view.shape)
+        if pos is not None and not _dim_ok(dim, view.dim(), True):
+            raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
+        local = pos(view.shape[dim]) if pos is not None else None
+        if pos is not None and local is None:
+            return t  # none of the named positions is in this call
+        key = (t.device, view.shape, _key(local))
         m = cache.get(key)
         if m is None:
+            if len(cache) > 64:  # bounded over a long generation
+                cache.clear()
             _check_heads(idx, view, label)
-            if pos is not None and (not -view.dim() <= dim < view.dim() or dim % view.dim() >= view.dim() - 2):
-                raise HookGraphError(
-                    f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
-                )
-            m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
+            m = cache[key] = _mask(view.shape, dim, local, [h % view.shape[-2] for h in idx], t.device)
         return view.masked_fill(m, value).reshape(t.shape)
 
     return fn

@@ -176,6 +176,7 @@ def record(
     dims: int | list | None = None,
     topk: int | None = None,
     shard: str = "local",
+    positions: int | list | str | None = None,
 ):
     """Keep the value (detached) in ``graph.records[spec][target]``, one entry per call.
 
@@ -202,10 +203,16 @@ def record(
     Parameter points always copy (param_value, param_accumulated, and param_grad, whose
     tensor DDP and autograd may reuse: DDP writes the all-reduced bucket back into it), so a
     param_grad record holds this rank's gradient before the all-reduce.
+
+    positions: keep only these token positions along ``dim`` (an int, a list, a slice
+    string, "prompt" or "generated"; positions in the whole sequence, the same with and
+    without the KV cache, see :mod:`hookgraph.core.sequence`); a call that holds none of them
+    keeps nothing. On a model that can generate, every kept call carries its positions and
+    ``graph.sequences(spec)`` reads a generation back as one sequence per target.
     """
     return _per_spec(
         ctx, keep=keep, to=to, clone=clone, dtype=dtype, select=select, dim=dim, reduce=reduce, dims=dims,
-        topk=topk, shard=shard,
+        topk=topk, shard=shard, positions=positions,
     )(ctx.target)
 
 
@@ -221,6 +228,7 @@ def _per_spec(
     dims: int | list | None = None,
     topk: int | None = None,
     shard: str = "local",
+    positions: int | list | str | None = None,
 ) -> Callable[[str], Callable[[Any], None]]:
     """``record``'s work split by what it depends on: the arguments are checked and the
     reductions built here, once per spec (``ctx`` is its first site's); ``site(target)``
@@ -242,6 +250,13 @@ def _per_spec(
     spec = ctx.spec
     slots = ctx.store.records.setdefault(spec, {})
     pure = _pure(stages, device, shard)
+    pos = ctx.positions(positions)
+    generates = callable(getattr(ctx.model, "generate", None))
+    if pos is not None and (per_device or not POINTS[ctx.at].activation):
+        raise ValueError("positions: records token positions of activations (forward, forward_pre), one device")
+    # Calls carry their positions where a sequence can span calls (a model that generates) or
+    # positions are asked for; other models keep the plain hook, as cheap as before.
+    track = (pos is not None or generates) and not per_device
 
     def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
         """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""
@@ -275,6 +290,12 @@ def _per_spec(
         if clone:
             slot.copy_always = True
         fn = make(slot, target)
+        if track:
+            if slot.spans is None:
+                slot.spans = []
+            fn = _positioned(fn, ctx.store.clock, pos, dim, slot.spans, last_only)
+            if pos is not None:  # positions are read from the clock per call: eager only
+                fn.traceable = False  # type: ignore[attr-defined]
         fn.traced = (pure, slot.keep_last if last_only else slot.append)  # type: ignore[attr-defined]
         return fn
 
@@ -282,6 +303,47 @@ def _per_spec(
 
 
 record.per_spec = _per_spec  # type: ignore[attr-defined]  # the compiler calls it once per spec
+
+
+def _positioned(
+    fn: Callable[[Any], None],
+    clock: Any,
+    pos: Callable[[int], Any] | None,
+    dim: int,
+    spans: list[tuple[int, tuple[int, ...], int]],
+    last_only: bool,
+) -> Callable[[Any], None]:
+    """``fn`` that keeps only ``pos``'s positions of a call, and the (sequence, absolute
+    positions, dim) of every kept call in ``spans`` while the graph's clock is on the model."""
+
+    def positioned(value: Any) -> None:
+        if not clock.installed:
+            if pos is None:
+                return fn(value)
+            raise HookGraphError("record positions: the model ran without the sequence clock (a compiled attach)")
+        first = value if isinstance(value, Tensor) else next(iter(tensors(value)), None)
+        if first is None or not -first.dim() <= dim < first.dim():
+            return fn(value)  # nothing with a position dimension: kept as is
+        d = dim % first.dim()
+        length = first.shape[d]
+        local = pos(length) if pos is not None else slice(0, length)
+        if local is None:
+            return None  # none of the named positions is in this call
+        idx = list(range(length))[local] if isinstance(local, slice) else local.tolist()
+        if pos is not None:
+            value = tree_map(
+                lambda t: t[(slice(None),) * d + (local,)].clone() if t.dim() > d and t.shape[d] == length else t,
+                value,
+            )
+        span = (clock.sequence, tuple(clock.offset + i for i in idx), d)
+        fn(value)
+        if last_only:
+            spans[:] = [span]
+        else:
+            spans.append(span)
+        return None
+
+    return positioned
 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:

@@ -45,9 +45,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from hookgraph.core.points import HookPoint
+from hookgraph.core.sequence import parse_positions
 from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.transfer import HostCopier
-from hookgraph.errors import Problem, did_you_mean
+from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["ActionDef", "ActionContext", "ACTIONS", "register_action", "resolve_action", "load_action_libraries"]
 
@@ -113,6 +114,39 @@ class ActionContext:
     def rows(self) -> list[dict]:
         """The list behind ``graph.rows[spec]``: append one dict per call."""
         return self.store.row_sink(self.spec)
+
+    def positions(self, positions: Any, arg: str = "positions") -> Callable[[int], Tensor | slice | None] | None:
+        """A ``positions`` argument -> ``local(length)``: the indices, within the current
+        forward call's ``length`` tokens, of the positions it names in the whole sequence
+        (prompt + generated, the same with and without the KV cache; see
+        :mod:`hookgraph.core.sequence`), or None when the call holds none of them. Returns
+        None for ``positions=None`` (every position). ValueError for a malformed argument;
+        a position past the end of a generation is refused when ``generate`` starts."""
+        parsed = parse_positions(positions)
+        if parsed is None:
+            return None
+        clock = self.store.clock
+        clock.wanted = True
+        where = f"{self.spec} at {self.target!r}"
+        key = f"{self.key or self.spec}.args.{arg}"
+
+        def check(prompt: int, total: int) -> None:
+            last = parsed.last_needed(prompt)
+            if last is not None and last >= total:
+                raise SpecError([Problem(key, (
+                    f"position {last} ({parsed.text!r}) is past the end of the generation: the model reads "
+                    f"positions 0..{total - 1} (a prompt of {prompt} tokens + max_new_tokens - 1; the last "
+                    "generated token is never read)"
+                ))])
+
+        clock.checks[key] = check
+        window, local = clock.window, parsed.local
+
+        def resolve(length: int) -> Tensor | slice | None:
+            offset, prompt, strict = window(length)
+            return local(offset, length, prompt, where, strict)
+
+        return resolve
 
     def defer(self, values: Tensor, check: Callable[[list], None]) -> None:
         """Read ``values`` once per step instead of per call (see ``ResultStore.defer``)."""

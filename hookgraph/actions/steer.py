@@ -133,7 +133,7 @@ def steer(
     when given). ``vector``: a list, a .safetensors file, or a record of a run (see the
     module doc); it is read once, at compile time."""
     v = steering_vector(vector, ctx.target) * float(scale)
-    pos = position_index(positions)
+    pos = ctx.positions(positions)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
 
@@ -143,19 +143,29 @@ def steer(
                 f"{label}: a steering vector of shape {list(v.shape)} does not broadcast over the last dimension "
                 f"of a value of shape {list(t.shape)}"
             )
-        key = (t.device, t.dtype, t.shape if pos is not None else None)
+        local = None
+        if pos is not None:
+            if not -t.dim() <= dim < t.dim() or dim % t.dim() == t.dim() - 1:
+                raise HookGraphError(
+                    f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
+                )
+            local = pos(t.shape[dim])
+            if local is None:
+                return t  # none of the named positions is in this call
+        where = None
+        if local is not None:
+            where = (local.start, local.stop) if isinstance(local, slice) else tuple(local.tolist())
+        key = (t.device, t.dtype, t.shape if pos is not None else None, where)
         add = cache.get(key)
         if add is None:
             add = v.to(device=t.device, dtype=t.dtype)
-            if pos is not None:
-                if not -t.dim() <= dim < t.dim() or dim % t.dim() == t.dim() - 1:
-                    raise HookGraphError(
-                        f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}"
-                    )
+            if local is not None:
                 d = dim % t.dim()
                 sel = torch.zeros(t.shape[d], dtype=t.dtype, device=t.device)
-                sel[resolve_positions(pos, t.shape[d], label)] = 1
+                sel[local] = 1
                 add = add * sel.reshape([-1 if i == d else 1 for i in range(t.dim() - 1)] + [1])
+            if len(cache) > 64:  # one entry per (shape, positions) seen: bounded over a long generation
+                cache.clear()
             cache[key] = add
         return t + add
 

@@ -91,6 +91,9 @@ class RunnerConfig:
     # ddp: DistributedDataParallel(find_unused_parameters=...); null: on when a spec may replace a forward value
     find_unused_parameters: bool | None = None
     dist_timeout_s: float = 300.0  # process group timeout: no rank waits longer on a collective
+    # null, or generate's settings {max_new_tokens, do_sample, temperature, top_k, top_p, seed, ...}: each step
+    # generates from its batch with the hooks on (positions: in the whole sequence); writes generations.jsonl
+    generate: Any = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -23,6 +23,7 @@ from hookgraph.core.hooks.compiled import HookGuards, compiled_without_breaks, i
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.hooks.traced import block_hooks
 from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
+from hookgraph.core.sequence import SequenceRecord, assemble, install_clock
 from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.torch_internals import (
     full_backward_flag,
@@ -115,11 +116,14 @@ class Attachment:
         self._handles: dict[Binding, list[RemovableHandle | Switch]] = {}  # in registration order
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
         self._blocks: list[RemovableHandle] = []  # compiled: the model's trace-log block hooks
+        self._clock: Callable[[], None] | None = None  # undoes install_clock
         graph._attachment = self
         try:
             if compiled and any(b.traced for b in graph.bindings):
                 self._blocks = block_hooks(graph.model)
             graph.set_step(graph.step)  # registers the bindings live at the current step
+            if not compiled:
+                self._clock = install_clock(graph.model, graph.store)
         except BaseException:
             self.remove()  # a failed attach leaves the graph detached, not stuck half attached
             raise
@@ -217,6 +221,9 @@ class Attachment:
         for h in self._blocks:
             h.remove()
         self._blocks = []
+        if self._clock is not None:
+            self._clock()
+            self._clock = None
         self._graph.store.log.drain()  # traced calls are counted and kept before the states go off
         # Tensor hooks on activations cannot be unregistered; switching the states off makes
         # a backward() after detach run none of our actions.
@@ -399,6 +406,25 @@ class HookGraph:
         """
         self.store.settle()
         return self.store.records
+
+    def sequences(self, spec: str) -> dict[str, list[SequenceRecord]]:
+        """``spec``'s records read back by token position: target -> one
+        :class:`~hookgraph.core.sequence.SequenceRecord` per sequence (a ``generate`` call, or
+        a forward pass and the cached calls that continue it), the prompt and generated tokens
+        in order, whether the model generated with the KV cache or without it.
+
+        Raises:
+            HookGraphError: ``spec`` kept no positions (it is not a record, or the model
+                cannot generate and the record has no ``positions``).
+        """
+        records = self.records
+        keeping = sorted(s for s, targets in records.items() if any(e.spans is not None for e in targets.values()))
+        if spec not in keeping:
+            raise HookGraphError(
+                f"spec {spec!r} kept no token positions; records with positions (or any record on a model "
+                f"that can generate) do: {keeping or 'none here'}"
+            )
+        return {target: assemble(list(entries), entries.spans or []) for target, entries in records[spec].items()}
 
     @property
     def rows(self) -> dict[str, list[dict]]:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookgraph.core.sequence import SequenceClock
 from hookgraph.core.torch_internals import version
 from hookgraph.core.tracelog import TRACE
 from hookgraph.core.transfer import HostCopier
@@ -78,6 +79,7 @@ class Entries(list):
         "_probes",
         "_watched",
         "_parts",
+        "spans",
     )
 
     def __init__(self) -> None:  # no list.__init__: a new list is empty (~30,000 slots per big-model compile)
@@ -91,6 +93,9 @@ class Entries(list):
         self._probes: list[tuple[Tensor, int]] = []
         self._watched: list[tuple[Tensor, int]] = []
         self._parts: dict[tuple, list] = {}
+        # (sequence, absolute token positions, dim) of each entry, where the record keeps them
+        # (hookgraph.core.sequence): emptied with the entries, so the two stay in step.
+        self.spans: list[tuple[int, tuple[int, ...], int]] | None = None
 
     def needs_copy(self, live: Tensor) -> bool:
         """Whether the entry for ``live`` (a detached alias of the module's output) must be
@@ -164,6 +169,8 @@ class Entries(list):
         self._fresh_from = 0
         self._watched.clear()
         self._parts.clear()
+        if self.spans:
+            self.spans.clear()
 
 
 class StatsBuffer:
@@ -249,6 +256,9 @@ class ResultStore:
         self.step = 0  # the step results are stamped with; the graph sets it
         self.log = TRACE  # what traced hooks kept (the process's one log), emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
+        # Where each forward call sits in the token sequence (KV cache, generate): the actions
+        # that take positions read it; the graph installs it on the model while attached.
+        self.clock = SequenceClock()
 
     # -- what actions get ---------------------------------------------------------
     def record_slot(self, spec: str, target: str) -> Entries:

@@ -245,6 +245,9 @@ def _text(root: Path, name: str, notes: list[str], limit: int | None = None) -> 
     return text if text is None or limit is None else text[:limit]
 
 
+_GENERATIONS_SHOWN = 200  # lines of generations.jsonl on the page; the file holds them all
+
+
 def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dict:
     """The page model of one run folder (see the module docstring)."""
     root = Path(run_dir)
@@ -270,6 +273,8 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
         "records": _records(run.records),
         "trace": _trace(run.trace),
         "figures": _figures(root, notes),
+        "generations": run.generations[:_GENERATIONS_SHOWN],
+        "generations_total": len(run.generations),
         "losses": list(enumerate(losses)),
         "config": _text(root, layout.CONFIG, notes, limit=20000),
         "overrides": _text(root, layout.OVERRIDES, notes),

@@ -167,6 +167,26 @@ def _records(p: dict) -> str:
     return "".join(out)
 
 
+def _generations(p: dict) -> str:
+    gens = p.get("generations") or []
+    shown, total = len(gens), p.get("generations_total", len(gens))
+    texts = any("text" in g for g in gens)
+    cols = ["step", "row", "prompt", "generated", "metric"]
+    rows = [
+        (
+            g.get("step"), g.get("row"),
+            g.get("prompt") if texts else " ".join(map(str, g.get("prompt_ids") or [])),
+            g.get("text") if texts else " ".join(map(str, g.get("generated_ids") or [])),
+            g.get("metric"),
+        )
+        for g in gens
+    ]
+    more = ""
+    if shown < total:
+        more = f"<p>the first {shown} of {total} generations ({layout.GENERATIONS} holds them all)</p>"
+    return f'{more}<div class="scroll">{table(cols, rows, sortable=True, css_id="generations-table")}</div>'
+
+
 def _figures(p: dict) -> str:
     if not p["figures"]:
         return '<p class="muted">No figures.</p>'
@@ -239,6 +259,7 @@ def render_run_page(p: dict) -> str:
         ("plan", "Plan", _plan(p)),
         ("stats", "Statistics over steps", _stats(p)),
         ("records", "Records", _records(p)),
+        *([("generations", "Generations", _generations(p))] if p.get("generations") else []),
         ("figures", "Figures", _figures(p)),
         ("trace", "Trace", _trace(p)),
     ]

@@ -218,6 +218,19 @@ def render_sweep_page(p: dict) -> str:
         ),
         f'<section id="metric"><h2>{esc(p["metric"])} per override</h2>{_metric_plots(p)}</section>',
     ]
+    generations = [j for j in p["jobs"] if j["row"].get("generation") not in (None, "")]
+    if generations:
+        gen_rows = [
+            [int(j["job"]), *(j["overrides"].get(a) for a in p["axes"]), j["row"].get(p["metric"]),
+             j["row"].get("generation")]
+            for j in generations
+        ]
+        shown = table(["job", *p["axes"], p["metric"], "generation"], gen_rows, sortable=True,
+                      css_id="generations-by-job")
+        body.append(
+            '<section id="generations"><h2>Generations</h2><p>Each job\'s first generation (its last step); '
+            f'every sample is in the job\'s {layout.GENERATIONS}.</p><div class="scroll">{shown}</div></section>'
+        )
     if p["figure"]:
         body.append(
             f'<section id="figure"><h2>{layout.SWEEP_FIGURE}</h2><div class="figs">'
@@ -225,7 +238,8 @@ def render_sweep_page(p: dict) -> str:
         )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
-    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("figure", layout.SWEEP_FIGURE)] if p["figure"] else [])
+    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("generations", "Generations")] if generations else [])
+    nav += [("figure", layout.SWEEP_FIGURE)] if p["figure"] else []
     return document(f"hookgraph sweep · {p['title']}", header, nav, "".join(body))
 
 

@@ -20,6 +20,7 @@ from hookgraph.core.points import POINTS, HookPoint
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
+from hookgraph.runner.generate import check_generate
 from hookgraph.runner.metrics import check_metric
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
     r = cfg.runner
     _check_hooks_override(cfg)
     _check_runner(r)
+    check_generate(cfg)  # runner.generate: its keys, and no backward, compile or torchrun beside it
     shard = check_distributed(r)
     if world.ranked and r.distributed == "none" and r.optimizer is not None:
         raise ConfigError(

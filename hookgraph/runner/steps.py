@@ -20,6 +20,7 @@ from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner.batches import call_model, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
+from hookgraph.runner.generate import generation
 from hookgraph.runner.metrics import compute_metric
 from hookgraph.runner.outputs import add_where
 from hookgraph.runner.session import LiveRun
@@ -125,6 +126,7 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     loss_phase = f"the loss (runner.loss={r.loss})"
     metric_phase = f"the metric (runner.metric={r.metric})"
     opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
+    generator = generation(job, parts)  # runner.generate: each step generates instead of one forward
     t = time.perf_counter()
     live.start()
     hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
@@ -140,16 +142,23 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
             batch = (inputs, labels)
             with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
                 phase = "the model's forward"
-                try:
-                    out = call_model(forward, inputs, check=step == 0, data_kind=kind)
-                except RuntimeError as exc:
-                    _unused_parameters(exc, r)
-                    raise
-                phase = loss_phase
-                loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
+                if generator is not None:
+                    phase = "the model's generate"
+                    out, loss = generator.step(model, inputs, step)
+                    generator.collect(live.graph.store, step)
+                else:
+                    try:
+                        out = call_model(forward, inputs, check=step == 0, data_kind=kind)
+                    except RuntimeError as exc:
+                        _unused_parameters(exc, r)
+                        raise
+                    phase = loss_phase
+                    loss = compute_loss(out, labels, inputs, r.loss, r.target_class)
                 if r.metric is not None:
                     phase = metric_phase
                     metric = compute_metric(r.metric, out, inputs)
+                if generator is not None:
+                    generator.write(step, metric)
             if r.backward:
                 if not loss.requires_grad:
                     raise ConfigError(
@@ -169,4 +178,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
             add_where(exc, _where(exc, step, phase, batch, parts.bare))
             raise
         live.step(loss=loss, metric=metric)  # one sync per step, after the hooks ran; the shard written
+        if generator is not None:
+            job.summary["generation"] = generator.headline()
+            if generator.positions:
+                job.summary["record_positions"] = generator.positions
     progress.lap("run_s", t)

@@ -3,7 +3,7 @@ format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner'
 and the report pages.
 
 Public names: DamagedFileError, exists, not_regular, read_bytes, read_text, read_json, read_csv, read_config,
-read_overrides, number_or_text, read_plan, read_modules, summary_shape.
+read_overrides, number_or_text, read_plan, read_modules, summary_shape, read_jsonl.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
 or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
@@ -41,6 +41,7 @@ __all__ = [
     "read_plan",
     "read_modules",
     "summary_shape",
+    "read_jsonl",
 ]
 
 
@@ -138,6 +139,26 @@ def read_json(path: Path, kind: type = dict) -> Any:
             path, f"a JSON {type(value).__name__}, expected a JSON {'object' if kind is dict else 'array'}"
         )
     return value
+
+
+def read_jsonl(path: Path) -> list[dict] | None:
+    """JSON lines, each an object (generations.jsonl); None when there is no such file. A
+    line cut short (a run killed while writing) or of another shape is damage, named by line."""
+    text = read_text(path)
+    if text is None:
+        return None
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise DamagedFileError(path, f"line {i} is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise DamagedFileError(path, f"line {i} is a JSON {_json_kind(value)}, expected an object")
+        out.append(value)
+    return out
 
 
 def _json_kind(value: Any) -> str:

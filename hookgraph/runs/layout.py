@@ -19,6 +19,7 @@ A run folder (``runs/<date>/<time>`` by default)::
     plan.json             the bindings (spec, target, type, at, action, order, when)
     modules.json          the model's module tree
     plan.svg              the plan drawn on the module tree
+    generations.jsonl     runner.generate: one line per generated sample (prompt, generated ids, text)
     stats.csv, trace.csv  the tables of the stats and trace-style actions
     records/              one safetensors shard per step (step-000003.safetensors); each
                           shard indexes itself in its metadata, there is no index file
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 __all__ = [
     "Entry", "RUN_FOLDER", "SWEEP_FOLDER", "RUN_CONTENT", "entry", "renamed",
     "MARKER", "RESERVE", "SUMMARY", "PLAN", "MODULES", "PLAN_SVG", "STATS", "TRACE", "RECORDS", "RANKS", "FIGURES",
-    "TENSORBOARD", "REPORT", "HYDRA", "CONFIG", "OVERRIDES", "HYDRA_JOB", "LOG",
+    "TENSORBOARD", "REPORT", "GENERATIONS", "HYDRA", "CONFIG", "OVERRIDES", "HYDRA_JOB", "LOG",
     "SWEEP_TABLE", "SWEEP_FIGURE", "JOB_RETURNS", "PATCHING_TABLE", "PATCHING_FIGURE", "MULTIRUN",
     "SHARD_SUFFIX", "FIGURE_SUFFIX", "STATS_FIGURE",
     "shard_name", "rank_folder", "rank_of", "rank_file", "rank_records", "job_return", "job_return_num",
@@ -92,6 +93,7 @@ HYDRA = ".hydra"
 CONFIG = f"{HYDRA}/config.yaml"
 OVERRIDES = f"{HYDRA}/overrides.yaml"
 HYDRA_JOB = f"{HYDRA}/hydra.yaml"
+GENERATIONS = "generations.jsonl"
 LOG = "hookgraph.log"  # Hydra's ${hydra.job.name}.log; conf/config.yaml names the job hookgraph
 
 SHARD_SUFFIX = ".safetensors"
@@ -134,6 +136,9 @@ RUN_FOLDER: tuple[Entry, ...] = (
           always=False, when="sink.figures and something to draw", folder=True),
     Entry(TENSORBOARD, "TensorBoard event files: stats as scalars, records as histograms",
           "runner (writer.TensorBoardSink), rank 0", always=False, when="sink.tensorboard", folder=True),
+    Entry(GENERATIONS, "one JSON line per generated sample: step, row, prompt_ids, generated_ids, prompt and "
+          "text (with data.tokenizer), metric", "runner (runner.generate.Generator.write), every step",
+          always=False, when="runner.generate"),
     Entry(RANKS, f"rank-N/ per rank of a torchrun run: its own {SUMMARY}, {STATS}, {TRACE}",
           "each rank (loop._close, loop._write_tables)", always=False, when="a run of several processes",
           folder=True),

@@ -45,6 +45,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hookgraph.core.gcpause import gc_paused
+from hookgraph.core.sequence import SequenceRecord, assemble, unpack_span
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
@@ -55,6 +56,7 @@ from hookgraph.runs.files import (
     read_config,
     read_csv,
     read_json,
+    read_jsonl,
     read_modules,
     read_plan,
     summary_shape,
@@ -749,6 +751,7 @@ class Run:
     missing: list = field(default_factory=list)  # strict=False: what the summary lists that is gone or another run's
     strict: bool = True
     _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
+    _generations: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 
     @property
     def status(self) -> str:
@@ -762,6 +765,40 @@ class Run:
                 read_modules, self.path / layout.MODULES, strict=self.strict, problems=self.problems, empty=None
             )
         return self._modules
+
+    @property
+    def generations(self) -> list[dict]:
+        """generations.jsonl (``runner.generate``): one dict per generated sample, ``{step, row,
+        prompt_ids, generated_ids}`` and ``prompt``, ``text`` (with a tokenizer), ``metric``;
+        empty for a run that did not generate. Read on first use."""
+        if self._generations is _UNREAD:
+            got = _read(
+                read_jsonl, self.path / layout.GENERATIONS, strict=self.strict, problems=self.problems, empty=None
+            )
+            self._generations = got or []
+        return self._generations
+
+    def sequences(self, spec: str) -> dict[str, list[SequenceRecord]]:
+        """``spec``'s records of a ``runner.generate`` run read back by token position: target
+        -> one :class:`~hookgraph.core.sequence.SequenceRecord` per generation (the prompt and
+        generated tokens in order), from the positions ``summary.json`` keeps of each call."""
+        spans = (self.summary.get("record_positions") or {}).get(spec)
+        if not isinstance(spans, Mapping):
+            raise HookGraphError(
+                f"{self.path}: spec {spec!r} kept no token positions ({layout.SUMMARY}'s record_positions holds "
+                f"{sorted(self.summary.get('record_positions') or {}) or 'none'}; runs with runner.generate keep them)"
+            )
+        targets = self.records[spec]
+        out = {}
+        for target, packed in spans.items():
+            try:
+                calls = [unpack_span(p) for p in packed]
+            except (TypeError, ValueError) as exc:
+                where = f"{layout.SUMMARY}'s record_positions.{spec}.{target}"
+                raise HookGraphError(f"{self.path}: {where}: {exc}") from None
+            entries = [targets.entry(target, step, call) for step, call, _ in calls]
+            out[target] = assemble(entries, [span for _, _, span in calls])
+        return out
 
     def records_by_rank(self) -> dict[int, Mapping]:
         """Every rank's records, ``{rank: records}`` (each read lazily, as ``records`` is)."""

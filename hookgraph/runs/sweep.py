@@ -222,6 +222,8 @@ def _job_row(job: Path, row: dict[str, Any]) -> dict[str, Any]:
     row.update(status=s.get("status"), steps=s.get("steps"), loss=s.get("loss"), device=s.get("device"))
     if "metric" in s:
         row["metric"] = s["metric"]
+    if "generation" in s:  # runner.generate: the job's first generation, side by side with its overrides
+        row["generation"] = s["generation"]
     run_s = (s.get("timings") or {}).get("run_s")
     if isinstance(run_s, (int, float)):
         row["run_s"] = round(run_s, 4)

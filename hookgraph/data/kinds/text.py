@@ -16,7 +16,7 @@ from hookgraph.data.registry import DataContext, register_data
 from hookgraph.data.values import positive_int
 from hookgraph.errors import ConfigError
 
-__all__ = ["TextData", "text_data"]
+__all__ = ["TextData", "text_data", "load_tokenizer"]
 
 
 def _tokenizer(folder: Any, key: str) -> Any:
@@ -50,6 +50,9 @@ def _tokenizer(folder: Any, key: str) -> Any:
             )
         tok.pad_token = tok.eos_token  # GPT-2's habit
     return tok
+
+
+load_tokenizer = _tokenizer  # the runner decodes generations with the same tokenizer and errors
 
 
 @dataclass(frozen=True, kw_only=True)
