@@ -313,6 +313,10 @@ def test_head_patch_cache_equals_no_cache():
 
 def _nnsight(model):
     nnsight = pytest.importorskip("nnsight")
+    # Importing nnsight replaces torch.Tensor.backward for the whole process (to parse the
+    # caller's source for `with t.backward():`); these tests use only its generate, so every
+    # later test gets torch's own backward back.
+    torch.Tensor.backward = nnsight.intervention.backward._original_backward
     from tokenizers import Tokenizer, models
 
     tok = transformers.PreTrainedTokenizerFast(
