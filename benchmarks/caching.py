@@ -1,0 +1,227 @@
+"""Activation caching: hookgraph's run folder against hand-written hooks + ``save_file``.
+
+    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part all]
+
+Parts (``--part``, comma-separated, default all):
+
+- ``gpt2``: a GPT-2-shaped random model (4 blocks x 256 wide, 4 heads, ``--vocab`` tokens,
+  batch 16 x 128 tokens, forward only), every block's output recorded. Four jobs, each
+  ``--steps`` steps from building the model to the last file, run in a shuffled order every
+  round, in this one process: ``hand_forward`` (the forward loop written by hand),
+  ``runner_none`` (``hookgraph.runner.run`` without hooks), ``hand_record`` (forward hooks
+  appending ``out.detach()``, one ``safetensors.torch.save_file`` per step) and
+  ``hg_record`` (the runner with ``record`` on ``transformer.h.*``). Ratios are paired per
+  round; ``own ms/step`` is the runner's time outside the model's forward (the step loop's
+  ``run_s`` minus the time spent inside ``call_model``, timed by wrapping it).
+- ``membound``: large activations, little compute: 4 x ``x * 1.0`` on a float32
+  [64, 1024, 256] input (64 MiB each), every output recorded; recording throughput
+  (bytes written / (recording run - the same run without hooks)) against ``save_file`` of the
+  same tensors.
+
+Timings on a shared machine are noisy: compare the paired ratios, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+SEQ, BATCH = 128, 16
+
+
+def gpt2(vocab: int = 4096) -> nn.Module:
+    """The issue's GPT-2-shaped model, random init, seeded."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # lazy: an optional dependency
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=vocab, n_positions=SEQ,
+                     bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+
+def membound() -> nn.Module:
+    return nn.Sequential(*(Scale() for _ in range(4)))
+
+
+class _Timed:
+    """``hookgraph.runner.steps.call_model`` wrapped: the seconds spent inside the model."""
+
+    def __init__(self) -> None:
+        import hookgraph.runner.steps as steps  # lazy: patched only for this benchmark
+
+        self.mod, self.real, self.inside = steps, steps.call_model, 0.0
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return self.real(*a, **k)
+            finally:
+                self.inside += time.perf_counter() - t
+
+        steps.call_model = timed
+
+    def close(self) -> None:
+        self.mod.call_model = self.real
+
+
+def _ids(steps: int, vocab: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (BATCH, SEQ), generator=gen) for _ in range(steps)]
+
+
+def hand(out: Path, steps: int, vocab: int, record: bool) -> float:
+    t = time.perf_counter()
+    model = gpt2(vocab)
+    kept: dict[str, torch.Tensor] = {}
+    if record:
+        for i, block in enumerate(model.transformer.h):
+            block.register_forward_hook(lambda m, a, o, i=i: kept.__setitem__(f"transformer.h.{i}", o.detach()))
+        out.mkdir(parents=True)
+    with torch.no_grad():
+        for step, ids in enumerate(_ids(steps, vocab)):
+            model(input_ids=ids)
+            if record:
+                save_file(kept, out / f"step-{step:06d}.safetensors")
+                kept.clear()
+    return time.perf_counter() - t
+
+
+def runner(out: Path, steps: int, vocab: int, record: bool, **sink: Any) -> tuple[float, float]:
+    from hookgraph.runner import run  # lazy: the benchmark module imports without hookgraph's runner
+
+    cfg = {"model": {"_target_": "benchmarks.caching.gpt2", "kwargs": {"vocab": vocab}},
+           "data": {"kind": "tokens", "seq_len": SEQ, "vocab_size": vocab},
+           "runner": {"steps": steps, "batch_size": BATCH, "backward": False, "progress": False, "device": "cpu"},
+           "sink": {"figures": False, **sink},
+           "hooks": {"resid": {"target": "transformer.h.*", "action": "record"}} if record else {}}
+    timed = _Timed()
+    t = time.perf_counter()
+    try:
+        summary = run(cfg, out)
+    finally:
+        timed.close()
+    total = time.perf_counter() - t
+    own = summary["timings"]["run_s"] - timed.inside
+    return total, own / steps
+
+
+def part_gpt2(args: argparse.Namespace, tmp: Path) -> list[str]:
+    rng = random.Random(0)
+    names = ["hand_forward", "runner_none", "hand_record", "hg_record"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    own: list[float] = []
+    hand(tmp / "warm", 1, args.vocab, True)
+    runner(tmp / "warm_r", 1, args.vocab, True)
+    for r in range(args.rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            out = tmp / f"{name}-{r}"
+            if name == "hand_forward":
+                times[name].append(hand(out, args.steps, args.vocab, False))
+            elif name == "hand_record":
+                times[name].append(hand(out, args.steps, args.vocab, True))
+            else:
+                total, per = runner(out, args.steps, args.vocab, name == "hg_record", fsync=args.fsync)
+                times[name].append(total)
+                if name == "runner_none":
+                    own.append(per)
+        print(f"round {r}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names), flush=True)
+    mb = 4 * BATCH * SEQ * 256 * 4 * args.steps / 2**20
+
+    def ratio(a: str, b: str) -> str:
+        rs = [x / y for x, y in zip(times[a], times[b], strict=True)]
+        return f"{statistics.median(rs):.3f} (rounds: {', '.join(f'{x:.3f}' for x in rs)})"
+
+    added_hg = [a - b for a, b in zip(times["hg_record"], times["runner_none"], strict=True)]
+    added_hand = [a - b for a, b in zip(times["hand_record"], times["hand_forward"], strict=True)]
+    fwd = statistics.median(times["hand_forward"]) / args.steps
+    return [
+        f"gpt2 (4 x 256, vocab {args.vocab}, batch {BATCH} x {SEQ}), {args.steps} steps, {mb:.0f} MiB recorded, "
+        f"{args.rounds} rounds, sink.fsync={args.fsync}:",
+        f"- runner without hooks / hand forward loop: {ratio('runner_none', 'hand_forward')}",
+        f"- runner's own work per step (outside the forward): {statistics.median(own) * 1e3:.2f} ms = "
+        f"{statistics.median(own) / fwd * 100:.2f}% of a hand forward step ({fwd * 1e3:.0f} ms)",
+        f"- hookgraph record / hand hooks + save_file: {ratio('hg_record', 'hand_record')}",
+        f"- recording's added seconds: hookgraph {statistics.median(added_hg):.2f} s, "
+        f"hand + save_file {statistics.median(added_hand):.2f} s (medians over rounds)",
+    ]
+
+
+def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
+    from hookgraph.runner import run  # lazy: see runner()
+
+    shape = [1024, 256]
+    steps = args.steps
+    cfg = {"model": {"_target_": "benchmarks.caching.membound"},
+           "data": {"kind": "random", "shape": shape},
+           "runner": {"steps": steps, "batch_size": 64, "backward": False, "progress": False, "device": "cpu"},
+           "sink": {"figures": False, "fsync": args.fsync}}
+    rec = {"all": {"target": "*", "action": "record"}}
+    x = torch.randn(64, *shape)
+    per_step = {str(i): x * 1.0 for i in range(4)}
+    nbytes = 4 * x.numel() * 4 * steps
+    rng = random.Random(1)
+    res: dict[str, list[float]] = {"none": [], "record": [], "save_file": []}
+    for r in range(args.rounds):
+        order = list(res)
+        rng.shuffle(order)
+        for name in order:
+            out = tmp / f"mb-{name}-{r}"
+            t = time.perf_counter()
+            if name == "save_file":
+                out.mkdir(parents=True)
+                for step in range(steps):
+                    save_file(per_step, out / f"{step}.safetensors")
+            else:
+                run({**cfg, "hooks": rec if name == "record" else {}}, out)
+            res[name].append(time.perf_counter() - t)
+        print(f"membound round {r}: " + ", ".join(f"{n} {v[-1]:.2f}s" for n, v in res.items()), flush=True)
+    rec_gbs = [nbytes / (a - b) / 1e9 for a, b in zip(res["record"], res["none"], strict=True)]
+    sf_gbs = [nbytes / s / 1e9 for s in res["save_file"]]
+    ratios = [a / b for a, b in zip(rec_gbs, sf_gbs, strict=True)]
+    return [
+        f"memory-bound (4 x `x * 1.0` on float32 [64, 1024, 256]), {steps} steps, {nbytes / 2**20:.0f} MiB, "
+        f"{args.rounds} rounds, sink.fsync={args.fsync}:",
+        f"- record throughput {statistics.median(rec_gbs):.2f} GB/s (run - run without hooks), "
+        f"save_file {statistics.median(sf_gbs):.2f} GB/s; ratio {statistics.median(ratios):.3f} "
+        f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})",
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--fsync", default="end")
+    ap.add_argument("--part", default="gpt2,membound")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.part.split(","):
+            lines += {"gpt2": part_gpt2, "membound": part_membound}[part](args, Path(tmp) / part)
+            lines.append("")
+    print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
