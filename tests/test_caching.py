@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import hookgraph as hg
 from hookgraph.errors import ConfigError
 from hookgraph.runs.writer import RunWriter, digest
+from tests.runs import PaddedTokens
 from tests.runs import cfg as conv_cfg
 
 
@@ -106,3 +107,126 @@ def test_big_shard_digest_threaded(tmp_path):
     w.flush_records(_records(a=[torch.randn(256, 1024)]), 0)
     path = tmp_path / "run" / "records" / w.shards[0]
     assert next(iter(w.manifest()["shards"].values()))["digest"] == digest(path.read_bytes())
+
+
+# -- record: dtype, positions, drop_padding, the tokens of each row ---------------------------
+
+class _Tokens(torch.nn.Module):
+    """Embedding + Linear: a [batch, seq, 8] hidden state per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.lin = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.lin(self.emb(input_ids))
+
+
+def _hand(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The hidden state as a hand-written forward hook keeps it."""
+    kept: list[torch.Tensor] = []
+    h = model.lin.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone()))
+    try:
+        model(ids, mask)
+    finally:
+        h.remove()
+    return kept[0]
+
+
+def _batch():
+    data = PaddedTokens(rows=6, seq=8)
+    return data.ids, data.mask
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16", "float16"])
+def test_drop_padding_equals_hand_hook(dtype):
+    model = _Tokens()
+    ids, mask = _batch()
+    args = {"drop_padding": True} | ({"dtype": dtype} if dtype else {})
+    g = hg.compile(model, {"h": {"target": "lin", "action": "record", "args": args}})
+    with g.attach():
+        g.set_batch({"input_ids": ids, "attention_mask": mask})
+        model(ids, mask)
+    got = g.records["h"]["lin"][0]
+    ref = _hand(model, ids, mask)
+    real = mask.bool()
+    want = ref[real]  # boolean indexing: the real tokens in (row, position) order
+    if dtype:
+        want = want.to({"bf16": torch.bfloat16, "float16": torch.float16}[dtype])
+    assert got["values"].dtype == want.dtype and torch.equal(got["values"], want)
+    rows, pos = real.nonzero(as_tuple=True)
+    assert torch.equal(got["row"], rows) and torch.equal(got["position"], pos)
+    assert torch.equal(got["token"], ids[real])
+    assert len(want) == int(mask.sum()) < mask.numel()  # padding was there and is gone
+
+
+@pytest.mark.parametrize(("positions", "index"), [("0:3", [0, 1, 2]), (-1, [7]), ([1, 5], [1, 5]), ("::4", [0, 4])])
+def test_positions_equal_hand_hook(positions, index):
+    model = _Tokens()
+    ids, mask = _batch()
+    g = hg.compile(model, {"h": {"target": "lin", "action": "record", "args": {"positions": positions}}})
+    with g.attach():
+        g.set_batch({"input_ids": ids})
+        model(ids)
+    got = g.records["h"]["lin"][0]
+    ref = _hand(model, ids, mask)
+    assert torch.equal(got["values"], ref[:, index].reshape(-1, 8))
+    assert got["position"].tolist() == index * 6
+    assert got["row"].tolist() == [r for r in range(6) for _ in index]
+
+
+def test_positions_last_with_padding_both_sides():
+    model = _Tokens()
+    ids, mask = _batch()
+    g = hg.compile(model, {"h": {"target": "lin", "action": "record",
+                                 "args": {"positions": "last", "drop_padding": True}}})
+    with g.attach():
+        g.set_batch({"input_ids": ids, "attention_mask": mask})
+        model(ids, mask)
+    got = g.records["h"]["lin"][0]
+    last = [max(i for i in range(8) if mask[r, i]) for r in range(6)]  # each row's last real token, by hand
+    assert got["position"].tolist() == last
+    ref = _hand(model, ids, mask)
+    assert torch.equal(got["values"], ref[torch.arange(6), last])
+    assert got["token"].tolist() == [int(ids[r, p]) for r, p in enumerate(last)]
+
+
+def test_token_args_refused():
+    model = _Tokens()
+    for args, match in [({"positions": "x"}, "positions must be"), ({"positions": [1], "reduce": "mean"},
+                        "do not combine with reduce"), ({"drop_padding": "yes"}, "args.drop_padding: expected bool")]:
+        with pytest.raises(hg.SpecError, match=match):
+            hg.compile(model, {"h": {"target": "lin", "action": "record", "args": args}})
+    g = hg.compile(model, {"h": {"target": "lin", "action": "record", "args": {"positions": [9]}}})
+    with g.attach(), pytest.raises(hg.HookGraphError, match="do not all fall in a sequence of 8"):
+        g.set_batch({"input_ids": _batch()[0]})
+        model(_batch()[0])
+
+
+def test_drop_padding_without_mask_warns_and_keeps_all():
+    model = _Tokens()
+    ids, _ = _batch()
+    g = hg.compile(model, {"h": {"target": "lin", "action": "record", "args": {"drop_padding": True}}})
+    with g.attach(), pytest.warns(UserWarning, match="no attention_mask"):
+        model(ids)
+    assert g.records["h"]["lin"][0]["values"].shape == (48, 8)
+
+
+def test_runner_records_tokens_of_each_row(tmp_path):
+    # The runner hands the step's batch to the graph: the run folder's entries carry the
+    # token ids and positions of each row, and padding is gone.
+    cfg = {"model": {"_target_": "tests.test_caching._Tokens"},
+           "data": {"kind": "custom", "_target_": "tests.runs.PaddedTokens"},
+           "runner": {"steps": 2, "batch_size": 3, "backward": False, "progress": False, "device": "cpu"},
+           "sink": {"figures": False},
+           "hooks": {"h": {"target": "lin", "action": "record", "args": {"drop_padding": True, "dtype": "float16"}}}}
+    hg.runner.run(cfg, tmp_path / "run")
+    run = hg.load_run(tmp_path / "run")
+    data, model = PaddedTokens(), _Tokens()
+    for step in range(2):
+        entry = run.records["h"]["lin"][step]
+        ids, mask = data.ids[3 * step:3 * step + 3], data.mask[3 * step:3 * step + 3]
+        real = mask.bool()
+        assert torch.equal(entry["token"], ids[real])
+        assert torch.equal(entry["values"], _hand(model, ids, mask)[real].half())
