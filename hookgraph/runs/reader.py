@@ -36,7 +36,7 @@ import os
 import struct
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -59,6 +59,8 @@ from hookgraph.runs.files import (
     read_plan,
     summary_shape,
 )
+from hookgraph.runs.dataset import ActivationDataset, ActivationStream
+from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
@@ -782,6 +784,53 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "completed" and not self.damaged and not self.missing
+
+    def dataset(
+        self,
+        spec: str,
+        targets: str | Sequence[str] | None = None,
+        flatten: str = "tokens",
+        *,
+        ranks: str | int = "all",
+        iterable: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = 4,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        max_open: int = 4,
+        cache: int = 2,
+    ) -> ActivationDataset | ActivationStream:
+        """``spec``'s records as a PyTorch dataset, read lazily from the shards
+        (:mod:`hookgraph.runs.dataset`): ``targets`` (a name, a list, or None: every target
+        the spec recorded, in the order first recorded), ``flatten`` (tokens, samples or
+        entries). ``ranks``: ``"all"`` reads a run of several processes rank after rank, in
+        rank order; an int, one rank. ``iterable``: an ``IterableDataset`` that shuffles
+        entries across shards (``shuffle``, ``seed``, ``window`` entries' items mixed at a
+        time) and may yield ready batches (``batch_size``); otherwise a map-style
+        ``Dataset``. At most ``max_open`` shards are open at once. A damaged shard is an
+        error naming it."""
+        if ranks == "all":
+            chosen = list(self.records_by_rank().items())
+        elif isinstance(ranks, int) and not isinstance(ranks, bool) and ranks in self.ranks:
+            chosen = [(ranks, self.records_by_rank()[ranks])]
+        else:
+            raise HookGraphError(f"ranks={ranks!r}: use 'all' or one of {self.ranks}")
+        per_rank = []
+        for rank, records in chosen:
+            if records.damaged:
+                raise HookGraphError(
+                    f"{self.path}: damaged shard(s) {', '.join(records.damaged)}; a dataset of spec {spec!r} "
+                    "would miss their records"
+                )
+            if spec not in records:
+                records[spec]  # raises, naming the specs that have records
+            per_rank.append((rank, records[spec]._index))
+        found, names = dataset_pieces(per_rank, spec, targets, flatten, self.path)
+        if iterable:
+            return ActivationStream(found, names, flatten, shuffle=shuffle, seed=seed, window=window,
+                                    batch_size=batch_size, drop_last=drop_last, max_open=max_open)
+        return ActivationDataset(found, names, flatten, max_open=max_open, cache=cache)
 
 
 def run_content(path: str | Path) -> list[str]:
