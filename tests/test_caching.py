@@ -230,3 +230,184 @@ def test_runner_records_tokens_of_each_row(tmp_path):
         real = mask.bool()
         assert torch.equal(entry["token"], ids[real])
         assert torch.equal(entry["values"], _hand(model, ids, mask)[real].half())
+
+
+# -- activations as a dataset ------------------------------------------------------------------
+
+def _write_run(path, steps=3, shape=(2, 3, 4), rank=None, seed=0, targets=("m",)):
+    """A run folder written by RunWriter as the runner writes it: ``steps`` shards, one
+    entry per target per step; returns the values written, by target."""
+    gen = torch.Generator().manual_seed(seed)
+    w = RunWriter(path, rank=rank, fsync="never")
+    values: dict[str, list[torch.Tensor]] = {t: [] for t in targets}
+    for s in range(steps):
+        rec = {}
+        for t in targets:
+            v = torch.randn(*shape, generator=gen)
+            values[t].append(v)
+            rec[t] = [v]
+        w.flush_records({"a": rec}, s)
+    w.json("summary.json" if rank is None else w.rank_path("summary.json"),
+           {"status": "completed", "manifest": w.manifest()})
+    return values
+
+
+def _key(item) -> tuple:
+    return (item["rank"], item["step"], item["target"], item["row"], item["position"])
+
+
+def test_dataset_items_equal_the_records(tmp_path):
+    values = _write_run(tmp_path / "run", targets=("m", "n"))
+    run = hg.load_run(tmp_path / "run")
+    ds = run.dataset("a", targets=["n", "m"])
+    assert ds.targets == ["n", "m"] and len(ds) == 2 * 3 * 2 * 3
+    want = [v.reshape(-1, 4) for t in ("n", "m") for v in values[t]]
+    got = torch.stack([ds[i]["x"] for i in range(len(ds))])
+    assert torch.equal(got, torch.cat(want))
+    item = ds[6 * 3 + 4]  # target m, step 0, row 1, position 1
+    assert (item["target"], item["step"], item["row"], item["position"]) == (1, 0, 1, 1)
+    samples = run.dataset("a", targets="m", flatten="samples")
+    assert len(samples) == 6 and torch.equal(samples[3]["x"], values["m"][1][1])
+    entries = run.dataset("a", targets="m", flatten="entries")
+    assert len(entries) == 3 and torch.equal(entries[2]["x"], values["m"][2])
+    with pytest.raises(hg.HookGraphError, match="recorded nothing for target 'mm'.*'m'"):
+        run.dataset("a", targets="mm")
+    with pytest.raises(hg.HookGraphError, match="no records for spec 'b'"):
+        run.dataset("b")
+
+
+def test_stream_shuffle_is_seeded_and_complete(tmp_path):
+    _write_run(tmp_path / "run", steps=8)
+    run = hg.load_run(tmp_path / "run")
+    every = sorted(_key(run.dataset("a")[i]) for i in range(48))
+
+    def keys(seed, epoch=0, batch_size=None):
+        st = run.dataset("a", iterable=True, seed=seed, window=3, batch_size=batch_size)
+        st.set_epoch(epoch)
+        if batch_size is None:
+            return [_key(it) for it in st]
+        out = []
+        for b in st:
+            out += [tuple(int(b[k][i]) for k in ("rank", "step", "target", "row", "position"))
+                    for i in range(len(b["x"]))]
+        return out
+
+    a, b = keys(1), keys(1)
+    assert a == b and sorted(a) == every  # same seed, same order; every item once
+    assert keys(2) != a and sorted(keys(2)) == every
+    assert keys(1, epoch=1) != a
+    steps_first_window = {k[1] for k in a[:18]}
+    assert steps_first_window != {0, 1, 2}  # entries are shuffled across shards, not read in order
+    assert keys(1, batch_size=5) == keys(1, batch_size=5) and sorted(keys(1, batch_size=5)) == every
+    plain = run.dataset("a", iterable=True, shuffle=False)
+    assert [_key(it) for it in plain] == [_key(run.dataset("a")[i]) for i in range(48)]
+
+
+def test_dataset_with_dataloader_workers(tmp_path):
+    from torch.utils.data import DataLoader
+
+    _write_run(tmp_path / "run", steps=4)
+    run = hg.load_run(tmp_path / "run")
+    ds = run.dataset("a")
+    ref = torch.stack([ds[i]["x"] for i in range(len(ds))])
+    got = torch.cat([b["x"] for b in DataLoader(ds, batch_size=5, num_workers=2)])
+    assert torch.equal(got, ref)
+    st = run.dataset("a", iterable=True, seed=3, window=1, batch_size=4)
+    seen = []
+    for b in DataLoader(st, batch_size=None, num_workers=2):
+        seen += [tuple(int(b[k][i]) for k in ("step", "row", "position")) for i in range(len(b["x"]))]
+    assert sorted(seen) == sorted((s, r, p) for s in range(4) for r in range(2) for p in range(3))
+
+
+def test_dataset_reads_ranks_in_order(tmp_path):
+    v0 = _write_run(tmp_path / "run", rank=0, seed=0)
+    v1 = _write_run(tmp_path / "run", rank=1, seed=1)
+    run = hg.load_run(tmp_path / "run")
+    ds = run.dataset("a")
+    assert run.ranks == [0, 1] and len(ds) == 2 * 18
+    assert [ds[i]["rank"] for i in (0, 17, 18, 35)] == [0, 0, 1, 1]
+    want = torch.cat([v.reshape(-1, 4) for v in v0["m"] + v1["m"]])
+    assert torch.equal(torch.stack([ds[i]["x"] for i in range(36)]), want)
+    one = run.dataset("a", ranks=1)
+    assert len(one) == 18 and torch.equal(one[0]["x"], v1["m"][0][0, 0])
+
+
+def test_dataset_names_a_damaged_shard(tmp_path):
+    _write_run(tmp_path / "run", steps=3)
+    run = hg.load_run(tmp_path / "run")
+    ds = run.dataset("a")
+    shard = tmp_path / "run" / "records" / "step-000001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:40])  # cut after the index was read
+    assert ds[0]["x"].shape == (4,)
+    with pytest.raises(hg.HookGraphError, match=r"records/step-000001.safetensors is damaged"):
+        ds[6]
+    with pytest.warns(UserWarning, match="damaged"):
+        damaged = hg.load_run(tmp_path / "run", strict=False)
+    with pytest.raises(hg.HookGraphError, match=r"damaged shard\(s\) records/step-000001.safetensors"):
+        damaged.dataset("a")
+
+
+def test_dataset_of_token_tables(tmp_path):
+    cfg = {"model": {"_target_": "tests.test_caching._Tokens"},
+           "data": {"kind": "custom", "_target_": "tests.runs.PaddedTokens"},
+           "runner": {"steps": 2, "batch_size": 3, "backward": False, "progress": False, "device": "cpu"},
+           "sink": {"figures": False},
+           "hooks": {"h": {"target": "lin", "action": "record", "args": {"drop_padding": True}}}}
+    hg.runner.run(cfg, tmp_path / "run")
+    ds = hg.load_run(tmp_path / "run").dataset("h")
+    data = PaddedTokens()
+    assert len(ds) == int(data.mask.sum())
+    tokens = [ds[i]["token"] for i in range(len(ds))]
+    assert tokens == data.ids[data.mask.bool()].tolist()
+    assert all(ds[i]["token"] == int(data.ids[3 * ds[i]["step"] + ds[i]["row"], ds[i]["position"]])
+               for i in range(len(ds)))
+
+
+def test_to_hf_dataset(tmp_path):
+    pytest.importorskip("datasets")
+    values = _write_run(tmp_path / "run", steps=2)
+    ds = hg.load_run(tmp_path / "run").dataset("a")
+    hf = ds.to_hf_dataset(cache_dir=str(tmp_path / "hf"))
+    assert len(hf) == len(ds) == 12
+    assert torch.allclose(torch.tensor(hf[7]["x"]), values["m"][1].reshape(-1, 4)[1])
+    assert (hf[7]["step"], hf[7]["row"], hf[7]["position"]) == (1, 0, 1)
+
+
+_RSS_CHILD = r"""
+import resource, sys, torch
+import hookgraph as hg
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+run = hg.load_run(sys.argv[1])
+ds = run.dataset("a", iterable=True, seed=0, window=2, batch_size=512, max_open=2)
+before = rss()
+total = 0.0
+n = 0
+for b in ds:
+    total += float(b["x"].sum())
+    n += len(b["x"])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(n, ds.nbytes / 2**20, before, peak)
+"""
+
+
+@pytest.mark.slow
+def test_dataset_memory_bounded(tmp_path):
+    # A run 4x the limit, read whole in a fresh process: the peak RSS grows by less than the
+    # limit over the process before reading (torch, the index), since at most two shards are
+    # mapped and one window of two entries copied out at a time.
+    import subprocess
+    import sys
+
+    limit_mb, steps = 50, 100
+    w = RunWriter(tmp_path / "run", fsync="never")
+    for s in range(steps):  # 2 MiB a shard: 200 MiB in all
+        w.flush_records({"a": {"m": [torch.full((4, 128, 1024), float(s))]}}, s)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(tmp_path / "run")], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    n, mb, before, peak = (float(x) for x in out.stdout.split())
+    assert n == steps * 4 * 128 and mb >= 4 * limit_mb
+    assert peak - before < limit_mb, f"read {mb:.0f} MiB, RSS {before:.0f} -> peak {peak:.0f} MiB"

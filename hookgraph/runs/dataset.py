@@ -339,21 +339,36 @@ class ActivationStream(_Base, IterableDataset):
                     x, meta = _rows(self.pieces[k], self._shards.read(self.pieces[k]), self.flatten)
                     xs.append(x)
                     metas.append(meta)
-                x, meta = torch.cat(xs), torch.cat(metas)
-                if self.shuffle:
-                    perm = torch.randperm(len(x), generator=gen)
-                    x, meta = x[perm], meta[perm]
-                if self.batch_size is None:
-                    for i in range(len(x)):
-                        yield {"x": x[i], **dict(zip(_META, meta[i].tolist(), strict=True))}
-                    continue
                 if carry is not None:
-                    x, meta = torch.cat([carry[0], x]), torch.cat([carry[1], meta])
+                    xs.insert(0, carry[0])
+                    metas.insert(0, carry[1])
+                # One copy of the window's items (out of the shards' maps), then batch-sized
+                # gathers: never a second, shuffled copy of the whole window.
+                x, meta = torch.cat(xs), torch.cat(metas)
+                del xs, metas
+                n = len(x)
+                perm = torch.randperm(n, generator=gen) if self.shuffle else None
+                if carry is not None and perm is not None:
+                    # The carried items go first, so an item waits at most one window.
+                    c = len(carry[0])
+                    perm = torch.cat([torch.arange(c), c + torch.randperm(n - c, generator=gen)])
+                if self.batch_size is None:
+                    for i in range(n):
+                        j = int(perm[i]) if perm is not None else i
+                        yield {"x": x[j], **dict(zip(_META, meta[j].tolist(), strict=True))}
+                    carry = None
+                    continue
                 b = self.batch_size
-                full = len(x) - len(x) % b
+                full = n - n % b
                 for i in range(0, full, b):
-                    yield _batch(x[i:i + b], meta[i:i + b])
-                carry = (x[full:], meta[full:]) if full < len(x) else None
+                    if perm is None:
+                        yield _batch(x[i:i + b].clone(), meta[i:i + b])
+                    else:
+                        j = perm[i:i + b]
+                        yield _batch(x.index_select(0, j), meta.index_select(0, j))
+                rest = perm[full:] if perm is not None else torch.arange(full, n)
+                carry = (x.index_select(0, rest), meta.index_select(0, rest)) if full < n else None
+                del x, meta
             if carry is not None and not self.drop_last:
                 yield _batch(*carry)
         finally:
