@@ -11,8 +11,9 @@ kept decoded (a map-style dataset read in order reads each entry once).
 
 Items are dicts: ``x`` (one activation row) and where it came from: ``rank``, ``step``,
 ``target`` (an index into ``.targets``), ``row`` (the sample's index in its step's batch),
-``position`` (its token position; -1 where the value has none) and ``token`` (its token id;
--1 unless ``record`` kept it with ``positions``/``drop_padding``).
+``position`` (its token position; -1 where the value has none), ``token`` (its token id;
+-1 unless ``record`` kept it with ``positions``/``drop_padding``) and ``index`` (the item's
+place in the unshuffled order: ``ds[index]`` is the item).
 
 ``flatten``: ``tokens`` (every dimension but the last is an item index: a [batch, seq, d]
 record gives batch * seq items of [d]; a token table from ``record``'s ``positions`` /
@@ -40,7 +41,7 @@ __all__ = ["ActivationDataset", "ActivationStream", "FLATTEN"]
 
 FLATTEN = ("tokens", "samples", "entries")
 _TABLE = ("values", "row", "position", "token")  # the keys of record's token table
-_META = ("rank", "step", "target", "row", "position", "token")
+_META = ("rank", "step", "target", "row", "position", "token", "index")  # index: the item's place, unshuffled
 
 
 class _Piece(NamedTuple):
@@ -53,6 +54,7 @@ class _Piece(NamedTuple):
     shape: tuple[int, ...]
     itemsize: int  # bytes per element
     items: int
+    start: int  # the index of its first item in the dataset's unshuffled order
     rank: int
     step: int
     target: int
@@ -133,6 +135,7 @@ def _rows(piece: _Piece, got: dict[str, torch.Tensor], flatten: str) -> tuple[to
     n = piece.items
     meta = torch.full((n, len(_META)), -1, dtype=torch.int64)
     meta[:, 0], meta[:, 1], meta[:, 2] = piece.rank, piece.step, piece.target
+    meta[:, 6] = torch.arange(piece.start, piece.start + n)
     if flatten == "entries":
         return x.unsqueeze(0), meta
     if piece.table is not None:
@@ -190,8 +193,10 @@ def pieces(
                 shard = e.shard
                 if shard.damage is not None:
                     raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
-                out.append(_Piece(shard.file, shard.name, x.key, table, tuple(x.shape), x.dtype.itemsize,
-                                  _items(tuple(x.shape), flatten, table is not None), rank, e.step, ti))
+                n = _items(tuple(x.shape), flatten, table is not None)
+                start = out[-1].start + out[-1].items if out else 0
+                out.append(_Piece(shard.file, shard.name, x.key, table, tuple(x.shape), x.dtype.itemsize, n, start,
+                                  rank, e.step, ti))
     if not out:
         raise HookGraphError(f"spec {spec!r} holds no records for {wanted} in {root}")
     return out, wanted
@@ -214,7 +219,7 @@ def _item(piece: _Piece, got: dict[str, torch.Tensor], i: int, flatten: str) -> 
         row = i // math.prod(lead[1:])
         position = i % lead[1] if len(lead) == 2 else -1
     return {"x": value, "rank": piece.rank, "step": piece.step, "target": piece.target, "row": row,
-            "position": position, "token": token}
+            "position": position, "token": token, "index": piece.start + i}
 
 
 class _Base:
