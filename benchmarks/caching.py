@@ -89,7 +89,7 @@ def hand(out: Path, steps: int, vocab: int, record: bool) -> float:
     model = gpt2(vocab)
     kept: dict[str, torch.Tensor] = {}
     if record:
-        for i, block in enumerate(model.transformer.h):
+        for i, block in enumerate(model.get_submodule("transformer.h").children()):
             block.register_forward_hook(lambda m, a, o, i=i: kept.__setitem__(f"transformer.h.{i}", o.detach()))
         out.mkdir(parents=True)
     with torch.no_grad():

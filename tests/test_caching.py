@@ -412,3 +412,99 @@ def test_dataset_memory_bounded(tmp_path):
     n, mb, before, peak = (float(x) for x in out.stdout.split())
     assert n == steps * 4 * 128 and mb >= 4 * limit_mb
     assert peak - before < limit_mb, f"read {mb:.0f} MiB, RSS {before:.0f} -> peak {peak:.0f} MiB"
+
+
+# -- a linear probe from YAML --------------------------------------------------------------------
+
+def _probe_run(path, steps=12, d=16, metric=False):
+    """Token tables whose class (token 0 or 1) moves the activation along a known unit
+    direction ``u``; returns ``u``."""
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(d, generator=gen)
+    u /= u.norm()
+    w = RunWriter(path, fsync="never")
+    metrics = []
+    for s in range(steps):
+        token = torch.randint(0, 2, (40,), generator=gen)
+        if metric:  # one class per step, told by the step's metric
+            token = torch.full((40,), s % 2)
+            metrics.append(0.9 if s % 2 else 0.1)
+        values = torch.randn(40, d, generator=gen) + 3.0 * (2 * token - 1).float()[:, None] * u
+        table = {"values": values, "row": torch.arange(40), "position": torch.zeros(40, dtype=torch.int64),
+                 "token": token}
+        w.flush_records({"resid": {"h.1": [table]}}, s)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest(), "metrics": metrics})
+    return u
+
+
+@pytest.mark.slow
+def test_probe_from_yaml_and_steer(tmp_path):
+    import subprocess
+    import sys
+
+    from hookgraph.actions.steer import steering_vector
+
+    u = _probe_run(tmp_path / "run")
+    cfg = tmp_path / "probe.yaml"
+    cfg.write_text(f"run: {tmp_path / 'run'}\nspec: resid\nlabels: {{source: token}}\nepochs: 5\n"
+                   f"batch_size: 64\nout: {tmp_path / 'p.safetensors'}\n")
+    out = subprocess.run([sys.executable, "-m", "hookgraph", "probe", str(cfg), "lr=0.05"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    import json
+
+    facts = json.loads(out.stdout)
+    assert facts["classes"] == 2 and facts["val_accuracy"] > 0.95 and facts["val_items"] > 0
+    assert facts["train_items"] + facts["val_items"] == 12 * 40
+    probe = load_file(tmp_path / "p.safetensors")
+    assert probe["weight"].shape == (2, 16) and float(probe["direction"] @ u) > 0.9  # found the planted direction
+    v = steering_vector({"path": str(tmp_path / "p.safetensors"), "key": "direction"})
+    assert torch.equal(v, probe["direction"])
+    model = torch.nn.Linear(16, 16)
+    g = hg.compile(model, {"s": {"target": "", "action": "steer",
+                                 "args": {"vector": {"path": str(tmp_path / "p.safetensors"), "key": "direction"},
+                                          "scale": 2.0}}})
+    x = torch.randn(3, 16)
+    with g.attach():
+        y = model(x)
+    assert torch.allclose(y, model(x) + 2.0 * probe["direction"])
+
+
+def test_probe_labels_from_a_metric_and_a_file(tmp_path):
+    from hookgraph.probe import train_probe
+
+    u = _probe_run(tmp_path / "run", metric=True)
+    facts = train_probe({"run": str(tmp_path / "run"), "spec": "resid", "labels": {"source": "metric",
+                         "threshold": 0.5}, "epochs": 5, "out": str(tmp_path / "m.safetensors")})
+    assert facts["val_accuracy"] > 0.95
+    # A file: one label per item in the dataset's order (here: the token, flipped, as classes 1 and 0).
+    ds = hg.load_run(tmp_path / "run").dataset("resid")
+    labels = torch.tensor([1 - ds[i]["token"] for i in range(len(ds))])
+    from safetensors.torch import save_file
+
+    save_file({"y": labels}, tmp_path / "y.safetensors")
+    facts = train_probe({"run": str(tmp_path / "run"), "spec": "resid", "labels": {"source": "file",
+                         "path": str(tmp_path / "y.safetensors")}, "epochs": 5, "out": str(tmp_path / "f.safetensors")})
+    assert facts["val_accuracy"] > 0.9
+    flipped = load_file(tmp_path / "f.safetensors")["direction"]
+    straight = load_file(tmp_path / "m.safetensors")["direction"]
+    # Both lean on the planted direction (a random one: |cos| ~ 0.25 in 16 dims); flipped labels point away.
+    assert float(straight @ u) > 0.5 and float(flipped @ u) < -0.5, (float(straight @ u), float(flipped @ u))
+
+
+def test_probe_config_errors(tmp_path):
+    from hookgraph.probe import main
+
+    _probe_run(tmp_path / "run", steps=2)
+    run = str(tmp_path / "run")
+    for argv, match in [
+        ([f"run={run}", "spec=resid", "epoch=3"], "epoch.*did you mean 'epochs'"),
+        ([f"run={run}"], "spec: is required"),
+        ([f"run={run}", "spec=resid", "labels.source=tokens"], "labels.source.*did you mean 'token'"),
+        ([f"run={run}", "spec=resid", "labels.source=metric", "labels.threshold=0.5"], "no per-step metrics"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            from hookgraph.probe import _config, train_probe
+
+            train_probe(_config([], argv))
+    assert main([f"run={run}", "spec=nope", f"out={tmp_path / 'x.safetensors'}"]) == 1

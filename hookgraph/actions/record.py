@@ -221,7 +221,7 @@ def _stages(select: Any, dim: int, reduce: str | None, dims: list[int] | None, d
         stages.append(("positions/drop_padding", tokens))
         cast_to = DTYPES.get(dtype) if dtype else None
         if cast_to is not None:
-            def cast_values(table: dict) -> dict:
+            def cast_values(table: Any) -> Any:
                 v = table["values"]
                 return {**table, "values": v.to(cast_to) if v.is_floating_point() else v}
 

@@ -254,7 +254,7 @@ class _Base:
         rest as ints), written by ``Dataset.from_generator`` to its cache (``cache_dir=...``
         is passed on). Needs the ``datasets`` package."""
         try:
-            import datasets  # lazy: an optional dependency
+            import datasets  # type: ignore[import-untyped]  # lazy: an optional dependency
         except ImportError as exc:
             raise HookGraphError(f"to_hf_dataset needs the datasets package ({exc}); pip install datasets") from None
         reader = _Shards(self.max_open, 0)
@@ -316,7 +316,8 @@ class ActivationStream(_Base, IterableDataset):
         super().__init__(pieces, targets, flatten, max_open, 0)
         if window < 1 or (batch_size is not None and batch_size < 1):
             raise HookGraphError(f"window and batch_size must be >= 1, got {window} and {batch_size}")
-        self.shuffle, self.seed, self.window, self.batch_size, self.drop_last = shuffle, seed, window, batch_size, drop_last
+        self.shuffle, self.seed, self.window = shuffle, seed, window
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -369,8 +370,8 @@ class ActivationStream(_Base, IterableDataset):
                     if perm is None:
                         yield _batch(x[i:i + b].clone(), meta[i:i + b])
                     else:
-                        j = perm[i:i + b]
-                        yield _batch(x.index_select(0, j), meta.index_select(0, j))
+                        sel = perm[i:i + b]
+                        yield _batch(x.index_select(0, sel), meta.index_select(0, sel))
                 rest = perm[full:] if perm is not None else torch.arange(full, n)
                 carry = (x.index_select(0, rest), meta.index_select(0, rest)) if full < n else None
                 del x, meta

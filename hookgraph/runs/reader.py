@@ -48,6 +48,8 @@ from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
+from hookgraph.runs.dataset import ActivationDataset, ActivationStream
+from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.files import (
     DamagedFileError,
     exists,
@@ -59,8 +61,6 @@ from hookgraph.runs.files import (
     read_plan,
     summary_shape,
 )
-from hookgraph.runs.dataset import ActivationDataset, ActivationStream
-from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
@@ -818,6 +818,7 @@ class Run:
             raise HookGraphError(f"ranks={ranks!r}: use 'all' or one of {self.ranks}")
         per_rank = []
         for rank, records in chosen:
+            assert isinstance(records, _Records)
             if records.damaged:
                 raise HookGraphError(
                     f"{self.path}: damaged shard(s) {', '.join(records.damaged)}; a dataset of spec {spec!r} "

@@ -80,7 +80,8 @@ def atomic_write(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb", buffering=0) as f:
-            for part in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            parts: Sequence[Any] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+            for part in parts:
                 view = memoryview(part)
                 while view.nbytes:  # a raw write may take less than it was given
                     view = view[f.write(view):]
@@ -107,7 +108,7 @@ def _raw(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy."""
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _shard_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> list[Any] | None:
@@ -210,7 +211,8 @@ class RunWriter:
     ):
         if fsync not in FSYNC:
             raise ConfigError(
-                "sink.fsync", f"{fsync!r} is not a durability setting; {did_you_mean(str(fsync), FSYNC, 'valid values')}"
+                "sink.fsync",
+                f"{fsync!r} is not a durability setting; {did_you_mean(str(fsync), FSYNC, 'valid values')}",
             )
         self.fsync = fsync
         self._unsynced: list[Path] = []  # fsync=end: shards written, not yet on disk
