@@ -1,8 +1,8 @@
 """Activation caching: hookgraph's run folder against hand-written hooks + ``save_file``.
 
-    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part all]
+    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part gpt2,membound,dataset]
 
-Parts (``--part``, comma-separated, default all):
+Parts (``--part``, comma-separated, default all three):
 
 - ``gpt2``: a GPT-2-shaped random model (4 blocks x 256 wide, 4 heads, ``--vocab`` tokens,
   batch 16 x 128 tokens, forward only), every block's output recorded. Four jobs, each
@@ -13,6 +13,7 @@ Parts (``--part``, comma-separated, default all):
   ``hg_record`` (the runner with ``record`` on ``transformer.h.*``). Ratios are paired per
   round; ``own ms/step`` is the runner's time outside the model's forward (the step loop's
   ``run_s`` minus the time spent inside ``call_model``, timed by wrapping it).
+- ``dataset``: ``Run.dataset`` read back as a stream (GB/s, peak RSS), in order and shuffled.
 - ``membound``: large activations, little compute: 4 x ``x * 1.0`` on a float32
   [64, 1024, 256] input (64 MiB each), every output recorded; recording throughput
   (bytes written / (recording run - the same run without hooks)) against ``save_file`` of the
@@ -204,20 +205,71 @@ def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
     ]
 
 
+_READ_CHILD = r"""
+import json, resource, sys, time
+import hookgraph as hg
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+run = hg.load_run(sys.argv[1])
+shuffle = sys.argv[2] == "1"
+ds = run.dataset("a", iterable=True, shuffle=shuffle, seed=0, window=2, batch_size=4096, max_open=2)
+before = rss()
+t = time.perf_counter()
+n = 0
+for b in ds:
+    n += b["x"].numel() * b["x"].element_size()
+dt = time.perf_counter() - t
+print(json.dumps({"gbs": n / dt / 1e9, "seconds": dt, "mb": n / 2**20, "rss_before": before,
+                  "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def part_dataset(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Run.dataset read back: a run of --read-mb MiB (4 MiB shards of [16, 128, 512] float32),
+    streamed whole in batches of 4096 tokens, in a fresh process each time (page cache warm)."""
+    import subprocess
+    import sys
+
+    from hookgraph.runs.writer import RunWriter  # lazy: see runner()
+
+    steps = max(1, args.read_mb // 4)
+    w = RunWriter(tmp / "run", fsync="never")
+    for s in range(steps):
+        w.flush_records({"a": {"m": [torch.randn(16, 128, 512)]}}, s)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    lines = [f"dataset read-back: {steps * 4} MiB run ({steps} shards of 4 MiB), stream of 4096-token batches, "
+             f"max_open=2, window=2, {args.rounds} rounds:"]
+    for shuffle in ("0", "1"):
+        got = []
+        for _ in range(args.rounds):
+            out = subprocess.run([sys.executable, "-c", _READ_CHILD, str(tmp / "run"), shuffle], capture_output=True,
+                                 text=True, check=True)
+            got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        gbs = statistics.median(g["gbs"] for g in got)
+        grow = max(g["peak"] - g["rss_before"] for g in got)
+        lines.append(f"- {'shuffled' if shuffle == '1' else 'in order'}: {gbs:.2f} GB/s (median), peak RSS "
+                     f"{max(g['peak'] for g in got):.0f} MiB, at most {grow:.0f} MiB over the process before reading")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--fsync", default="end")
-    ap.add_argument("--part", default="gpt2,membound")
+    ap.add_argument("--part", default="gpt2,membound,dataset")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--read-mb", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.part.split(","):
-            lines += {"gpt2": part_gpt2, "membound": part_membound}[part](args, Path(tmp) / part)
+            parts = {"gpt2": part_gpt2, "membound": part_membound, "dataset": part_dataset}
+            lines += parts[part](args, Path(tmp) / part)
             lines.append("")
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
     print("\n".join(lines))
