@@ -508,3 +508,15 @@ def test_probe_config_errors(tmp_path):
 
             train_probe(_config([], argv))
     assert main([f"run={run}", "spec=nope", f"out={tmp_path / 'x.safetensors'}"]) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_records_reach_the_shard_through_pinned_copies(tmp_path):
+    # Records kept on the GPU: the writer copies them into pinned host buffers, waits once.
+    values = [torch.randn(64, 256, device="cuda"), torch.randn(8, 3, device="cuda")[:, 1]]
+    w = RunWriter(tmp_path / "run", fsync="never")
+    w.flush_records({"a": {"m": [values[0]], "n": [values[1]]}}, 0)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    run = hg.load_run(tmp_path / "run")
+    assert torch.equal(run.records["a"]["m"][0], values[0].cpu())
+    assert torch.equal(run.records["a"]["n"][0], values[1].cpu())
