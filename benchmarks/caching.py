@@ -213,6 +213,20 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
 run = hg.load_run(sys.argv[1])
+if sys.argv[2] == "plain":  # the floor: safetensors' load_file of every shard, whole
+    import glob
+    from safetensors.torch import load_file
+    before = rss()
+    t = time.perf_counter()
+    n = 0
+    for f in sorted(glob.glob(sys.argv[1] + "/records/*.safetensors")):
+        for v in load_file(f).values():
+            n += v.numel() * v.element_size()
+            float(v[-1, -1, -1])
+    dt = time.perf_counter() - t
+    print(json.dumps({"gbs": n / dt / 1e9, "seconds": dt, "mb": n / 2**20, "rss_before": before,
+                      "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    sys.exit()
 shuffle = sys.argv[2] == "1"
 ds = run.dataset("a", iterable=True, shuffle=shuffle, seed=0, window=2, batch_size=4096, max_open=2)
 before = rss()
@@ -241,7 +255,7 @@ def part_dataset(args: argparse.Namespace, tmp: Path) -> list[str]:
     w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
     lines = [f"dataset read-back: {steps * 4} MiB run ({steps} shards of 4 MiB), stream of 4096-token batches, "
              f"max_open=2, window=2, {args.rounds} rounds:"]
-    for shuffle in ("0", "1"):
+    for shuffle in ("plain", "0", "1"):
         got = []
         for _ in range(args.rounds):
             out = subprocess.run([sys.executable, "-c", _READ_CHILD, str(tmp / "run"), shuffle], capture_output=True,
@@ -249,7 +263,8 @@ def part_dataset(args: argparse.Namespace, tmp: Path) -> list[str]:
             got.append(json.loads(out.stdout.strip().splitlines()[-1]))
         gbs = statistics.median(g["gbs"] for g in got)
         grow = max(g["peak"] - g["rss_before"] for g in got)
-        lines.append(f"- {'shuffled' if shuffle == '1' else 'in order'}: {gbs:.2f} GB/s (median), peak RSS "
+        what = {"plain": "safetensors load_file, whole shards (the floor)", "0": "in order", "1": "shuffled"}[shuffle]
+        lines.append(f"- {what}: {gbs:.2f} GB/s (median), peak RSS "
                      f"{max(g['peak'] for g in got):.0f} MiB, at most {grow:.0f} MiB over the process before reading")
     return lines
 

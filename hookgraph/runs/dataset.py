@@ -367,8 +367,8 @@ class ActivationStream(_Base, IterableDataset):
                 b = self.batch_size
                 full = n - n % b
                 for i in range(0, full, b):
-                    if perm is None:
-                        yield _batch(x[i:i + b].clone(), meta[i:i + b])
+                    if perm is None:  # views of the window's one copy: it lives while a batch does
+                        yield _batch(x[i:i + b], meta[i:i + b])
                     else:
                         sel = perm[i:i + b]
                         yield _batch(x.index_select(0, sel), meta.index_select(0, sel))
