@@ -1,6 +1,6 @@
 """Activation caching: hookgraph's run folder against hand-written hooks + ``save_file``.
 
-    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part gpt2,membound,dataset]
+    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part paired,gpt2,membound,dataset]
 
 Parts (``--part``, comma-separated, default all three):
 
@@ -13,6 +13,11 @@ Parts (``--part``, comma-separated, default all three):
   ``hg_record`` (the runner with ``record`` on ``transformer.h.*``). Ratios are paired per
   round; ``own ms/step`` is the runner's time outside the model's forward (the step loop's
   ``run_s`` minus the time spent inside ``call_model``, timed by wrapping it).
+- ``paired``: the record path alone, step by step: each step of the forward alone, of hand
+  hooks + ``save_file`` and of a hookgraph ``record`` spec + ``RunWriter.flush_records`` (what
+  the runner does each step) run back to back in a shuffled order, on the GPT-2 workload and
+  the memory-bound one; ratios are medians of per-step ratios. Whole jobs (``gpt2``) take
+  minutes, over which a shared machine's load swings by 2x: only this part resolves 5%.
 - ``dataset``: ``Run.dataset`` read back as a stream (GB/s, peak RSS), in order and shuffled.
 - ``membound``: large activations, little compute: 4 x ``x * 1.0`` on a float32
   [64, 1024, 256] input (64 MiB each), every output recorded; recording throughput
@@ -164,6 +169,116 @@ def part_gpt2(args: argparse.Namespace, tmp: Path) -> list[str]:
     ]
 
 
+def _interleaved(variants: dict[str, Any], steps: int, seed: int) -> dict[str, list[float]]:
+    """Every variant's step ``s`` run back to back, in an order shuffled per step: the load of
+    a shared machine changes over seconds, so ratios are taken step by step."""
+    rng = random.Random(seed)
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(steps):
+        rng.shuffle(names)
+        for n in names:
+            t = time.perf_counter()
+            variants[n](step)
+            times[n].append(time.perf_counter() - t)
+    return times
+
+
+def _paired(times: dict[str, list[float]], a: str, b: str) -> tuple[float, float, float]:
+    """The median of a/b step by step, and its 25th and 75th percentiles."""
+    rs = sorted(x / y for x, y in zip(times[a], times[b], strict=True))
+    q = statistics.quantiles(rs, n=4) if len(rs) > 1 else [rs[0]] * 3
+    return statistics.median(rs), q[0], q[2]
+
+
+def _record_variants(model_fn: Any, names: list[str], inputs: Any, out: Path, fsync: str) -> dict[str, Any]:
+    """``none`` (forward only), ``hand`` (forward hooks appending ``out.detach()``, one
+    save_file per step) and ``hookgraph`` (a compiled ``record`` spec attached, then
+    ``RunWriter.flush_records`` as the runner does every step), each on its own model copy."""
+    import hookgraph as hg  # lazy: see runner()
+    from hookgraph.runs.writer import RunWriter  # lazy: see runner()
+
+    models = {k: model_fn() for k in ("none", "hand", "hookgraph")}
+    kept: dict[str, torch.Tensor] = {}
+    for n in names:
+        models["hand"].get_submodule(n).register_forward_hook(
+            lambda m, a, o, n=n: kept.__setitem__(n, o.detach()))
+    (out / "hand").mkdir(parents=True)
+    specs = {"rec": {"target": "re:^(" + "|".join(n.replace(".", "\\.") for n in names) + ")$", "action": "record"}}
+    graph = hg.compile(models["hookgraph"], specs)
+    graph.attach()
+    writer = RunWriter(out / "hg", fsync=fsync)
+
+    def call(model: nn.Module, step: int) -> None:
+        x = inputs(step)
+        with torch.no_grad():
+            model(**x) if isinstance(x, dict) else model(x)
+
+    def hand(step: int) -> None:
+        call(models["hand"], step)
+        save_file(kept, out / "hand" / f"step-{step:06d}.safetensors")
+        kept.clear()
+
+    def hookgraph(step: int) -> None:
+        graph.set_step(step)
+        call(models["hookgraph"], step)
+        graph.store.settle()
+        writer.flush_records(graph.records, step)
+
+    def end() -> None:
+        writer.json("summary.json", {"status": "completed", "manifest": writer.manifest()})  # fsync=end lands here
+
+    return {"none": lambda s: call(models["none"], s), "hand": hand, "hookgraph": hookgraph, "_end": end}
+
+
+def part_paired(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The record path alone, step by step (see _record_variants): the GPT-2 workload and the
+    memory-bound one."""
+    lines = []
+    ids = _ids(args.steps + 2, args.vocab)
+    blocks = [f"transformer.h.{i}" for i in range(4)]
+    v = _record_variants(lambda: gpt2(args.vocab), blocks, lambda s: {"input_ids": ids[s]}, tmp / "gpt2", args.fsync)
+    end = v.pop("_end")
+    for n in v:  # warm: first calls, the record slot's probe
+        v[n](args.steps + 1)
+    t = _interleaved(v, args.steps, 0)
+    te = time.perf_counter()
+    end()
+    end_s = time.perf_counter() - te
+    r, lo, hi = _paired(t, "hookgraph", "hand")
+    rn, lon, hin = _paired(t, "hand", "none")
+    step_mb = 4 * BATCH * SEQ * 256 * 4 / 2**20
+    lines += [
+        f"record path, step by step (gpt2 4 x 256, vocab {args.vocab}, batch {BATCH} x {SEQ}, "
+        f"{step_mb:.1f} MiB a step, {args.steps} steps interleaved, sink.fsync={args.fsync}):",
+        f"- hookgraph record + flush_records / hand hooks + save_file: **{r:.3f}** (p25-p75 {lo:.3f}-{hi:.3f})",
+        f"- hand hooks + save_file / forward alone: {rn:.3f} (p25-p75 {lon:.3f}-{hin:.3f}); median forward "
+        f"{statistics.median(t['none']) * 1e3:.0f} ms",
+        f"- the summary's end-of-run sync (fsync of every shard): {end_s:.2f} s for {step_mb * args.steps:.0f} MiB",
+    ]
+    big = torch.randn(64, 1024, 256)
+    names = [str(i) for i in range(4)]
+    v = _record_variants(membound, names, lambda s: big, tmp / "mb", args.fsync)
+    end = v.pop("_end")
+    for n in v:
+        v[n](10_000)
+    t = _interleaved(v, args.mb_steps, 1)
+    end()
+    nbytes = 4 * big.numel() * 4
+    r, lo, hi = _paired(t, "hand", "hookgraph")
+    rec = [nbytes / max(a - b, 1e-9) / 1e9 for a, b in zip(t["hookgraph"], t["none"], strict=True)]
+    sf = [nbytes / max(a - b, 1e-9) / 1e9 for a, b in zip(t["hand"], t["none"], strict=True)]
+    lines += [
+        f"memory-bound, step by step (4 x `x * 1.0` on float32 [64, 1024, 256]: {nbytes / 2**20:.0f} MiB a step, "
+        f"{args.mb_steps} steps):",
+        f"- throughput, hookgraph / save_file (time of hand + save_file over hookgraph's, both with the forward): "
+        f"**{r:.3f}** (p25-p75 {lo:.3f}-{hi:.3f})",
+        f"- recording alone (step minus forward): hookgraph {statistics.median(rec):.2f} GB/s, "
+        f"save_file {statistics.median(sf):.2f} GB/s",
+    ]
+    return lines
+
+
 def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
     from hookgraph.runner import run  # lazy: see runner()
 
@@ -275,15 +390,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--fsync", default="end")
-    ap.add_argument("--part", default="gpt2,membound,dataset")
+    ap.add_argument("--part", default="paired,gpt2,membound,dataset")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--read-mb", type=int, default=256)
+    ap.add_argument("--mb-steps", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.part.split(","):
-            parts = {"gpt2": part_gpt2, "membound": part_membound, "dataset": part_dataset}
+            parts = {"gpt2": part_gpt2, "membound": part_membound, "dataset": part_dataset, "paired": part_paired}
             lines += parts[part](args, Path(tmp) / part)
             lines.append("")
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
