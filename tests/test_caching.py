@@ -520,3 +520,30 @@ def test_cuda_records_reach_the_shard_through_pinned_copies(tmp_path):
     run = hg.load_run(tmp_path / "run")
     assert torch.equal(run.records["a"]["m"][0], values[0].cpu())
     assert torch.equal(run.records["a"]["n"][0], values[1].cpu())
+
+
+def test_digest_is_sha256_and_an_older_blake2b_digest_still_checks(tmp_path):
+    # New shards carry "sha256:<hex>" (hardware SHA, the record path's one cost over
+    # save_file); a summary of an older run holds an untagged BLAKE2b-128 digest, which the
+    # reader still checks with BLAKE2b: a shard rewritten in place is refused either way.
+    import hashlib
+    import json
+
+    _write_run(tmp_path / "run", steps=2)
+    summary_path = tmp_path / "run" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    shard = "records/step-000000.safetensors"
+    data = (tmp_path / "run" / shard).read_bytes()
+    assert summary["manifest"]["shards"][shard]["digest"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    for name in summary["manifest"]["shards"]:
+        old = hashlib.blake2b((tmp_path / "run" / name).read_bytes(), digest_size=16).hexdigest()
+        summary["manifest"]["shards"][name]["digest"] = old
+    summary_path.write_text(json.dumps(summary))
+    run = hg.load_run(tmp_path / "run")
+    assert run.records["a"]["m"][0].shape == (2, 3, 4)  # the legacy digest matched
+    other = tmp_path / "run" / "records" / "step-000001.safetensors"
+    raw = bytearray(other.read_bytes())
+    raw[-1] ^= 0xFF  # the same size, another byte
+    other.write_bytes(bytes(raw))
+    with pytest.raises(hg.HookGraphError, match="step-000001.safetensors is damaged.*digest"):
+        hg.load_run(tmp_path / "run").records["a"]["m"][1]

@@ -61,7 +61,7 @@ from hookgraph.runs.files import (
     read_plan,
     summary_shape,
 )
-from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
+from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key, tagged
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
@@ -166,7 +166,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 raise HookGraphError(
                     f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
                 )
-            hashing = _Hashing(fd, st.st_size) if shard.digest is not None else None
+            hashing = _Hashing(fd, st.st_size, shard.digest) if shard.digest is not None else None
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -201,9 +201,9 @@ class _Hashing(threading.Thread):
     reads the tensors asked for (hashlib and preadv release the GIL): the check costs about
     the hash alone, not the hash plus a second pass (benchmarks/RESULTS.md)."""
 
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, size: int, recorded: str):
         super().__init__(name="hookgraph-digest", daemon=True)
-        self.fd, self.size = fd, size
+        self.fd, self.size, self.recorded = fd, size, recorded
         self.digest: str | None = None
         self.error: OSError | None = None
         if size >= _THREADED:
@@ -216,7 +216,7 @@ class _Hashing(threading.Thread):
             super().join(timeout)
 
     def run(self) -> None:
-        h = hasher()
+        h = hasher(self.recorded)  # the kind the summary's digest was made with
         buf = bytearray(min(_CHUNK, self.size))
         view = memoryview(buf)
         offset = 0
@@ -230,7 +230,7 @@ class _Hashing(threading.Thread):
         except OSError as exc:
             self.error = exc
             return
-        self.digest = h.hexdigest()
+        self.digest = tagged(h)
 
 
 def _check_digest(hashing: _Hashing, shard: _Shard) -> None:

@@ -17,7 +17,7 @@ step number only: nothing from a name becomes a path.
 
 The manifest (:meth:`RunWriter.manifest`, kept in ``summary.json`` under ``manifest``) says
 what the writer wrote: its run id (also in every shard's metadata, ``run``, so a shard of
-another run is told apart), per shard its entry count and a BLAKE2b digest of its bytes
+another run is told apart), per shard its entry count and a SHA-256 digest of its bytes
 (hashed from the buffer being written, not re-read), per table its rows and bytes. The
 reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
 """
@@ -45,29 +45,45 @@ from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError, did_you_mean
 from hookgraph.runs import layout
 
-__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher"]
+__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "tagged"]
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
 _THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
 
 
-def hasher() -> Any:
-    """A fresh hash of the kind the manifest keeps for a shard: BLAKE2b, 16 bytes (the
-    reader hashes a shard in chunks with it)."""
+# The manifest's shard digests are written as "sha256:<hex>": SHA-256 runs on the CPUs' SHA
+# instructions (x86 SHA-NI, ARMv8), 1.7x BLAKE2b's speed where measured, and the digest was
+# the one cost the record path had over a plain save_file (benchmarks/RESULTS.md, "Activation
+# caching"). A digest without a prefix is BLAKE2b-128, as runs before the change wrote them.
+DIGEST_PREFIX = "sha256:"
+
+
+def hasher(recorded: str | None = None) -> Any:
+    """A fresh hash of the kind ``recorded`` (a manifest digest) was made with; None: the
+    kind new shards get, SHA-256 (the reader hashes a shard in chunks with it)."""
+    if recorded is None or recorded.startswith(DIGEST_PREFIX):
+        return hashlib.sha256()
     return hashlib.blake2b(digest_size=16)
 
 
+def tagged(h: Any) -> str:
+    """The manifest's form of a finished hash from :func:`hasher`."""
+    return (DIGEST_PREFIX if h.name == "sha256" else "") + h.hexdigest()
+
+
 def digest(data: bytes | memoryview) -> str:
-    """The content digest the manifest keeps for a shard, as hex."""
+    """The content digest the manifest keeps for a new shard (``sha256:<hex>``)."""
     h = hasher()
     h.update(data)
-    return h.hexdigest()
+    return tagged(h)
+
+
 def _digest_parts(parts: Sequence[Any]) -> str:
     h = hasher()
     for part in parts:
         h.update(part)
-    return h.hexdigest()
+    return tagged(h)
 
 
 _ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
