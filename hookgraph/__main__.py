@@ -4,14 +4,15 @@ Two sub-commands are taken before Hydra sees the command line (a bare word is ne
 Hydra override): ``hookgraph report DIR...`` rebuilds report.html of run or sweep folders,
 ``hookgraph plan [--svg PATH] [overrides...]`` draws a config's plan without running it,
 ``hookgraph list [--config-dir DIR] [hooks|experiments|models|data|actions]`` shows every
-option and where it comes from.
+option and where it comes from, ``hookgraph probe [CONFIG.yaml] [key=value...]`` trains a
+linear probe on a run's records (``hookgraph.probe``).
 """
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("report", "plan", "list")
+COMMANDS = ("report", "plan", "list", "probe")
 
 
 def main() -> None:
@@ -28,6 +29,10 @@ def main() -> None:
         from hookgraph.cli.listing import main as list_main  # lazy: each command loads only what it needs
 
         sys.exit(list_main(argv[1:]))
+    if argv and argv[0] == "probe":
+        from hookgraph.probe import main as probe_main  # lazy: each command loads only what it needs
+
+        sys.exit(probe_main(argv[1:]))
     from hookgraph.cli.app import main as app_main  # lazy: Hydra and the configs load only for runs
 
     app_main()

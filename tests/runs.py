@@ -1,6 +1,6 @@
 """Runner configs the tests share, and run folders written in-process as the command line writes them.
 
-Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU.
+Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU, PaddedTokens.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from torch import nn
 
@@ -88,3 +89,27 @@ def conv_names_of(*overrides: str) -> list[str]:
     """Names of the Conv2d modules of the model the packaged config builds with ``overrides``."""
     model = build_from_config(compose(*overrides, *CPU))
     return [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+
+
+class PaddedTokens:
+    """A map-style dataset of ``{"input_ids", "attention_mask"}`` items, right- and left-padded
+    rows alternating (``rows`` items of ``seq`` tokens, ids seeded): the runner's batches as a
+    tokenizer with padding gives them."""
+
+    def __init__(self, rows: int = 6, seq: int = 8, vocab: int = 100):
+        gen = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(1, vocab, (rows, seq), generator=gen)
+        self.mask = torch.ones(rows, seq, dtype=torch.long)
+        for i in range(rows):
+            pad = i % (seq // 2)
+            if i % 2:
+                self.mask[i, seq - pad:] = 0  # right padding
+            else:
+                self.mask[i, :pad] = 0  # left padding
+        self.ids[self.mask == 0] = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i]}

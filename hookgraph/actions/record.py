@@ -10,6 +10,7 @@ cannot change a record unnoticed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -89,6 +90,101 @@ def _topk(k: int, dim: int) -> Callable[[Tensor], dict]:
     return top
 
 
+def _positions(positions: Any) -> Callable[[Tensor, Tensor | None], Tensor]:
+    """``positions`` (an int, a list of ints, a slice string "a:b[:c]" or "last") ->
+    ``keep(mask_shape_tensor, real)``: a [batch, seq] bool tensor of the positions kept, on
+    the value's device. ``real`` is the [batch, seq] mask of real (non-padding) tokens or None;
+    "last" is each row's last real token (left or right padding alike)."""
+    if positions == "last":
+
+        def last(shape_of: Tensor, real: Tensor | None) -> Tensor:
+            b, n = shape_of.shape[:2]
+            keep = torch.zeros(b, n, dtype=torch.bool, device=shape_of.device)
+            if real is None:
+                keep[:, -1] = True
+            else:
+                # The last real position of each row: n-1 minus the first real one from the right.
+                idx = n - 1 - real.flip(1).to(torch.uint8).argmax(1)
+                keep[torch.arange(b, device=keep.device), idx] = real.any(1)
+            return keep
+
+        return last
+    if isinstance(positions, str):
+        if positions.count(":") not in (1, 2):
+            raise ValueError(f"positions must be an int, a list of ints, a slice string such as '0:8' or 'last', "
+                             f"got {positions!r}")
+        try:
+            parts = [int(p) if p.strip() else None for p in positions.split(":")]
+        except ValueError:
+            raise ValueError(f"positions must be a slice string of integers such as '0:8' or '-4:', got {positions!r}"
+                             ) from None
+        if parts[-1] is not None and len(parts) == 3 and parts[-1] <= 0:
+            raise ValueError(f"positions step must be > 0, got {positions!r}")
+        index: Any = slice(*parts)
+    elif _int(positions):
+        index = [positions]
+    elif isinstance(positions, (list, tuple)) and positions and all(_int(p) for p in positions):
+        index = list(positions)
+    else:
+        raise ValueError(f"positions must be an int, a list of ints, a slice string such as '0:8' or 'last', "
+                         f"got {positions!r}")
+
+    def pick(shape_of: Tensor, real: Tensor | None) -> Tensor:
+        b, n = shape_of.shape[:2]
+        keep = torch.zeros(b, n, dtype=torch.bool, device=shape_of.device)
+        if isinstance(index, list) and not all(-n <= i < n for i in index):
+            raise IndexError(f"positions {positions} do not all fall in a sequence of {n} tokens")
+        keep[:, index] = True
+        if not keep.any():
+            raise IndexError(f"positions {positions!r} pick nothing of a sequence of {n} tokens")
+        return keep
+
+    return pick
+
+
+def _tokens(store: Any, positions: Any, drop_padding: bool, spec: str) -> Callable[[Tensor], dict]:
+    """The token stage: a [batch, seq, ...] value as a table of its kept tokens,
+    ``{"values": [n, ...], "row": [n], "position": [n], "token": [n]}`` in (row, position)
+    order: ``row`` is the sample's index in the step's batch, ``position`` its index in the
+    sequence, ``token`` its id (-1 where the batch has no ``input_ids``). The batch's
+    ``attention_mask`` and ``input_ids`` are read from the graph (``HookGraph.set_batch``;
+    the runner sets them every step)."""
+    choose = _positions(positions) if positions is not None else None
+    warned: list[bool] = []
+
+    def tokens(t: Tensor) -> dict:
+        if t.dim() < 2:
+            raise IndexError(f"positions/drop_padding need a [batch, seq, ...] value, got {t.dim()} dimension(s)")
+        batch = store.batch
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        b, n = t.shape[:2]
+        real = None
+        if isinstance(mask, Tensor):
+            if tuple(mask.shape) != (b, n):
+                raise IndexError(f"the batch's attention_mask is {list(mask.shape)}, not [batch, seq] = {[b, n]}")
+            real = mask.to(device=t.device) != 0
+        elif drop_padding and not warned:
+            warned.append(True)
+            warnings.warn(
+                f"record spec {spec!r}: drop_padding is set but the batch has no attention_mask "
+                "(HookGraph.set_batch({'attention_mask': ...}) from Python; the runner passes its batch): "
+                "every token is kept", stacklevel=2,
+            )
+        keep = choose(t, real) if choose is not None else torch.ones(b, n, dtype=torch.bool, device=t.device)
+        if drop_padding and real is not None:
+            keep = keep & real
+        where = keep.nonzero()
+        row, pos = where[:, 0], where[:, 1]
+        if isinstance(ids, Tensor) and tuple(ids.shape) == (b, n):
+            token = ids.to(t.device)[row, pos]
+        else:
+            token = torch.full_like(row, -1)
+        return {"values": t[row, pos], "row": row, "position": pos, "token": token}
+
+    return tokens
+
+
 def _check(keep: str, dtype: str | None, reduce: str | None, dims: Any, topk: int | None) -> list[int] | None:
     """Argument checks that need no tensor; returns ``dims`` as a list (or None)."""
     if keep not in ("all", "last"):
@@ -116,9 +212,21 @@ def _device(to: str | None) -> torch.device | None:
 
 
 def _stages(select: Any, dim: int, reduce: str | None, dims: list[int] | None, dtype: str | None,
-            topk: int | None) -> list[Stage]:
-    """The reductions, in the order they run on the device before anything is kept."""
+            topk: int | None, tokens: Callable[[Tensor], dict] | None = None) -> list[Stage]:
+    """The reductions, in the order they run on the device before anything is kept. The
+    token stage runs first and alone (the factory refuses it beside select, reduce and
+    topk); the dtype cast then applies to its values only."""
     stages: list[Stage] = []
+    if tokens is not None:
+        stages.append(("positions/drop_padding", tokens))
+        cast_to = DTYPES.get(dtype) if dtype else None
+        if cast_to is not None:
+            def cast_values(table: Any) -> Any:
+                v = table["values"]
+                return {**table, "values": v.to(cast_to) if v.is_floating_point() else v}
+
+            stages.append(("dtype cast", cast_values))
+        return stages
     if select is not None:
         stages.append((f"select={select!r} on dim {dim}", _selector(select, dim)))
     if reduce is not None:
@@ -176,7 +284,9 @@ def record(
     dims: int | list | None = None,
     topk: int | None = None,
     shard: str = "local",
-    positions: int | list | str | None = None,
+    positions: Any = None,
+    drop_padding: bool = False,
+    tokens: bool = False,
 ):
     """Keep the value (detached) in ``graph.records[spec][target]``, one entry per call.
 
@@ -209,10 +319,20 @@ def record(
     without the KV cache, see :mod:`hookgraph.core.sequence`); a call that holds none of them
     keeps nothing. On a model that can generate, every kept call carries its positions and
     ``graph.sequences(spec)`` reads a generation back as one sequence per target.
+
+    A token table, for a [batch, seq, ...] value (a transformer's hidden states), with
+    ``tokens: true`` or ``drop_padding: true``: positions are then the positions kept in each
+    call (an int, a list of ints, a slice string "0:8", or "last": each row's last real
+    token); drop_padding keeps only the tokens the batch's ``attention_mask`` marks real. An
+    entry is then a table of the kept tokens, ``{"values": [n, ...], "row":
+    [n], "position": [n], "token": [n]}``: one row per token, with the sample it came from
+    (its index in the step's batch), its position and its id (``input_ids``; -1 when the
+    batch has none). dtype casts the values. The batch comes from ``HookGraph.set_batch``
+    (the runner sets it every step). Not with select, reduce or topk; not under torch.compile.
     """
     return _per_spec(
         ctx, keep=keep, to=to, clone=clone, dtype=dtype, select=select, dim=dim, reduce=reduce, dims=dims,
-        topk=topk, shard=shard, positions=positions,
+        topk=topk, shard=shard, positions=positions, drop_padding=drop_padding, tokens=tokens,
     )(ctx.target)
 
 
@@ -228,7 +348,9 @@ def _per_spec(
     dims: int | list | None = None,
     topk: int | None = None,
     shard: str = "local",
-    positions: int | list | str | None = None,
+    positions: Any = None,
+    drop_padding: bool = False,
+    tokens: bool = False,
 ) -> Callable[[str], Callable[[Any], None]]:
     """``record``'s work split by what it depends on: the arguments are checked and the
     reductions built here, once per spec (``ctx`` is its first site's); ``site(target)``
@@ -238,7 +360,19 @@ def _per_spec(
     if shard not in ("local", "full"):
         raise ValueError(f"shard must be 'local' or 'full', got {shard!r}")
     device = _device(to)
-    stages = _stages(select, dim, reduce, dims, dtype, topk)
+    for name, flag in (("drop_padding", drop_padding), ("tokens", tokens)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be true or false, got {flag!r}")
+    # A token table (tokens or drop_padding): positions are picked per call, in the batch;
+    # otherwise positions are positions in the whole sequence (generation-aware, ctx.positions).
+    table = None
+    if tokens or drop_padding:
+        others = [k for k, v in (("select", select), ("reduce", reduce), ("topk", topk)) if v is not None]
+        if others:
+            raise ValueError(f"tokens/drop_padding pick tokens of a [batch, seq, ...] value and do not combine "
+                             f"with {', '.join(others)}; record in two specs")
+        table = _tokens(ctx.store, positions, drop_padding, ctx.spec)
+    stages = _stages(select, dim, reduce, dims, dtype, topk, table)
     # A parameter (edited in place), an accumulated .grad (updated in place by the next
     # backward) and a gradient (AccumulateGrad may keep it as .grad, which DDP overwrites
     # with the all-reduced bucket) are rewritten by design: always copy them.
@@ -249,8 +383,8 @@ def _per_spec(
     to_host = ctx.host.to_host
     spec = ctx.spec
     slots = ctx.store.records.setdefault(spec, {})
-    pure = _pure(stages, device, shard)
-    pos = ctx.positions(positions)
+    pure = _pure(stages, device, shard) if table is None else _untraceable(spec)
+    pos = ctx.positions(positions) if table is None else None
     generates = callable(getattr(ctx.model, "generate", None))
     if pos is not None and (per_device or not POINTS[ctx.at].activation):
         raise ValueError("positions: records token positions of activations (forward, forward_pre), one device")
@@ -372,6 +506,16 @@ def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local"
         return keep(value) if type(value) is Tensor else tree_map(keep, value)
 
     return pure
+
+
+def _untraceable(spec: str) -> Callable[[Any], Any]:
+    def refuse(value: Any) -> Any:
+        raise HookGraphError(
+            f"record spec {spec!r}: positions/drop_padding read the step's batch, which a torch.compile "
+            "trace cannot; record them without runner.compile (or attach(compiled=False))"
+        )
+
+    return refuse
 
 
 def _plain_copy(value: Any) -> Any:

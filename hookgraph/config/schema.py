@@ -111,6 +111,9 @@ class SinkConfig:
     feature_maps: list = field(default_factory=lambda: [0])  # which recorded 4-D targets (by record order) get a grid
     histograms: bool = True  # one histogram figure per record spec
     max_bytes: int | None = None  # stop the run with an error before records exceed this size
+    # when record shards reach the disk: step (fsync each shard as written), end (once, before
+    # summary.json lists them: the default) or never (the OS writes them back in its own time)
+    fsync: str = "end"
     # figures/gradcam_<target>.png over the first step's input (with figures): a mapping with
     # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
     # a None structured node (an AttributeError); run() checks the keys and fills the defaults.

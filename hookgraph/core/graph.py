@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -310,6 +311,12 @@ class HookGraph:
             self._attachment.sync(self._step)
         # Detached, nothing acts: tensor hooks left on activations read their attachment's
         # state, which its remove() switched off for good.
+
+    def set_batch(self, inputs: Any) -> None:
+        """The inputs of the forward about to run (a dict with ``input_ids`` and
+        ``attention_mask``, as a tokenizer returns them): ``record`` with ``positions`` or
+        ``drop_padding`` reads the mask and the token ids from here. The runner sets it every step."""
+        self.store.batch = inputs
 
     def _spec_groups(self) -> list[tuple[Binding, ...]]:
         """The bindings in runs that share a spec (the compiler emits a spec's bindings

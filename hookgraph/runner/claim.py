@@ -45,7 +45,7 @@ def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None) -> Run
     check_run_dir(out_dir)
     marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
     try:
-        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, reserve=True)
+        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, reserve=True, fsync=cfg.sink.fsync)
         claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
     except OSError as exc:
         raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
@@ -73,6 +73,6 @@ def _join(cfg: DictConfig, out_dir: str | Path, world: World) -> RunWriter:
         with contextlib.suppress(OSError):
             own.rmdir()  # the empty folder Hydra made for this rank: the run lives in rank 0's
     try:
-        return RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=world.rank, reserve=True)
+        return RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=world.rank, reserve=True, fsync=cfg.sink.fsync)
     except OSError as exc:
         raise RunFolderError(f"rank {world.rank} cannot write the run folder {shared}: {exc}") from exc

@@ -140,6 +140,7 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
                 progress.first_input = _picture(inputs)
             inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
             batch = (inputs, labels)
+            live.graph.set_batch(inputs)  # record's positions/drop_padding read its mask and token ids
             with autocast, contextlib.nullcontext() if r.backward else torch.no_grad():
                 phase = "the model's forward"
                 if generator is not None:

@@ -36,7 +36,7 @@ import os
 import struct
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,6 +49,8 @@ from hookgraph.core.sequence import SequenceRecord, assemble, unpack_span
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
+from hookgraph.runs.dataset import ActivationDataset, ActivationStream
+from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.files import (
     DamagedFileError,
     exists,
@@ -61,7 +63,7 @@ from hookgraph.runs.files import (
     read_plan,
     summary_shape,
 )
-from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key
+from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key, tagged
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
@@ -166,7 +168,7 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
                 raise HookGraphError(
                     f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
                 )
-            hashing = _Hashing(fd, st.st_size) if shard.digest is not None else None
+            hashing = _Hashing(fd, st.st_size, shard.digest) if shard.digest is not None else None
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -201,9 +203,9 @@ class _Hashing(threading.Thread):
     reads the tensors asked for (hashlib and preadv release the GIL): the check costs about
     the hash alone, not the hash plus a second pass (benchmarks/RESULTS.md)."""
 
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, size: int, recorded: str):
         super().__init__(name="hookgraph-digest", daemon=True)
-        self.fd, self.size = fd, size
+        self.fd, self.size, self.recorded = fd, size, recorded
         self.digest: str | None = None
         self.error: OSError | None = None
         if size >= _THREADED:
@@ -216,7 +218,7 @@ class _Hashing(threading.Thread):
             super().join(timeout)
 
     def run(self) -> None:
-        h = hasher()
+        h = hasher(self.recorded)  # the kind the summary's digest was made with
         buf = bytearray(min(_CHUNK, self.size))
         view = memoryview(buf)
         offset = 0
@@ -230,7 +232,7 @@ class _Hashing(threading.Thread):
         except OSError as exc:
             self.error = exc
             return
-        self.digest = h.hexdigest()
+        self.digest = tagged(h)
 
 
 def _check_digest(hashing: _Hashing, shard: _Shard) -> None:
@@ -819,6 +821,54 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "completed" and not self.damaged and not self.missing
+
+    def dataset(
+        self,
+        spec: str,
+        targets: str | Sequence[str] | None = None,
+        flatten: str = "tokens",
+        *,
+        ranks: str | int = "all",
+        iterable: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = 4,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        max_open: int = 4,
+        cache: int = 2,
+    ) -> ActivationDataset | ActivationStream:
+        """``spec``'s records as a PyTorch dataset, read lazily from the shards
+        (:mod:`hookgraph.runs.dataset`): ``targets`` (a name, a list, or None: every target
+        the spec recorded, in the order first recorded), ``flatten`` (tokens, samples or
+        entries). ``ranks``: ``"all"`` reads a run of several processes rank after rank, in
+        rank order; an int, one rank. ``iterable``: an ``IterableDataset`` that shuffles
+        entries across shards (``shuffle``, ``seed``, ``window`` entries' items mixed at a
+        time) and may yield ready batches (``batch_size``); otherwise a map-style
+        ``Dataset``. At most ``max_open`` shards are open at once. A damaged shard is an
+        error naming it."""
+        if ranks == "all":
+            chosen = list(self.records_by_rank().items())
+        elif isinstance(ranks, int) and not isinstance(ranks, bool) and ranks in self.ranks:
+            chosen = [(ranks, self.records_by_rank()[ranks])]
+        else:
+            raise HookGraphError(f"ranks={ranks!r}: use 'all' or one of {self.ranks}")
+        per_rank = []
+        for rank, records in chosen:
+            assert isinstance(records, _Records)
+            if records.damaged:
+                raise HookGraphError(
+                    f"{self.path}: damaged shard(s) {', '.join(records.damaged)}; a dataset of spec {spec!r} "
+                    "would miss their records"
+                )
+            if spec not in records:
+                records[spec]  # raises, naming the specs that have records
+            per_rank.append((rank, records[spec]._index))
+        found, names = dataset_pieces(per_rank, spec, targets, flatten, self.path)
+        if iterable:
+            return ActivationStream(found, names, flatten, shuffle=shuffle, seed=seed, window=window,
+                                    batch_size=batch_size, drop_last=drop_last, max_open=max_open)
+        return ActivationDataset(found, names, flatten, max_open=max_open, cache=cache)
 
 
 def run_content(path: str | Path) -> list[str]:

@@ -17,7 +17,7 @@ step number only: nothing from a name becomes a path.
 
 The manifest (:meth:`RunWriter.manifest`, kept in ``summary.json`` under ``manifest``) says
 what the writer wrote: its run id (also in every shard's metadata, ``run``, so a shard of
-another run is told apart), per shard its entry count and a BLAKE2b digest of its bytes
+another run is told apart), per shard its entry count and a SHA-256 digest of its bytes
 (hashed from the buffer being written, not re-read), per table its rows and bytes. The
 reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
 """
@@ -44,10 +44,13 @@ from safetensors import SafetensorError
 from safetensors.torch import save as st_save
 
 from hookgraph.core.tree import describe
-from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError
+from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError, did_you_mean
 from hookgraph.runs import layout
 
-__all__ = ["RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "disk_full"]
+__all__ = [
+    "RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "tagged",
+    "disk_full",
+]  # fmt: skip
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
@@ -68,31 +71,101 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def hasher() -> Any:
-    """A fresh hash of the kind the manifest keeps for a shard: BLAKE2b, 16 bytes (the
-    reader hashes a shard in chunks with it)."""
+# The manifest's shard digests are written as "sha256:<hex>": SHA-256 runs on the CPUs' SHA
+# instructions (x86 SHA-NI, ARMv8), 1.7x BLAKE2b's speed where measured, and the digest was
+# the one cost the record path had over a plain save_file (benchmarks/RESULTS.md, "Activation
+# caching"). A digest without a prefix is BLAKE2b-128, as runs before the change wrote them.
+DIGEST_PREFIX = "sha256:"
+
+
+def hasher(recorded: str | None = None) -> Any:
+    """A fresh hash of the kind ``recorded`` (a manifest digest) was made with; None: the
+    kind new shards get, SHA-256 (the reader hashes a shard in chunks with it)."""
+    if recorded is None or recorded.startswith(DIGEST_PREFIX):
+        return hashlib.sha256()
     return hashlib.blake2b(digest_size=16)
 
 
+def tagged(h: Any) -> str:
+    """The manifest's form of a finished hash from :func:`hasher`."""
+    return (DIGEST_PREFIX if h.name == "sha256" else "") + h.hexdigest()
+
+
 def digest(data: bytes | memoryview) -> str:
-    """The content digest the manifest keeps for a shard, as hex."""
+    """The content digest the manifest keeps for a new shard (``sha256:<hex>``)."""
     h = hasher()
     h.update(data)
-    return h.hexdigest()
+    return tagged(h)
+
+
+def _digest_parts(parts: Sequence[Any]) -> str:
+    h = hasher()
+    for part in parts:
+        h.update(part)
+    return tagged(h)
+
+
 _ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) -> None:
+    """``data`` (bytes, or a sequence of buffers written one after another without joining
+    them) into ``path`` under a temporary name, renamed into place; ``sync``: fsync'd
+    before the rename."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "wb", buffering=0) as f:
+            parts: Sequence[Any] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+            for part in parts:
+                view = memoryview(part)
+                while view.nbytes:  # a raw write may take less than it was given
+                    view = view[f.write(view):]
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
         raise
+
+
+FSYNC = ("step", "end", "never")  # sink.fsync: when record shards reach the disk
+
+# torch dtype -> the safetensors format's name for it (its spec, github.com/huggingface/safetensors).
+# A dtype outside the table is written through safetensors' own serializer instead.
+_ST_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    if t.numel() == 0:
+        return memoryview(b"")
+    return t.reshape(-1).view(torch.uint8).numpy().data
+
+
+def _shard_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> list[Any] | None:
+    """A safetensors file as ``[header, tensor bytes, ...]``: the 8-byte header length, the
+    JSON header (padded with spaces to 8 bytes, as safetensors writes it), then every
+    tensor's own memory in key order. Nothing is joined: the write and the digest read the
+    tensors where they lie (``safetensors.torch.save`` would build the whole shard as one
+    bytes object first, a copy of every record). None: a dtype outside ``_ST_DTYPES``."""
+    header: dict[str, Any] = {"__metadata__": meta}
+    views: list[memoryview] = []
+    offset = 0
+    for key, t in tensors.items():
+        name = _ST_DTYPES.get(t.dtype)
+        if name is None:
+            return None
+        view = _raw(t)
+        header[key] = {"dtype": name, "shape": list(t.shape), "data_offsets": [offset, offset + view.nbytes]}
+        offset += view.nbytes
+        views.append(view)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return [len(text).to_bytes(8, "little") + text, *views]
 
 
 def _escape(name: str) -> str:
@@ -117,12 +190,15 @@ def _unstorable(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _prepare(tensors: dict[str, torch.Tensor]) -> None:
+def _prepare(tensors: dict[str, torch.Tensor], *, shared_ok: bool = False) -> None:
     """Make every tensor one safetensors can write, in place: detached, on the CPU,
-    contiguous, and owning its storage. safetensors refuses tensors whose storage overlaps
-    (a view and its base, two slices of one output): each storage is written once, copies
-    take the rest. A dtype it cannot hold is refused by the record's name."""
+    contiguous and, unless ``shared_ok`` (hookgraph's own shard writer, which writes each
+    tensor's bytes where they lie), owning its storage: safetensors' serializer refuses
+    tensors whose storage overlaps (a view and its base, two slices of one output), so each
+    storage is written once and copies take the rest. A dtype it cannot hold is refused by
+    the record's name."""
     seen: set[int] = set()
+    cuda: set[torch.device] = set()
     for key, t in tensors.items():
         why = _unstorable(t.dtype)
         if why is not None:
@@ -130,16 +206,31 @@ def _prepare(tensors: dict[str, torch.Tensor]) -> None:
                 f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard ({why}); "
                 "record it as another dtype (args.dtype)"
             )
+        if t.is_cuda:
+            # Records kept on the GPU (no `to: cpu`): every copy starts at once into pinned
+            # host memory, without waiting, and the step waits once below, not per tensor.
+            src = t.detach().contiguous()
+            host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            host.copy_(src, non_blocking=True)
+            cuda.add(src.device)
+            tensors[key] = host  # a fresh buffer: owns its storage
+            seen.add(host.untyped_storage().data_ptr())
+            continue
         if t.requires_grad or t.device.type != "cpu" or not t.is_contiguous():
             # Only when needed: detach() makes a new tensor object every time (~400 bytes
             # each, 200,000 of them for a step of 200k tiny records), and records are
             # nearly always detached CPU tensors already.
             t = t.detach().to("cpu").contiguous()
+        if shared_ok:
+            tensors[key] = t
+            continue
         storage = t.untyped_storage().data_ptr()
         if storage in seen:
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         tensors[key] = t
+    for device in cuda:
+        torch.cuda.synchronize(device)  # the pinned copies are complete before anything reads them
 
 
 def strict_json(obj: Any, found: list[str] | None = None, path: str = "") -> Any:
@@ -169,9 +260,17 @@ class RunWriter:
         out_dir: str | os.PathLike,
         max_bytes: int | None = None,
         rank: int | None = None,
+        fsync: str = "end",
         *,
         reserve: bool = False,
     ):
+        if fsync not in FSYNC:
+            raise ConfigError(
+                "sink.fsync",
+                f"{fsync!r} is not a durability setting; {did_you_mean(str(fsync), FSYNC, 'valid values')}",
+            )
+        self.fsync = fsync
+        self._unsynced: list[Path] = []  # fsync=end: shards written, not yet on disk
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -221,9 +320,38 @@ class RunWriter:
             "tables": {k: dict(v) for k, v in self._tables.items()},
         }
 
+    def sync(self) -> None:
+        """Put the shards written so far on disk (fsync each, then their folder, so the
+        renames last too). ``sink.fsync=end`` does it before every summary is written: the
+        summary's manifest promises the shards, so they reach the disk first."""
+        if not self._unsynced:
+            return
+        for path in self._unsynced:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._unsynced.clear()
+        self._sync_folder()
+
+    def _sync_folder(self) -> None:
+        try:
+            fd = os.open(self.records_dir, os.O_RDONLY)
+        except OSError:
+            return  # a platform without directory handles (Windows): the file syncs are what it has
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # some file systems refuse fsync on a directory; the files themselves are synced
+        finally:
+            os.close(fd)
+
     def json(self, name: str, obj: Any) -> Path:
         """Strict JSON: a NaN or infinite number is written as null, and a dict says which
         values were (``non_finite``: ``[".loss: nan"]``), since strict parsers refuse NaN."""
+        if Path(name).name == layout.SUMMARY:
+            self.sync()
         path = self.dir / name
         if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +419,7 @@ class RunWriter:
                     entries.append([len(order) - 1, call, structures.setdefault(text, len(structures))])
         if not entries:
             return 0
-        _prepare(tensors)
+        _prepare(tensors, shared_ok=True)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             raise RecordBudgetError(
@@ -312,20 +440,31 @@ class RunWriter:
             "entries": json.dumps(entries, **compact),
             RUN_ID: self.run_id,
         }
-        data = st_save(tensors, metadata=meta)
+        parts = _shard_parts(tensors, meta)
+        if parts is None:  # a dtype only safetensors' own serializer knows: its bytes, joined
+            _prepare(tensors)
+            parts = [st_save(tensors, metadata=meta)]
+        total = sum(memoryview(p).nbytes for p in parts)
         # The digest of the bytes in hand (no second read of the file), hashed on another
-        # thread while this one writes and fsyncs them: hashlib and both system calls release
-        # the GIL, so on two cores the hash hides behind the write (benchmarks/RESULTS.md).
-        # A small shard is hashed here: cheaper than starting a thread (~50 us).
-        hashed: list[str] = [] if len(data) >= _THREADED else [digest(data)]
-        worker = None if hashed else threading.Thread(target=lambda: hashed.append(digest(data)), name="hg-digest")
+        # thread while this one writes them: hashlib and the system calls release the GIL,
+        # so on two cores the hash hides behind the write (benchmarks/RESULTS.md). A small
+        # shard is hashed here: cheaper than starting a thread (~50 us).
+        hashed: list[str] = [] if total >= _THREADED else [_digest_parts(parts)]
+        worker = None if hashed else threading.Thread(
+            target=lambda: hashed.append(_digest_parts(parts)), name="hg-digest"
+        )
         if worker is not None:
             worker.start()
+        path = self.records_dir / name
         try:
-            atomic_write(self.records_dir / name, data)
+            atomic_write(path, parts, sync=self.fsync == "step")
         finally:
             if worker is not None:
                 worker.join()
+        if self.fsync == "end":
+            self._unsynced.append(path)
+        elif self.fsync == "step":
+            self._sync_folder()
         self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
             "entries": len(entries),
             "digest": hashed[0],
