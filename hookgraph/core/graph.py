@@ -192,7 +192,7 @@ class Attachment:
     def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
         """The binding's hooks, by its point's registrar: the traced one where dynamo traces
         them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
-        if st.log is not None and b.compiled_mode() == "traced":
+        if st.log is not None and b.traced_hooks:
             return TRACED_REGISTRARS[b.at](b, st)
         if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
             return REGISTRARS[b.at](b, st)
@@ -222,6 +222,9 @@ class Attachment:
         # a backward() after detach run none of our actions.
         for st, _ in self._specs:
             st.active = False
+            # Traced gradient hooks live in compiled backward code: a backward of a forward
+            # run while attached still calls the log after this, and must reach no sink.
+            st.sinks.clear()
         if self._graph._attachment is self:
             self._graph._attachment = None
         self._graph._add_counts(*self.counts())
@@ -359,10 +362,12 @@ class HookGraph:
         """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
-        if compiled_without_breaks(self.model):
+        fullgraph = compiled_without_breaks(self.model)
+        if fullgraph:
             self._refuse_graph_breaks()
-        # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say so.
-        return Attachment(self, compiled=compiled or is_compiled(self.model))
+        # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say
+        # so; with fullgraph=True every hook left is one dynamo traces.
+        return Attachment(self, compiled=compiled or fullgraph or is_compiled(self.model))
 
     def _refuse_graph_breaks(self) -> None:
         """fullgraph=True allows no graph break: name every spec whose hooks would make one."""

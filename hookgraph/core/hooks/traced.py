@@ -1,9 +1,12 @@
 """Traced registrars: hooks that dynamo traces into the compiled graph under torch.compile.
 
-Public names: block_hooks, forward_pre, forward (put in ``points.TRACED_REGISTRARS``).
+Public names: block_hooks, forward_pre, forward, output_grad, input_grad, param_grad,
+param_accumulated (put in ``points.TRACED_REGISTRARS``).
 
-Used for the bindings whose ``traced`` is true in a compiled attachment (forward and
-forward_pre hooks of traceable actions); every other hook runs eagerly (``eager``).
+Used for the bindings whose ``traced_hooks`` is true in a compiled attachment (traceable
+actions at forward, forward_pre, output_grad and input_grad, whose hooks dynamo traces into
+the compiled forward and backward graphs, and at param_grad and param_accumulated, whose
+hooks compiled autograd can trace); every other hook runs eagerly (``eager``).
 
 Every read below is a constant to dynamo, guarded (the schedule's ``on`` changes with the
 step: one recompile per change, the code for each state is kept); the call is counted, and
@@ -23,15 +26,17 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.hooks.callers import Inputs, make_caller, pick, tuple_io
+from hookgraph.core.hooks.callers import Inputs, make_caller, pick, position, tuple_io, without_index
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import TRACED_REGISTRARS, HookPoint
 from hookgraph.core.torch_internals import compiled_module_of
-from hookgraph.core.tracelog import TRACE, Call
+from hookgraph.core.tracelog import TRACE, Call, backward_keeper
 from hookgraph.core.tree import tensors
 from hookgraph.errors import HookGraphError
 
-__all__ = ["block_hooks", "forward_pre", "forward"]
+__all__ = [
+    "block_hooks", "forward_pre", "forward", "output_grad", "input_grad", "param_grad", "param_accumulated",
+]
 
 
 def _named(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,4 +192,137 @@ def forward(b: Binding, st: SpecState) -> list[RemovableHandle]:
     return [b.module.register_forward_hook(_switched(b, st, hook))]
 
 
-TRACED_REGISTRARS.update({HookPoint.forward_pre: forward_pre, HookPoint.forward: forward})
+# -- gradient points ------------------------------------------------------------------------
+#
+# output_grad and input_grad: the traced module hook registers a tensor hook on the output (on
+# an alias of each input), as a hand-written ``out.register_hook(fn)`` in a forward hook does.
+# Dynamo traces such a hook on an intermediate tensor as a subgraph that AOT autograd runs
+# while it traces the backward: the edit lands in the compiled backward graph. That subgraph
+# may have no Python side effects, so the call is counted, and what a record or stats action
+# keeps is handed over, by an operator of the graph that runs when the backward does
+# (tracelog.backward_keeper). The schedule is the module hook's: a tensor hook registered in
+# a forward acts in its backward.
+
+
+def _grad_hook(b: Binding, st: SpecState) -> Callable[[Tensor], Tensor | None]:
+    """The tensor hook: the action on one gradient, its call and what it keeps through the
+    backward operator. The index of a gradient point picks which tensor gets the hook, so
+    the action sees the gradient as it is."""
+    unindexed = b if b.spec.index is None else without_index(b)
+    (fn, keeps), sid, keep = _traced_caller(unindexed), _sink_id(b, st), backward_keeper()
+
+    if keeps:
+
+        def hook(grad: Tensor) -> Tensor | None:
+            keep(sid + 0, fn(grad), grad)
+            return None
+
+    else:
+
+        def hook(grad: Tensor) -> Tensor | None:
+            new = fn(grad)
+            keep(sid + 0, None, grad)
+            return new
+
+    return _named(b, hook)
+
+
+def output_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    grad_hook, index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    on = st.active
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        if on and (want is None or module.training is want):
+            if index is None and type(output) is Tensor:  # the common case, without a list
+                if output.requires_grad:
+                    output.register_hook(grad_hook)
+                return
+            for t in tensors(output if index is None else pick(b, output, index)):
+                if t.requires_grad:
+                    t.register_hook(grad_hook)
+
+    return [b.module.register_forward_hook(_switched(b, st, hook))]
+
+
+def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    grad_hook, index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    # As in eager mode (eager.input_grad): a fresh alias carries the hook, so it sees the
+    # gradient through this module only; an in-place module gets a copy of a leaf input.
+    copy_leaves = getattr(b.module, "inplace", False) is True
+    on = st.active
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        if not (on and (want is None or module.training is want)):
+            return None
+        chosen = None if index is None else position(b, args, index)
+        new = list(args)
+        changed = False
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
+                alias = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
+                alias.register_hook(grad_hook)
+                new[i] = alias
+                changed = True
+        if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
+            for k, a in kwargs.items():
+                if isinstance(a, Tensor) and a.requires_grad:
+                    alias = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
+                    alias.register_hook(grad_hook)
+                    kwargs = {**kwargs, k: alias}
+                    changed = True
+        return (tuple(new), kwargs) if changed else None
+
+    return [b.module.register_forward_pre_hook(_switched(b, st, hook), with_kwargs=True)]
+
+
+# param_grad and param_accumulated: hooks on the parameter itself, registered once. Autograd
+# runs them when it accumulates the gradient, after the compiled backward graph (Python,
+# without a graph break); compiled autograd traces them into its backward graph. Written as
+# the traced module hooks are (the schedule in a closure cell, calls and results through the
+# trace log) so that compiled autograd traces them without recompiling per call; run by plain
+# autograd they cost what the eager hooks cost.
+
+
+def _param(b: Binding) -> nn.Parameter:
+    if b.param is None:
+        raise HookGraphError(f"{b.key}: {b.at} binds a parameter, and {b.target!r} has none (an internal error)")
+    return b.param
+
+
+def param_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (fn, keeps), want, sid, module = _traced_caller(b), b.want_training, _sink_id(b, st), b.module
+    on = st.active
+
+    def hook(grad: Tensor) -> Tensor | None:
+        if on and (want is None or module.training is want):
+            if keeps:
+                _log(sid + 0, fn(grad))
+                return None
+            new = fn(grad)
+            _log(sid + 0, None)
+            return new
+        return None
+
+    return [_param(b).register_hook(_switched(b, st, hook))]
+
+
+def param_accumulated(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (fn, keeps), want, sid, module = _traced_caller(b), b.want_training, _sink_id(b, st), b.module
+    on = st.active
+
+    def hook(param: Tensor) -> None:
+        if on and (want is None or module.training is want) and param.grad is not None:
+            kept = fn(param.grad)  # read-only point: an observer's return value is dropped, as PyTorch does
+            _log(sid + 0, kept if keeps else None)
+
+    return [_param(b).register_post_accumulate_grad_hook(_switched(b, st, hook))]
+
+
+TRACED_REGISTRARS.update({
+    HookPoint.forward_pre: forward_pre,
+    HookPoint.forward: forward,
+    HookPoint.output_grad: output_grad,
+    HookPoint.input_grad: input_grad,
+    HookPoint.param_grad: param_grad,
+    HookPoint.param_accumulated: param_accumulated,
+})
