@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.hooks.callers import Inputs, make_caller, pick, position, tuple_io, without_index
+from hookgraph.core.hooks.callers import Inputs, action_error, make_caller, pick, position, tuple_io
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import TRACED_REGISTRARS, HookPoint
 from hookgraph.core.torch_internals import compiled_module_of
@@ -198,58 +198,109 @@ def forward(b: Binding, st: SpecState) -> list[RemovableHandle]:
 # an alias of each input), as a hand-written ``out.register_hook(fn)`` in a forward hook does.
 # Dynamo traces such a hook on an intermediate tensor as a subgraph that AOT autograd runs
 # while it traces the backward: the edit lands in the compiled backward graph. That subgraph
-# may have no Python side effects, so the call is counted, and what a record or stats action
-# keeps is handed over, by an operator of the graph that runs when the backward does
-# (tracelog.backward_keeper). The schedule is the module hook's: a tensor hook registered in
-# a forward acts in its backward.
+# may have no Python side effects, so what a record or stats action keeps is handed over by an
+# operator of the graph that runs when the backward does (tracelog.backward_keeper), which
+# also counts the call. An edit keeps nothing: its call is counted when the forward registers
+# the tensor hook (in the forward's block of the log, at no cost), because an operator per
+# edited gradient would cost more than the edit (a dispatcher call into Python). The schedule
+# is the module hook's: a tensor hook registered in a forward acts in its backward.
+#
+# The hooks call the action itself, not a caller around it: every function the hook reaches is
+# guarded by dynamo at every call of the compiled code (two guards per closure level), and a
+# tensor hook's value is one tensor, which needs neither a container walk nor an index.
 
 
-def _grad_hook(b: Binding, st: SpecState) -> Callable[[Tensor], Tensor | None]:
-    """The tensor hook: the action on one gradient, its call and what it keeps through the
-    backward operator. The index of a gradient point picks which tensor gets the hook, so
-    the action sees the gradient as it is."""
-    unindexed = b if b.spec.index is None else without_index(b)
-    (fn, keeps), sid, keep = _traced_caller(unindexed), _sink_id(b, st), backward_keeper()
+def _grad_hook(b: Binding, st: SpecState) -> tuple[Callable[[Tensor], Tensor | None], bool]:
+    """The tensor hook of a traced gradient point, and whether it keeps something (a keeping
+    hook counts its own calls; an edit's are counted by the module hook that registers it)."""
+    pair = getattr(b.fn, "traced", None)
+    if pair is not None:
+        pure, keep, sid = pair[0], backward_keeper(), _sink_id(b, st)
 
-    if keeps:
+        def kept(grad: Tensor) -> None:
+            keep(sid + 0, pure(grad), grad)
 
-        def hook(grad: Tensor) -> Tensor | None:
-            keep(sid + 0, fn(grad), grad)
-            return None
+        return _named(b, kept), True
+    fn = b.fn
+    if b.action.wants_io:
+
+        def edit(grad: Tensor) -> Tensor | None:
+            try:
+                return fn(grad, None, None)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
 
     else:
 
-        def hook(grad: Tensor) -> Tensor | None:
-            new = fn(grad)
-            keep(sid + 0, None, grad)
-            return new
+        def edit(grad: Tensor) -> Tensor | None:
+            try:
+                return fn(grad)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
 
-    return _named(b, hook)
+    return _named(b, edit), False
 
 
 def output_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
-    grad_hook, index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    (grad_hook, keeps), index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    sid = -1 if keeps else _sink_id(b, st)  # an edit is counted here, at registration
     on = st.active
 
-    def hook(module: nn.Module, args: tuple, output: Any) -> None:
-        if on and (want is None or module.training is want):
-            if index is None and type(output) is Tensor:  # the common case, without a list
+    if keeps and index is None and want is None and b.always_on():  # the fewest checks
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if type(output) is Tensor:
                 if output.requires_grad:
                     output.register_hook(grad_hook)
                 return
-            for t in tensors(output if index is None else pick(b, output, index)):
+            for t in tensors(output):
                 if t.requires_grad:
                     t.register_hook(grad_hook)
+
+    elif index is None and want is None and b.always_on():  # an edit: the same, counted
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if type(output) is Tensor:
+                if output.requires_grad:
+                    output.register_hook(grad_hook)
+                    _log(sid + 0, None)
+                return
+            for t in tensors(output):
+                if t.requires_grad:
+                    t.register_hook(grad_hook)
+                    _log(sid + 0, None)
+
+    else:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if on and (want is None or module.training is want):
+                for t in tensors(output if index is None else pick(b, output, index)):
+                    if t.requires_grad:
+                        t.register_hook(grad_hook)
+                        if not keeps:
+                            _log(sid + 0, None)
 
     return [b.module.register_forward_hook(_switched(b, st, hook))]
 
 
 def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
-    grad_hook, index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    (grad_hook, keeps), index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    sid = -1 if keeps else _sink_id(b, st)
     # As in eager mode (eager.input_grad): a fresh alias carries the hook, so it sees the
     # gradient through this module only; an in-place module gets a copy of a leaf input.
     copy_leaves = getattr(b.module, "inplace", False) is True
     on = st.active
+
+    def alias(a: Tensor) -> Tensor:
+        new = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
+        new.register_hook(grad_hook)
+        if not keeps:
+            _log(sid + 0, None)
+        return new
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if not (on and (want is None or module.training is want)):
@@ -259,16 +310,12 @@ def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
         changed = False
         for i, a in enumerate(args):
             if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
-                alias = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
-                alias.register_hook(grad_hook)
-                new[i] = alias
+                new[i] = alias(a)
                 changed = True
         if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
             for k, a in kwargs.items():
                 if isinstance(a, Tensor) and a.requires_grad:
-                    alias = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
-                    alias.register_hook(grad_hook)
-                    kwargs = {**kwargs, k: alias}
+                    kwargs = {**kwargs, k: alias(a)}
                     changed = True
         return (tuple(new), kwargs) if changed else None
 
@@ -293,15 +340,22 @@ def param_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
     (fn, keeps), want, sid, module = _traced_caller(b), b.want_training, _sink_id(b, st), b.module
     on = st.active
 
-    def hook(grad: Tensor) -> Tensor | None:
-        if on and (want is None or module.training is want):
-            if keeps:
+    if keeps:
+
+        def hook(grad: Tensor) -> Tensor | None:
+            if on and (want is None or module.training is want):
                 _log(sid + 0, fn(grad))
-                return None
-            new = fn(grad)
-            _log(sid + 0, None)
-            return new
-        return None
+            return None
+
+    else:
+        edit, _ = _grad_hook(b, st)
+
+        def hook(grad: Tensor) -> Tensor | None:
+            if on and (want is None or module.training is want):
+                new = edit(grad)
+                _log(sid + 0, None)
+                return new
+            return None
 
     return [_param(b).register_hook(_switched(b, st, hook))]
 
@@ -312,7 +366,7 @@ def param_accumulated(b: Binding, st: SpecState) -> list[RemovableHandle]:
 
     def hook(param: Tensor) -> None:
         if on and (want is None or module.training is want) and param.grad is not None:
-            kept = fn(param.grad)  # read-only point: an observer's return value is dropped, as PyTorch does
+            kept = fn(param.grad)  # read-only point: an observer's return value is dropped, as PyTorch drops it
             _log(sid + 0, kept if keeps else None)
 
     return [_param(b).register_post_accumulate_grad_hook(_switched(b, st, hook))]
