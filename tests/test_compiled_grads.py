@@ -5,6 +5,11 @@ gradients, records, statistics and call counts equal eager mode's."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch._dynamo
@@ -279,3 +284,66 @@ def test_compiled_autograd_traces_the_parameter_hooks():
     # The backward graphs: one per state of `every2` (compiled autograd guards the hooks'
     # schedule cells as dynamo guards the module hooks'); no recompile per call.
     assert backward.frame_count == 2
+
+
+# gloo binds to the loopback interface only (it would take the hostname's address).
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"} if Path("/sys/class/net/lo").exists() else {}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
+def test_ddp_with_gradient_specs_under_compile_on_two_ranks(tmp_path):
+    """Two gloo ranks train under DDP and torch.compile with traced gradient specs: the
+    weights after two SGD steps equal the bare model's trained on the whole batch in eager
+    mode with the same specs, each rank's records are its half's gradients, and the specs
+    break no graph."""
+    from safetensors.torch import load_file
+
+    from tests.ddp_compile_worker import BATCH, LR, SPECS, STEPS, batch, make
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.ddp_compile_worker", str(r), "2", str(tmp_path / "store"), str(tmp_path / f"{r}")],
+            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+
+    # The reference: one process, eager hooks, each half of the batch on its own, the
+    # gradients averaged as DDP averages them.
+    x, y = batch()
+    half = BATCH // 2
+    bare = make()
+    graph = hg.compile(bare, SPECS)
+    params = dict(bare.named_parameters())
+    with graph.attach():
+        for _ in range(STEPS):
+            grads = []
+            for r in range(2):
+                part = slice(r * half, (r + 1) * half)
+                nn.functional.mse_loss(bare(x[part]), y[part]).backward()
+                grads.append({n: p.grad.clone() for n, p in params.items()})
+                bare.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for n, p in params.items():
+                    p -= LR * (grads[0][n] + grads[1][n]) / 2
+    records = graph.records["rec"]["2"]  # step 0 rank 0, step 0 rank 1, step 1 rank 0, ...
+    for r in range(2):
+        saved = load_file(tmp_path / f"{r}")
+        for n, p in params.items():
+            torch.testing.assert_close(saved[f"w.{n}"], p.detach(), rtol=0, atol=1e-6)
+        for step in range(STEPS):
+            torch.testing.assert_close(saved[f"rec.{step}"], records[2 * step + r], rtol=0, atol=1e-6)
+        assert {k: int(saved[f"calls.{k}"]) for k in SPECS} == {"clamp": 2, "rec": 2, "half": 4}
+        assert int(saved["frames"]) == 1
