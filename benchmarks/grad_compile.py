@@ -16,6 +16,7 @@ backward, one Python call per parameter).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -46,10 +47,7 @@ class HandGradHooks:
 
     def attach(self) -> None:
         for name in self.names:
-            fn = self.fn
-            if self.keeps:
-                lst = self.records[name]
-                fn = (lambda keep, lst: lambda g: keep(g, lst))(self.fn, lst)
+            fn = self.fn if not self.keeps else functools.partial(self.fn, lst=self.records[name])
             if self.on == "param":
                 self.handles.append(self.model.get_parameter(name).register_hook(fn))
                 continue
@@ -70,6 +68,14 @@ class HandGradHooks:
 
     def count(self) -> int:
         return sum(map(len, self.records.values()))
+
+
+def _both(*fns: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        for f in fns:
+            f()
+
+    return run
 
 
 def _grad_workload(
@@ -123,7 +129,7 @@ def _grad_workload(
         h = HandGradHooks(m, names, hand_fn, on=on, keeps=keeps)
         clear = zero(m)
         return Variant(name, train(m, **kw), setup=h.attach, teardown=h.detach,
-                       clear=lambda: (clear(), h.clear()), count=h.count if keeps else None,
+                       clear=_both(clear, h.clear), count=h.count if keeps else None,
                        probe=probe(m, (lambda: h.records[first]) if keeps else None), note=note)
 
     def graph(name: str, note: str, *, compiled: bool = True, **kw: Any) -> Variant:
@@ -132,7 +138,7 @@ def _grad_workload(
         clear = zero(m)
         records = (lambda: g.graph.records["g"][first]) if keeps else None
         return Variant(name, train(m, compiled=compiled, **kw), setup=g.attach, teardown=g.detach,
-                       clear=lambda: (clear(), g.clear()), count=g.count if keeps else None,
+                       clear=_both(clear, g.clear), count=g.count if keeps else None,
                        probe=probe(m, records), note=note)
 
     wl = Workload(key, title, hooked_calls=len(names))
@@ -164,7 +170,7 @@ def _clamp(g: Tensor) -> Tensor:
     return g.clamp(-0.01, 0.01)
 
 
-def _keep(g: Tensor, lst: list) -> None:
+def _keep(g: Tensor, *, lst: list) -> None:
     lst.append(g.detach().clone())
 
 

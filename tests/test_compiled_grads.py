@@ -306,7 +306,8 @@ def test_ddp_with_gradient_specs_under_compile_on_two_ranks(tmp_path):
     env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.ddp_compile_worker", str(r), "2", str(tmp_path / "store"), str(tmp_path / f"{r}")],
+            [sys.executable, "-m", "tests.ddp_compile_worker", str(r), "2", str(tmp_path / "store"),
+             str(tmp_path / f"{r}")],
             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for r in range(2)

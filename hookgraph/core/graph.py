@@ -332,14 +332,15 @@ class HookGraph:
 
         Args:
             compiled: the model runs under ``torch.compile``. Every binding is registered at
-                attach and switched by its schedule (a change recompiles once). Forward and
-                forward_pre hooks of traceable actions (record, stats, edits, patch) are
-                traced into the compiled graph and keep their results in the store's trace
-                log until a reader (``records``, ``stats``, ``calls``, ``set_step``) empties
-                it; the others run eagerly beside the compiled code, one graph break per
-                hooked module (``plan()``'s ``compiled`` column says which). Records and
-                replacements are the same as in eager mode. Tensor and parameter gradient
-                hooks run in autograd as usual.
+                attach and switched by its schedule (a change recompiles once). Forward,
+                forward_pre, output_grad and input_grad hooks of traceable actions (record,
+                stats, edits, patch) are traced into the compiled forward and backward
+                graphs and keep their results in the store's trace log until a reader
+                (``records``, ``stats``, ``calls``, ``set_step``) empties it; parameter
+                gradient hooks run in autograd after the compiled backward (traced by
+                compiled autograd); the others run eagerly beside the compiled code, one
+                graph break per hooked module (``plan()``'s ``compiled`` column says which).
+                Records and replacements are the same as in eager mode.
 
         Returns:
             The :class:`Attachment`: a context manager whose exit (also on error) removes
@@ -387,7 +388,8 @@ class HookGraph:
             f"the model was compiled with fullgraph=True, which allows no graph break, and these specs' "
             f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
             "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
-            "clip_norm, patch), or mark your own function {_target_: fn, traceable: true} if dynamo can trace it"
+            "clip_norm, patch; the full backward points: output_grad or input_grad instead), or mark your own "
+            "function {_target_: fn, traceable: true} if dynamo can trace it"
         )
 
     @property
