@@ -215,7 +215,9 @@ def _grad_hook(b: Binding, st: SpecState) -> tuple[Callable[[Tensor], Tensor | N
     hook counts its own calls; an edit's are counted by the module hook that registers it)."""
     pair = getattr(b.fn, "traced", None)
     if pair is not None:
-        pure, keep, sid = pair[0], backward_keeper(), _sink_id(b, st)
+        # The operator copies what it keeps: a ``pure`` that only copies has a variant that
+        # does not (record without reductions), saving the compiled backward a write per call.
+        pure, keep, sid = getattr(pair[0], "uncopied", pair[0]), backward_keeper(), _sink_id(b, st)
 
         def kept(grad: Tensor) -> None:
             keep(sid + 0, pure(grad), grad)
@@ -348,11 +350,17 @@ def param_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
             return None
 
     else:
-        edit, _ = _grad_hook(b, st)
+        # The action itself, its error named here: no caller frame per parameter per backward.
+        act = b.fn if not b.action.wants_io else (lambda grad, wants=b.fn: wants(grad, None, None))
 
         def hook(grad: Tensor) -> Tensor | None:
             if on and (want is None or module.training is want):
-                new = edit(grad)
+                try:
+                    new = act(grad)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
                 _log(sid + 0, None)
                 return new
             return None
