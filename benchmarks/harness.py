@@ -13,7 +13,9 @@ machine's state; ratios are medians of these per-pass ratios. GC is collected be
 them. Each iteration is one ``time.perf_counter`` sample, after a CUDA synchronise on GPU.
 
 Workloads: W1-W4 in ``workloads.py``, and W1C/W3C (W1 and W3 under ``torch.compile``, not in
-the default set: compiling takes minutes), W5 (GPU) in ``gpu.py``; peers in ``peers.py``.
+the default set: compiling takes minutes), W5 (GPU) in ``gpu.py``; peers in ``peers.py``;
+G1-G4 (gradient specs under ``torch.compile``, forward + backward, not in the default set)
+in ``grad_compile.py``.
 """
 
 from __future__ import annotations
@@ -485,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--workloads",
         default=DEFAULT_WORKLOADS,
-        help=f"comma-separated, from W1..W5, W1C, W3C (default {DEFAULT_WORKLOADS})",
+        help=f"comma-separated, from W1..W5, W1C, W3C, G1..G4 (default {DEFAULT_WORKLOADS})",
     )
     p.add_argument("--rounds", type=int, default=20, help="timed rounds per workload (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warmup iterations per variant (default 3)")
@@ -510,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         "--w5-smoke", action="store_true", help="run W5's code on CPU with a small model (plumbing check only)"
     )
     p.add_argument(
-        "--compile-backend", default="inductor", help="torch.compile backend of W1C/W3C (default inductor)"
+        "--compile-backend", default="inductor", help="torch.compile backend of W1C/W3C/G1-G4 (default inductor)"
     )
     p.add_argument("--out", help="also write the markdown report to this file")
     p.add_argument("--json", help="write raw samples to this JSON file")
@@ -519,11 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     torch_default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from . import gpu, workloads
+    from . import gpu, grad_compile, workloads
 
     factories = dict(workloads.WORKLOADS)
+    factories.update(grad_compile.WORKLOADS)
     factories["W5"] = lambda use_peers=True: gpu.w5(use_peers, smoke=args.w5_smoke)
-    for key in ("W1C", "W3C"):
+    for key in ("W1C", "W3C", *grad_compile.WORKLOADS):
         factories[key] = lambda use_peers=True, build=factories[key]: build(use_peers, backend=args.compile_backend)
     keys = [k.strip().upper() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in keys if k not in factories]

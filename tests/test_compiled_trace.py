@@ -157,7 +157,11 @@ def test_plan_says_how_every_binding_runs_under_compile():
         "user": {"target": "3", "action": {"_target_": "tests.helpers_actions.add_offset"}},
         "user_traced": {"target": "4", "action": {"_target_": "tests.helpers_actions.add_offset", "traceable": True}},
         "grads": {"target": "2", "at": "output_grad", "action": "record"},
+        "igrads": {"target": "2", "at": "input_grad", "action": "clamp", "args": {"max": 1.0}},
+        "show_grads": {"target": "2", "at": "output_grad", "action": "print"},
         "pgrads": {"target": "0.weight", "at": "param_grad", "action": "record"},
+        "show_pgrads": {"target": "0.weight", "at": "param_grad", "action": "print"},
+        "full": {"target": "2", "at": "backward", "action": "record"},
         "trace": {"target": "0", "action": "trace"},
     }
     modes = {r["spec"]: r["compiled"] for r in hg.compile(net(), specs).plan()}
@@ -166,8 +170,12 @@ def test_plan_says_how_every_binding_runs_under_compile():
         "noise": "traced",
         "user": "graph break (action 'tests.helpers_actions.add_offset' is not traceable)",
         "user_traced": "traced",
-        "grads": "graph break (output_grad hooks run eagerly)",
-        "pgrads": "autograd",
+        "grads": "traced",
+        "igrads": "traced",
+        "show_grads": "graph break (action 'print' is not traceable)",
+        "pgrads": "eager in autograd after the compiled backward (compiled autograd traces it)",
+        "show_pgrads": "eager in autograd after the compiled backward (action 'print' is not traceable)",
+        "full": "graph break (backward is a full backward hook, which dynamo does not trace; output_grad is)",
         "trace": "graph break (action 'trace' is not traceable)",
     }
 

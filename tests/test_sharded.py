@@ -96,7 +96,9 @@ def test_param_grad_fires_and_edits_on_fsdp(group):
     assert g_bare.records["rec"]["0.bias"][0].abs().sum() > 0.1  # recorded before the zero (order 0 < 1)
     torch.testing.assert_close(g_fsdp.records["acc"]["2.weight"][0], bare[2].weight.grad, rtol=0, atol=0)
     # Under torch.compile the bare model's gradient hooks run in autograd; FSDP2's go through a pre-hook.
-    assert {r["compiled"] for r in g_bare.plan()} == {"autograd"}
+    assert {r["compiled"] for r in g_bare.plan()} == {
+        "eager in autograd after the compiled backward (compiled autograd traces it)"
+    }
     assert {r["compiled"].split(":")[0] for r in g_fsdp.plan()} == {"graph break (FSDP2"}
 
 

@@ -523,6 +523,15 @@ def _plain_copy(value: Any) -> Any:
     return value.detach().clone() if type(value) is Tensor else tree_map(_copy, value)
 
 
+def _plain_view(value: Any) -> Any:
+    """``_plain_copy`` for the gradient hooks traced into a compiled backward, whose operator
+    copies what it keeps (see ``hookgraph.core.tracelog``): the gradient, detached."""
+    return value.detach() if type(value) is Tensor else tree_map(_copy, value)
+
+
+_plain_copy.uncopied = _plain_view  # type: ignore[attr-defined]
+
+
 def _copy(t: Tensor) -> Tensor:
     t = t.detach()
     if type(t) is not Tensor and is_dtensor(t):  # shard "local": the writer keeps plain tensors only

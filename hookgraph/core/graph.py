@@ -197,7 +197,7 @@ class Attachment:
     def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
         """The binding's hooks, by its point's registrar: the traced one where dynamo traces
         them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
-        if st.log is not None and b.compiled_mode() == "traced":
+        if st.log is not None and b.traced_hooks:
             return TRACED_REGISTRARS[b.at](b, st)
         if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say
             return REGISTRARS[b.at](b, st)
@@ -230,6 +230,9 @@ class Attachment:
         # a backward() after detach run none of our actions.
         for st, _ in self._specs:
             st.active = False
+            # Traced gradient hooks live in compiled backward code: a backward of a forward
+            # run while attached still calls the log after this, and must reach no sink.
+            st.sinks.clear()
         if self._graph._attachment is self:
             self._graph._attachment = None
         self._graph._add_counts(*self.counts())
@@ -343,14 +346,15 @@ class HookGraph:
 
         Args:
             compiled: the model runs under ``torch.compile``. Every binding is registered at
-                attach and switched by its schedule (a change recompiles once). Forward and
-                forward_pre hooks of traceable actions (record, stats, edits, patch) are
-                traced into the compiled graph and keep their results in the store's trace
-                log until a reader (``records``, ``stats``, ``calls``, ``set_step``) empties
-                it; the others run eagerly beside the compiled code, one graph break per
-                hooked module (``plan()``'s ``compiled`` column says which). Records and
-                replacements are the same as in eager mode. Tensor and parameter gradient
-                hooks run in autograd as usual.
+                attach and switched by its schedule (a change recompiles once). Forward,
+                forward_pre, output_grad and input_grad hooks of traceable actions (record,
+                stats, edits, patch) are traced into the compiled forward and backward
+                graphs and keep their results in the store's trace log until a reader
+                (``records``, ``stats``, ``calls``, ``set_step``) empties it; parameter
+                gradient hooks run in autograd after the compiled backward (traced by
+                compiled autograd); the others run eagerly beside the compiled code, one
+                graph break per hooked module (``plan()``'s ``compiled`` column says which).
+                Records and replacements are the same as in eager mode.
 
         Returns:
             The :class:`Attachment`: a context manager whose exit (also on error) removes
@@ -373,10 +377,12 @@ class HookGraph:
         """
         if self._attachment is not None:
             raise HookGraphError("this graph is attached already; remove the first attachment before attaching again")
-        if compiled_without_breaks(self.model):
+        fullgraph = compiled_without_breaks(self.model)
+        if fullgraph:
             self._refuse_graph_breaks()
-        # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say so.
-        return Attachment(self, compiled=compiled or is_compiled(self.model))
+        # A torch.compile wrapper gets the compiled-mode hooks even if the caller did not say
+        # so; with fullgraph=True every hook left is one dynamo traces.
+        return Attachment(self, compiled=compiled or fullgraph or is_compiled(self.model))
 
     def _refuse_graph_breaks(self) -> None:
         """fullgraph=True allows no graph break: name every spec whose hooks would make one."""
@@ -396,7 +402,8 @@ class HookGraph:
             f"the model was compiled with fullgraph=True, which allows no graph break, and these specs' "
             f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
             "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
-            "clip_norm, patch), or mark your own function {_target_: fn, traceable: true} if dynamo can trace it"
+            "clip_norm, patch; the full backward points: output_grad or input_grad instead), or mark your own "
+            "function {_target_: fn, traceable: true} if dynamo can trace it"
         )
 
     @property

@@ -60,7 +60,9 @@ class PointInfo:
     # module holding it is no obstacle, a frozen parameter never fires, and under
     # torch.compile autograd runs them beside the compiled graph.
     tensor_only: bool = False
-    traceable: bool = False  # under torch.compile, dynamo can trace its module hooks into the graph
+    # Under torch.compile, dynamo can trace its module hooks into the graph (output_grad and
+    # input_grad: the module hook registers a tensor hook, traced into the compiled backward).
+    traceable: bool = False
     copy_on_record: bool = False  # the value is rewritten in place by design (a parameter, .grad): record copies it
 
     @property
@@ -92,11 +94,11 @@ POINTS: dict[HookPoint, PointInfo] = {
     ),
     HookPoint.output_grad: PointInfo(
         **_GRAD, mechanism="forward hook + Tensor.register_hook on the output", value="gradient w.r.t. the output",
-        value_of="grad_output",
+        value_of="grad_output", traceable=True,
     ),
     HookPoint.input_grad: PointInfo(
         **_GRAD, mechanism="forward pre-hook + Tensor.register_hook on the inputs", value="gradient w.r.t. the inputs",
-        value_of="grad_input",
+        value_of="grad_input", traceable=True,
     ),
     HookPoint.param_value: PointInfo(
         **_PARAM,

@@ -1,6 +1,6 @@
 """The compiled binding: one spec bound to one name at one hook point (the plan).
 
-Public names: Binding.
+Public names: Binding, AUTOGRAD_TRACEABLE.
 
 The compiler builds one per (spec, target); nothing changes it afterwards. What changes
 while hooks are attached (whether the schedule includes the step, how often the action ran,
@@ -18,12 +18,16 @@ from typing import Any, TypeVar, dataclass_transform
 from torch import nn
 
 from hookgraph.actions.registry import ActionDef
-from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.core.points import POINTS, TRACED_REGISTRARS, HookPoint
 from hookgraph.core.spec import HookSpec
 
-__all__ = ["Binding"]
+__all__ = ["Binding", "AUTOGRAD_TRACEABLE"]
 
 _T = TypeVar("_T")
+
+# The plan's words for parameter gradient hooks under torch.compile (Binding.compiled_mode).
+_AUTOGRAD = "eager in autograd after the compiled backward"
+AUTOGRAD_TRACEABLE = f"{_AUTOGRAD} (compiled autograd traces it)"
 
 
 @dataclass_transform(frozen_default=True)
@@ -82,25 +86,46 @@ class Binding:
 
     @property
     def traced(self) -> bool:
-        """Under torch.compile, dynamo traces this binding's hooks into the graph.
-
-        True for the module hooks of traceable points (forward, forward_pre) and actions; the
-        others run eagerly beside the compiled code (see :meth:`compiled_mode`).
-        """
+        """Under torch.compile, this binding's hooks do not break the graph: dynamo traces
+        them into it, or autograd runs them beside it (see :meth:`compiled_mode`)."""
         return not self.compiled_mode().startswith("graph break")
+
+    @property
+    def traced_hooks(self) -> bool:
+        """A compiled attachment registers this binding's hooks through the traced registrar
+        (``points.TRACED_REGISTRARS``): hooks dynamo can trace, which keep their results
+        through the trace log."""
+        mode = self.compiled_mode()
+        return mode == "traced" or mode == AUTOGRAD_TRACEABLE
 
     def compiled_mode(self) -> str:
         """How the binding's hooks run under torch.compile, as the plan shows it:
-        ``traced``, ``autograd`` (gradient hooks that autograd runs beside the compiled
-        graph) or ``graph break (why)``: the hook runs eagerly, splitting the graph there."""
+
+        - ``traced``: dynamo traces them into the compiled graphs (forward hooks into the
+          forward graph; output_grad and input_grad hooks register a tensor hook there,
+          which runs inside the compiled backward);
+        - ``eager in autograd after the compiled backward (why)``: parameter hooks, which
+          autograd runs when it accumulates the gradient, after the compiled backward graph
+          (no graph break); compiled autograd traces the traceable ones into its graph;
+        - ``graph break (why)``: the hook runs eagerly, splitting the graph there.
+        """
         if self.shard is not None:  # fsdp2.py: a forward pre-hook on the FSDP module hooks the unsharded tensor
             return "graph break (FSDP2: a forward pre-hook on the owning module hooks the unsharded parameter)"
         info = POINTS[self.at]
+        traceable = self.action.traceable and getattr(self.fn, "traceable", True)
         if info.tensor_only:
-            return "autograd"
+            if not traceable:
+                return f"{_AUTOGRAD} (action {self.action.name!r} is not traceable)"
+            if self.lock is not None:
+                return f"{_AUTOGRAD} (replicas run hooks in threads)"
+            if self.at not in TRACED_REGISTRARS:
+                return f"{_AUTOGRAD} (hook point {str(self.at)!r} has no traced registrar)"
+            return AUTOGRAD_TRACEABLE
         if not info.traceable:
+            if info.full_backward:
+                return f"graph break ({self.at} is a full backward hook, which dynamo does not trace; output_grad is)"
             return f"graph break ({self.at} hooks run eagerly)"
-        if not (self.action.traceable and getattr(self.fn, "traceable", True)):
+        if not traceable:
             return f"graph break (action {self.action.name!r} is not traceable)"
         if self.lock is not None:
             return "graph break (replicas run hooks in threads)"

@@ -1,9 +1,12 @@
 """Traced registrars: hooks that dynamo traces into the compiled graph under torch.compile.
 
-Public names: block_hooks, forward_pre, forward (put in ``points.TRACED_REGISTRARS``).
+Public names: block_hooks, forward_pre, forward, output_grad, input_grad, param_grad,
+param_accumulated (put in ``points.TRACED_REGISTRARS``).
 
-Used for the bindings whose ``traced`` is true in a compiled attachment (forward and
-forward_pre hooks of traceable actions); every other hook runs eagerly (``eager``).
+Used for the bindings whose ``traced_hooks`` is true in a compiled attachment (traceable
+actions at forward, forward_pre, output_grad and input_grad, whose hooks dynamo traces into
+the compiled forward and backward graphs, and at param_grad and param_accumulated, whose
+hooks compiled autograd can trace); every other hook runs eagerly (``eager``).
 
 Every read below is a constant to dynamo, guarded (the schedule's ``on`` changes with the
 step: one recompile per change, the code for each state is kept); the call is counted, and
@@ -23,15 +26,17 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.hooks.callers import Inputs, make_caller, pick, tuple_io
+from hookgraph.core.hooks.callers import Inputs, action_error, make_caller, pick, position, tuple_io
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import TRACED_REGISTRARS, HookPoint
 from hookgraph.core.torch_internals import compiled_module_of
-from hookgraph.core.tracelog import TRACE, Call
+from hookgraph.core.tracelog import TRACE, Call, backward_keeper
 from hookgraph.core.tree import tensors
 from hookgraph.errors import HookGraphError
 
-__all__ = ["block_hooks", "forward_pre", "forward"]
+__all__ = [
+    "block_hooks", "forward_pre", "forward", "output_grad", "input_grad", "param_grad", "param_accumulated",
+]
 
 
 def _named(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,4 +192,199 @@ def forward(b: Binding, st: SpecState) -> list[RemovableHandle]:
     return [b.module.register_forward_hook(_switched(b, st, hook))]
 
 
-TRACED_REGISTRARS.update({HookPoint.forward_pre: forward_pre, HookPoint.forward: forward})
+# -- gradient points ------------------------------------------------------------------------
+#
+# output_grad and input_grad: the traced module hook registers a tensor hook on the output (on
+# an alias of each input), as a hand-written ``out.register_hook(fn)`` in a forward hook does.
+# Dynamo traces such a hook on an intermediate tensor as a subgraph that AOT autograd runs
+# while it traces the backward: the edit lands in the compiled backward graph. That subgraph
+# may have no Python side effects, so what a record or stats action keeps is handed over by an
+# operator of the graph that runs when the backward does (tracelog.backward_keeper), which
+# also counts the call. An edit keeps nothing: its call is counted when the forward registers
+# the tensor hook (in the forward's block of the log, at no cost), because an operator per
+# edited gradient would cost more than the edit (a dispatcher call into Python). The schedule
+# is the module hook's: a tensor hook registered in a forward acts in its backward.
+#
+# The hooks call the action itself, not a caller around it: every function the hook reaches is
+# guarded by dynamo at every call of the compiled code (two guards per closure level), and a
+# tensor hook's value is one tensor, which needs neither a container walk nor an index.
+
+
+def _grad_hook(b: Binding, st: SpecState) -> tuple[Callable[[Tensor], Tensor | None], bool]:
+    """The tensor hook of a traced gradient point, and whether it keeps something (a keeping
+    hook counts its own calls; an edit's are counted by the module hook that registers it)."""
+    pair = getattr(b.fn, "traced", None)
+    if pair is not None:
+        # The operator copies what it keeps: a ``pure`` that only copies has a variant that
+        # does not (record without reductions), saving the compiled backward a write per call.
+        pure, keep, sid = getattr(pair[0], "uncopied", pair[0]), backward_keeper(), _sink_id(b, st)
+
+        def kept(grad: Tensor) -> None:
+            keep(sid + 0, pure(grad), grad)
+
+        return _named(b, kept), True
+    fn = b.fn
+    if b.action.wants_io:
+
+        def edit(grad: Tensor) -> Tensor | None:
+            try:
+                return fn(grad, None, None)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
+
+    else:
+
+        def edit(grad: Tensor) -> Tensor | None:
+            try:
+                return fn(grad)
+            except HookGraphError:
+                raise
+            except Exception as exc:
+                raise action_error(b, exc) from exc
+
+    return _named(b, edit), False
+
+
+def output_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (grad_hook, keeps), index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    sid = -1 if keeps else _sink_id(b, st)  # an edit is counted here, at registration
+    on = st.active
+
+    if keeps and index is None and want is None and b.always_on():  # the fewest checks
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if type(output) is Tensor:
+                if output.requires_grad:
+                    output.register_hook(grad_hook)
+                return
+            for t in tensors(output):
+                if t.requires_grad:
+                    t.register_hook(grad_hook)
+
+    elif index is None and want is None and b.always_on():  # an edit: the same, counted
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if type(output) is Tensor:
+                if output.requires_grad:
+                    output.register_hook(grad_hook)
+                    _log(sid + 0, None)
+                return
+            for t in tensors(output):
+                if t.requires_grad:
+                    t.register_hook(grad_hook)
+                    _log(sid + 0, None)
+
+    else:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if on and (want is None or module.training is want):
+                for t in tensors(output if index is None else pick(b, output, index)):
+                    if t.requires_grad:
+                        t.register_hook(grad_hook)
+                        if not keeps:
+                            _log(sid + 0, None)
+
+    return [b.module.register_forward_hook(_switched(b, st, hook))]
+
+
+def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (grad_hook, keeps), index, want = _grad_hook(b, st), b.spec.index, b.want_training
+    sid = -1 if keeps else _sink_id(b, st)
+    # As in eager mode (eager.input_grad): a fresh alias carries the hook, so it sees the
+    # gradient through this module only; an in-place module gets a copy of a leaf input.
+    copy_leaves = getattr(b.module, "inplace", False) is True
+    on = st.active
+
+    def alias(a: Tensor) -> Tensor:
+        new = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
+        new.register_hook(grad_hook)
+        if not keeps:
+            _log(sid + 0, None)
+        return new
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        if not (on and (want is None or module.training is want)):
+            return None
+        chosen = None if index is None else position(b, args, index)
+        new = list(args)
+        changed = False
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
+                new[i] = alias(a)
+                changed = True
+        if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
+            for k, a in kwargs.items():
+                if isinstance(a, Tensor) and a.requires_grad:
+                    kwargs = {**kwargs, k: alias(a)}
+                    changed = True
+        return (tuple(new), kwargs) if changed else None
+
+    return [b.module.register_forward_pre_hook(_switched(b, st, hook), with_kwargs=True)]
+
+
+# param_grad and param_accumulated: hooks on the parameter itself, registered once. Autograd
+# runs them when it accumulates the gradient, after the compiled backward graph (Python,
+# without a graph break); compiled autograd traces them into its backward graph. Written as
+# the traced module hooks are (the schedule in a closure cell, calls and results through the
+# trace log) so that compiled autograd traces them without recompiling per call; run by plain
+# autograd they cost what the eager hooks cost.
+
+
+def _param(b: Binding) -> nn.Parameter:
+    if b.param is None:
+        raise HookGraphError(f"{b.key}: {b.at} binds a parameter, and {b.target!r} has none (an internal error)")
+    return b.param
+
+
+def param_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (fn, keeps), want, sid, module = _traced_caller(b), b.want_training, _sink_id(b, st), b.module
+    on = st.active
+
+    if keeps:
+
+        def hook(grad: Tensor) -> Tensor | None:
+            if on and (want is None or module.training is want):
+                _log(sid + 0, fn(grad))
+            return None
+
+    else:
+        # The action itself, its error named here: no caller frame per parameter per backward.
+        act = b.fn if not b.action.wants_io else (lambda grad, wants=b.fn: wants(grad, None, None))
+
+        def hook(grad: Tensor) -> Tensor | None:
+            if on and (want is None or module.training is want):
+                try:
+                    new = act(grad)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
+                _log(sid + 0, None)
+                return new
+            return None
+
+    return [_param(b).register_hook(_switched(b, st, hook))]
+
+
+def param_accumulated(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    (fn, keeps), want, sid, module = _traced_caller(b), b.want_training, _sink_id(b, st), b.module
+    on = st.active
+
+    def hook(param: Tensor) -> None:
+        if on and (want is None or module.training is want) and param.grad is not None:
+            kept = fn(param.grad)  # read-only point: an observer's return value is dropped, as PyTorch drops it
+            _log(sid + 0, kept if keeps else None)
+
+    return [_param(b).register_post_accumulate_grad_hook(_switched(b, st, hook))]
+
+
+TRACED_REGISTRARS.update({
+    HookPoint.forward_pre: forward_pre,
+    HookPoint.forward: forward,
+    HookPoint.output_grad: output_grad,
+    HookPoint.input_grad: input_grad,
+    HookPoint.param_grad: param_grad,
+    HookPoint.param_accumulated: param_accumulated,
+})
