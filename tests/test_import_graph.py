@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hookgraph.core.transfer",
             "hookgraph.core.torch_internals",
             "hookgraph.core.dtensors",
+            "hookgraph.core.fingerprint",
         ),
     ),
     ("runs", ("hookgraph.runs",)),

