@@ -22,7 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions, source_label
+from hookgraph.actions.recorded import (
+    check_source_model,
+    position_index,
+    recorded_value,
+    resolve_positions,
+    source_label,
+)
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
 from hookgraph.errors import HookGraphError

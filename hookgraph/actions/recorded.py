@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
-
-from torch import nn
+from torch import Tensor, nn
 
 from hookgraph.core.fingerprint import describe_model, model_identity, same_model
 from hookgraph.errors import HookGraphError, did_you_mean
