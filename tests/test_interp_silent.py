@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -119,3 +120,41 @@ def test_no_packaged_experiment_overrides_a_field_of_the_model_you_choose(tmp_pa
     model = OmegaConf.to_container(cfg.model)
     assert model["_target_"] == "transformers.GPT2LMHeadModel" and model["name"] is None
     assert model["kwargs"] == yaml.safe_load(TINY3)["kwargs"], experiment
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50, n_positions=16)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize(
+    ("target", "at", "why"),
+    [
+        ("transformer.h.1.attn", "forward", "not split into attention heads"),  # after the projection: 0.2273
+        ("transformer.h.1.mlp.c_proj", "forward_pre", "not split into attention heads"),  # 64 MLP units as "head 0"
+        ("transformer.h.1.attn.c_proj", "forward", "the heads already mixed"),
+    ],
+)
+@pytest.mark.parametrize("action", ["head_mask", "head_patch"])
+def test_head_actions_refuse_a_site_without_heads_naming_the_right_one(gpt2, target, at, why, action):
+    args = {"heads": 0} if action == "head_mask" else {"heads": 0, "prompt": [[5, 9, 2, 7, 11, 3]]}
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(gpt2, {"a": {"target": target, "at": at, "action": action, "args": args}})
+    msg = str(err.value)
+    assert f"{target!r} at {at} is not a per-head site" in msg and why in msg
+    assert "target: transformer.h.1.attn.c_proj, at: forward_pre" in msg
+
+
+def test_head_mask_at_the_per_head_site_and_with_an_explicit_head_count_still_runs(gpt2):
+    ids = torch.tensor([[5, 9, 2, 7, 11, 3]])
+    g = hg.compile(gpt2, {"a": {"target": "transformer.h.1.attn.c_proj", "at": "forward_pre",
+                                "action": "head_mask", "args": {"heads": 0}}})
+    with g.attach(), torch.no_grad():
+        gpt2(input_ids=ids)
+    # A model with other names: n_heads in the spec says the value is per head.
+    hg.compile(gpt2, {"a": {"target": "transformer.h.1.mlp.c_proj", "at": "forward_pre",
+                            "action": "head_mask", "args": {"heads": 0, "n_heads": 4}}})

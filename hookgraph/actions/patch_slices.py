@@ -33,9 +33,83 @@ from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
 from hookgraph.errors import HookGraphError
 
-__all__ = ["head_view", "n_heads_of"]
+__all__ = ["head_view", "n_heads_of", "check_head_site"]
 
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
+_OUT_PROJ = ("c_proj", "o_proj", "out_proj")  # GPT-2; Llama, Mistral, Qwen...; BART, OPT, CLIP...
+# TransformerLens hook points whose value is [batch, pos, head, d]: the head actions' layout.
+_TL_PER_HEAD = ("hook_z", "hook_result", "hook_q", "hook_k", "hook_v", "hook_q_input", "hook_k_input",
+                "hook_v_input", "hook_rot_q", "hook_rot_k")
+_TL_HEAD_FIRST = ("hook_pattern", "hook_attn_scores")  # [batch, head, query, key]: heads at dim 1
+
+
+def _attention_like(model: torch.nn.Module, name: str) -> bool:
+    try:
+        mod = model.get_submodule(name)
+    except AttributeError:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    cls = type(mod).__name__.lower()
+    return "attn" in last or "attention" in last or "attention" in cls or "attn" in cls
+
+
+def _per_head_sites(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """Every site of ``model`` known to hold a per-head value: (target, at)."""
+    out = []
+    for name, _ in model.named_modules():
+        parent, _, last = name.rpartition(".")
+        if last == "hook_z":
+            out.append((name, "forward"))
+        elif last in _OUT_PROJ and parent and _attention_like(model, parent):
+            out.append((name, "forward_pre"))
+    return out
+
+
+def _nearest_site(model: torch.nn.Module, target: str) -> tuple[str, str] | None:
+    """The per-head site that shares the longest dotted prefix with ``target``."""
+    parts = target.split(".")
+
+    def shared(name: str) -> int:
+        n = 0
+        for a, b in zip(name.split("."), parts, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    sites = _per_head_sites(model)
+    return max(sites, key=lambda s: shared(s[0])) if sites else None
+
+
+def check_head_site(ctx: ActionContext, action: str) -> None:
+    """Refuse a site that holds no per-head value, naming the one that does (module doc)."""
+    model = ctx.model
+    if model is None:  # an ActionContext built by hand: nothing to look at
+        return
+    parent, _, last = ctx.target.rpartition(".")
+    at = str(getattr(ctx.at, "value", ctx.at))
+    if last in _TL_PER_HEAD:
+        return
+    if last in _OUT_PROJ and at == "forward_pre" and parent and _attention_like(model, parent):
+        return
+    if last in _TL_HEAD_FIRST:
+        why = f"its value is [batch, head, query, key] and {action} reads heads as [..., head, d_head]"
+    elif last in _OUT_PROJ and parent and _attention_like(model, parent):
+        why = f"at {at} it is the projection's {'output' if at == 'forward' else at}, the heads already mixed"
+    else:
+        why = "its value is not split into attention heads"
+    near = _nearest_site(model, ctx.target)
+    hint = (
+        f"the per-head value nearby is target: {near[0]}, at: {near[1]}"
+        + (" (the input of the attention's output projection, [batch, seq, n_heads * d_head])"
+           if near[1] == "forward_pre" else "")
+        if near is not None
+        else "this model has no site hookgraph knows to be per head"
+    )
+    raise ValueError(
+        f"{ctx.target!r} at {at} is not a per-head site ({why}); {hint}. "
+        "On a model whose per-head value has another name, give n_heads to say this value is per head"
+    )
 
 
 def n_heads_of(model: torch.nn.Module | None, target: str) -> int | None:
@@ -89,6 +163,15 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
     bad = [h for h in heads if not -n <= h < n]
     if bad:
         raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
+
+
+def _check_heads_now(heads: list[int], n: int | None) -> None:
+    """Heads past the head count, at compile time when the count is known (else at the first call)."""
+    if n is None:
+        return
+    bad = [h for h in heads if not -n <= h < n]
+    if bad:
+        raise ValueError(f"heads: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
 def _mask(
@@ -250,7 +333,10 @@ def head_patch(
     patch_positions; ``n_heads`` defaults to the enclosing attention's."""
     idx = _heads_list(heads)
     pos = position_index(positions)
+    if n_heads is None:
+        check_head_site(ctx, "head_patch")
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    _check_heads_now(idx, n)
     saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
     return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
 
@@ -269,7 +355,10 @@ def head_mask(
     or TransformerLens's ``hook_z``."""
     idx = _heads_list(heads)
     pos = position_index(positions)
+    if n_heads is None:
+        check_head_site(ctx, "head_mask")
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    _check_heads_now(idx, n)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
 

@@ -8,13 +8,14 @@ model, so that values recorded on one model are never spliced into another witho
 
 - ``class``: the model's class, module and qualified name.
 - ``parameters``: how many parameter tensors, and ``numel`` how many values.
-- ``architecture``: sha256 over every parameter's name, shape and dtype, in
-  ``named_parameters()`` order: two models with the same architecture have the same one,
-  whatever their weights.
-- ``weights``: sha256 over the architecture hash and, per parameter, the exact bytes of up to
-  ``SAMPLES`` values taken at evenly spaced flat positions (as float32 on the host). Exact
-  values, not sums, so a model on a GPU and the same model on the CPU agree bit for bit; a
-  sample, not every byte, so that a 7B model is fingerprinted in well under a second. Two
+- ``architecture``: sha256 over every parameter's name and shape, in ``named_parameters()``
+  order: two models with the same architecture have the same one, whatever their weights
+  and dtype.
+- ``weights``: sha256 over the architecture hash and, per parameter, the bytes of up to
+  ``SAMPLES`` values taken at evenly spaced flat positions, rounded to bfloat16 on the host.
+  Values, not sums, so a model on a GPU and the same model on the CPU agree bit for bit;
+  rounded to bfloat16, so the same weights in float32, float64 or bfloat16 (``runner.dtype``)
+  agree; a sample, not every byte, so that a 7B model is fingerprinted in well under a second. Two
   models that differ only at unsampled positions of every tensor get the same fingerprint
   (a fine-tuned or differently seeded model differs everywhere). ``None`` where the values
   cannot be read here: parameters on the meta device, or sharded (FSDP2's DTensors).
@@ -46,7 +47,9 @@ def _sample(p: torch.Tensor) -> bytes:
     if n > SAMPLES:
         idx = torch.linspace(0, n - 1, SAMPLES, device=flat.device).long()
         flat = flat.index_select(0, idx)
-    return flat.to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes()
+    # float32 first: float64 -> bfloat16 and float32 -> bfloat16 then round alike.
+    rounded = flat.to(device="cpu", dtype=torch.float32).to(torch.bfloat16)
+    return rounded.view(torch.int16).contiguous().numpy().tobytes()
 
 
 # model -> (what its parameters were, their identity): every patch site of a compile asks for
@@ -70,7 +73,7 @@ def model_identity(model: nn.Module) -> dict[str, Any]:
 def _identity(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> dict[str, Any]:
     arch = hashlib.sha256()
     for name, p in params:
-        arch.update(f"{name}|{tuple(p.shape)}|{p.dtype}\n".encode())
+        arch.update(f"{name}|{tuple(p.shape)}\n".encode())
     arch_hex = arch.hexdigest()[:16]
     weights: str | None
     if any(p.device.type == "meta" or is_dtensor(p) for _, p in params):
