@@ -94,7 +94,9 @@ def test_patch_source_errors_are_spec_errors_at_compile_time(clean_run, tmp_path
 def test_patch_of_a_target_not_recorded_there_names_the_recorded_ones(tmp_path):
     run(mlp_cfg({"heads": {"target": ["fc2", "head"], "action": "record"}}, runner={"backward": False}), tmp_path)
     with pytest.raises(hg.SpecError) as err:
-        hg.compile(_runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "heads"}}})
+        hg.compile(
+            _runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "heads"}}}
+        )
     (problem,) = err.value.problems
     assert problem.key == "hooks.p.args"
     assert "no record of 'fc1'" in problem.message and "'fc2'" in problem.message
@@ -102,7 +104,9 @@ def test_patch_of_a_target_not_recorded_there_names_the_recorded_ones(tmp_path):
 
 def test_a_folder_without_a_run_is_refused(tmp_path):
     with pytest.raises(hg.SpecError, match=r"hooks\.p\.args: patch: run: .* is not a hookgraph run folder"):
-        hg.compile(_runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "leaves"}}})
+        hg.compile(
+            _runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "leaves"}}}
+        )
 
 
 def test_shape_mismatch_at_call_time_names_target_and_both_shapes(clean_run, tmp_path):
