@@ -158,3 +158,36 @@ def test_head_mask_at_the_per_head_site_and_with_an_explicit_head_count_still_ru
     # A model with other names: n_heads in the spec says the value is per head.
     hg.compile(gpt2, {"a": {"target": "transformer.h.1.mlp.c_proj", "at": "forward_pre",
                             "action": "head_mask", "args": {"heads": 0, "n_heads": 4}}})
+
+
+def _docs_gpt2_config() -> str:
+    """The model config docs/models-and-data.md gives for a GPT-2 from a config."""
+    text = (Path(CONF_DIR).parent / "docs" / "models-and-data.md").read_text()
+    start = text.index("```yaml\n", text.index("**A GPT-2 from a config**")) + len("```yaml\n")
+    return text[start : text.index("```", start)]
+
+
+@pytest.mark.parametrize("model", ["gpt2_tiny", "docs"])
+def test_a_gpt2_run_warns_about_nothing(tmp_path, capfd, caplog, model):
+    # Before, every such run said three things: record_convs matched nothing (the default
+    # hook sets watch Conv2d layers), and bos/eos 50256 lie outside a 100-token vocabulary.
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "docs.yaml").write_text(_docs_gpt2_config())
+    register_configs()
+    set_user_dirs([tmp_path / "conf"])
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = hydra_compose("config", overrides=[f"model={model}", "data=tokens", *FAST])
+    finally:
+        set_user_dirs([])
+    capfd.readouterr()
+    with caplog.at_level("WARNING"):
+        summary = run(cfg, tmp_path / "run")
+    err = capfd.readouterr().err
+    assert "[transformers]" not in err and "warning" not in err.lower(), err
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+    assert summary["status"] == "completed" and "unmatched" not in summary and "warnings" not in summary
+    # With a hook set chosen on the command line, that set is used.
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        chosen = hydra_compose("config", overrides=["model=gpt2_tiny", "data=tokens", "hooks=[nan_watch]"])
+    assert list(chosen.hooks) == ["nan_watch"]
