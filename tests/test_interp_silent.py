@@ -8,6 +8,7 @@ only at step 0, and warnings every GPT-2 run printed."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,47 @@ def test_a_gpt2_run_warns_about_nothing(tmp_path, capfd, caplog, model):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         chosen = hydra_compose("config", overrides=["model=gpt2_tiny", "data=tokens", "hooks=[nan_watch]"])
     assert list(chosen.hooks) == ["nan_watch"]
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+
+
+def test_a_backward_after_the_attach_block_is_said_at_detach():
+    model = _mlp()
+    graph = hg.compile(model, {"g": {"target": "0", "at": "output_grad", "action": "record"}})
+    x = torch.randn(4, 2)
+    with pytest.warns(UserWarning, match=r"gradient hooks of 'g' \(1 activation\(s\)\).*Call loss.backward\(\) inside"):
+        with graph.attach():
+            loss = model(x).sum()
+    loss.backward()
+    assert graph.records["g"]["0"] == []  # as said: nothing recorded after detach
+    # Inside the block: recorded, and nothing to say.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with graph.attach():
+            model(x).sum().backward()
+    assert len(graph.records["g"]["0"]) == 1 and graph.records["g"]["0"][0].shape == (4, 3)
+
+
+def test_an_unknown_spec_or_target_of_records_names_the_recorded_ones():
+    model = _mlp()
+    graph = hg.compile(model, {"acts": {"target": "*", "action": "record"}})
+    with graph.attach():
+        model(torch.randn(1, 2))
+    with pytest.raises(KeyError) as err:
+        graph.records["act"]
+    assert isinstance(err.value, hg.UnknownKeyError) and isinstance(err.value, hg.HookGraphError)
+    assert str(err.value).startswith("no spec 'act' in these records; recorded: 'acts' (did you mean 'acts'?)")
+    with pytest.raises(KeyError, match=r"no target '3' of spec 'acts' in these records; recorded: '0', '1', '2'"):
+        graph.records["acts"]["3"]
+    assert "b" not in graph.records and graph.records.get("b") is None  # a dict's other ways stay
+
+
+def test_the_plan_lists_graph_breaks_only_under_torch_compile():
+    model = _mlp()
+    graph = hg.compile(model, {"show": {"target": "0", "action": "print"}})
+    assert "graph break" not in str(graph.plan())  # eager code: nothing breaks
+    assert graph.plan()[0]["compiled"].startswith("graph break")  # plan.json keeps the column
+    assert "show at '0': graph break (action 'print' is not traceable)" in str(graph.plan(compiled=True))

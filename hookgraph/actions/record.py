@@ -240,7 +240,7 @@ def _per_spec(
     per_device = ctx.per_device
     to_host = ctx.host.to_host
     spec = ctx.spec
-    slots = ctx.store.records.setdefault(spec, {})
+    slots = ctx.store.record_targets(spec)
     pure = _pure(stages, device, shard)
 
     def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
