@@ -8,6 +8,7 @@ only at step 0, and warnings every GPT-2 run printed."""
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -236,3 +237,14 @@ def test_the_plan_lists_graph_breaks_only_under_torch_compile():
     assert "graph break" not in str(graph.plan())  # eager code: nothing breaks
     assert graph.plan()[0]["compiled"].startswith("graph break")  # plan.json keeps the column
     assert "show at '0': graph break (action 'print' is not traceable)" in str(graph.plan(compiled=True))
+
+
+def test_the_metric_is_said_at_the_end_and_shown_on_the_run_page(tmp_path):
+    from hookgraph.runner.messages import closing_lines
+
+    summary = run(compose("+experiment=gpt2_patching", *FAST), tmp_path / "run")
+    assert summary["metric_name"] == "logit_diff(correct=7, wrong=8, position=-1)"
+    assert (logging.INFO, "metric logit_diff(correct=7, wrong=8, position=-1) = -0.423078") in closing_lines(summary)
+    page = (tmp_path / "run" / "report.html").read_text()
+    shown = "metric <code>logit_diff(correct=7, wrong=8, position=-1)</code> = <b>-0.423078</b>"
+    assert f'<div class="metric" id="metric">{shown}</div>' in page

@@ -27,7 +27,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import _lm_loss, first_tensor
 
-__all__ = ["METRICS", "compute_metric", "check_metric"]
+__all__ = ["METRICS", "compute_metric", "check_metric", "describe_metric"]
 
 KEY = "runner.metric"
 
@@ -41,6 +41,19 @@ METRICS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 
 def _int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def describe_metric(cfg_metric: Any) -> str:
+    """``runner.metric`` in a few words, for the terminal and the run page:
+    ``logit_diff(correct=7, wrong=8)``, ``my_pkg.fn(k=1)``."""
+    name, args = check_metric(cfg_metric)
+    if name == "_target_":
+        name = str(args.pop("_target_"))
+    else:  # its own arguments first, then the defaults it filled in
+        order = list(METRICS[name][0]) + list(METRICS[name][1])
+        args = dict(sorted(args.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return f"{name}({shown})" if shown else name
 
 
 def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ from hookgraph.core.graph import HookGraph
 from hookgraph.errors import NonFiniteError, RecordBudgetError
 from hookgraph.report import write_report
 from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
+from hookgraph.runner.metrics import describe_metric
 from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
 from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
@@ -152,6 +153,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
     if progress.metrics:
         s["metric"] = _finite(progress.metrics[-1])
         s["metrics"] = [_finite(v) for v in progress.metrics]
+        s["metric_name"] = describe_metric(job.cfg.runner.metric)  # what the number is, on the terminal and page
     if progress.graph is not None:
         s["specs"] = _headline(progress.graph, writer)
         _silent_specs(s, progress.graph)
