@@ -154,19 +154,12 @@ def test_patch_sources_that_do_not_fit_are_compile_errors_naming_the_nearest(gpt
                 }
             },
         )
-    g = hg.compile(
-        gpt2,
-        {
-            "p": {
-                "target": "transformer.h.0",
-                "action": "patch_positions",
-                "args": {"run": clean, "spec": "resid", "positions": 9},
-            }
-        },
-    )
-    with pytest.raises(HookGraphError, match="position 9 is out of range for a sequence of length 6"):
-        with g.attach(), torch.no_grad():
-            gpt2(input_ids=CORRUPT)
+    # A position past the source's sequence: at compile time (the source's length is known).
+    with pytest.raises(SpecError, match="position 9 is out of range for a sequence of length 6"):
+        hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                                "args": {"run": clean, "spec": "resid", "positions": 9}}})
+    g = hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                                "args": {"run": clean, "spec": "resid", "positions": 3}}})
     with pytest.raises(HookGraphError, match=r"shape \[1, 6, 32\], the live value \[1, 4, 32\]"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CORRUPT[:, :4])
@@ -317,9 +310,15 @@ def test_steer_with_the_mean_difference_of_two_prompts_residuals(gpt2):
 
 
 def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
-    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+    # At compile time where the site's width is known (a block's residual output: the config's n_embd).
+    with pytest.raises(SpecError, match=r"vector: 2 values, but the value at 'transformer.h.0' \(forward\) is 32 wide"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+    with pytest.raises(SpecError, match=r"vector: 2 values, .*'transformer.h.0.mlp.c_fc' \(forward\) is 128 wide"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+    # Elsewhere at the first call.
+    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.act", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
     with pytest.raises(
-        HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 32\]"
+        HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 128\]"
     ):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CLEAN)

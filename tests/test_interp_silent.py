@@ -248,3 +248,41 @@ def test_the_metric_is_said_at_the_end_and_shown_on_the_run_page(tmp_path):
     page = (tmp_path / "run" / "report.html").read_text()
     shown = "metric <code>logit_diff(correct=7, wrong=8, position=-1)</code> = <b>-0.423078</b>"
     assert f'<div class="metric" id="metric">{shown}</div>' in page
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "key", "words"),
+    [
+        # Before: a bare IndexError from the embedding, after the model was built and called.
+        (("model=gpt2_tiny", "data=tokens", "data.seq_len=64"), hg.ConfigError, "data.seq_len",
+         "64 tokens, but the model's config.n_positions is 32"),
+        (("model=gpt2_tiny", "data=tokens", "data.vocab_size=1000"), hg.ConfigError, "data.vocab_size",
+         "ids up to 999, but the model's config.vocab_size is 100"),
+        (("+experiment=gpt2_cache", "data.kwargs.ids=[[5,9,200,7]]"), hg.ConfigError, "data",
+         "input_ids go up to 200, but the model's config.vocab_size is 100"),
+        # Before: errors from inside a hook or the metric at step 0, after the forward began.
+        (("+experiment=gpt2_patching", "hooks.patch.args.prompt=[[5,9,2,7]]"), hg.ConfigError, "hooks.patch.args",
+         "holds 1 prompt(s) of 4 positions, the data 1 of 6 tokens"),
+        (("+experiment=gpt2_patching", "hooks.patch.args.positions=9"), hg.SpecError, "hooks.patch.args",
+         "position 9 is out of range for a sequence of length 6"),
+        (("+experiment=gpt2_steering", "+hooks.steer.args.positions=8"), hg.ConfigError, "hooks.steer.args.positions",
+         "position 8 is out of range for a sequence of length 6"),
+        (("+experiment=gpt2_steering", "hooks.steer.args.vector=[1.0,2.0,3.0]"), hg.SpecError, "hooks.steer.args",
+         "vector: 3 values, but the value at 'transformer.h.0' (forward) is 64 wide"),
+        (("+experiment=gpt2_head_ablation", "hooks.ablate.args.heads=5"), hg.SpecError, "hooks.ablate.args",
+         "head(s) [5] out of range; this attention has 4 heads"),
+        (("model=conv_net", "runner.metric={name: logit_diff, correct: 7, wrong: 8}"), hg.ConfigError,
+         "runner.metric", "logit_diff reads a language model's logits"),
+    ],
+    ids=["seq_len", "vocab_size", "prompt-ids", "clean-shorter", "position-patch", "position-steer", "vector-size",
+         "head", "metric-on-conv"],
+)
+def test_bad_settings_are_named_before_the_model_runs(tmp_path, overrides, error, key, words):
+    summary: dict = {}
+    with pytest.raises(error) as err:
+        run(compose(*overrides, *FAST), tmp_path / "run", summary=summary)
+    assert words in str(err.value)
+    keys = [p.key for p in err.value.problems] if isinstance(err.value, hg.SpecError) else [err.value.key]
+    assert keys == [key]
+    assert summary["status"] == "failed" and summary.get("steps", 0) == 0
+    assert all(s["calls"] == 0 for s in summary.get("specs", {}).values())  # no hook ran: the model did not

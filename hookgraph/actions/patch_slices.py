@@ -282,6 +282,16 @@ def _patcher(
         live = head_view(value, n_heads, label) if heads is not None else value
         return torch.where(m, src_view, live).reshape(value.shape)
 
+    # Positions past the source's own sequence are an error now, not at the first call.
+    if pos is not None and -saved.dim() <= dim < saved.dim():
+        try:
+            resolve_positions(pos, saved.shape[dim], "positions")
+        except HookGraphError as exc:
+            raise ValueError(f"{exc} (the source, {where}, has shape {list(saved.shape)})") from None
+    # What the runner checks against the first batch before the model runs (runner.steps).
+    fn.source_shape = tuple(saved.shape)  # type: ignore[attr-defined]
+    fn.source_where = where  # type: ignore[attr-defined]
+    fn.positions = (pos, dim)  # type: ignore[attr-defined]
     return fn
 
 
@@ -375,4 +385,5 @@ def head_mask(
             m = cache[key] = _mask(view.shape, dim, pos, [h % view.shape[-2] for h in idx], t.device, label)
         return view.masked_fill(m, value).reshape(t.shape)
 
+    fn.positions = (pos, dim)  # type: ignore[attr-defined]  # checked against the first batch (runner.steps)
     return fn

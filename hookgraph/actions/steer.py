@@ -1,6 +1,6 @@
 """Steering vectors: add ``scale * vector`` to an activation, broadcast over its last dimension.
 
-Public names (registry key): steer. Helper: steering_vector.
+Public names (registry key): steer. Helpers: steering_vector, known_width.
 
 ``vector`` is one of
 - a list of floats;
@@ -27,7 +27,7 @@ from hookgraph.actions.recorded import check_source_model, position_index, recor
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
 
-__all__ = ["steering_vector"]
+__all__ = ["steering_vector", "known_width"]
 
 _RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
 
@@ -124,6 +124,44 @@ def steering_vector(vector: Any, target: str = "", model: Any = None) -> Tensor:
     return v
 
 
+_HIDDEN = ("n_embd", "hidden_size", "d_model")  # GPT-2; BERT, Llama...; TransformerLens, T5
+# Blocks whose output is the residual stream, [..., hidden]: a steering vector's usual site.
+_BLOCK_SUFFIXES = ("Block", "DecoderLayer", "EncoderLayer", "TransformerBlock")
+
+
+def known_width(model: Any, target: str, at: str) -> int | None:
+    """The last dimension of the value at ``target`` (``at``: forward or forward_pre), where
+    the module says it without running: a Linear, a transformers Conv1D, a LayerNorm, an
+    Embedding, a transformer block's residual output (the model config's hidden size), a
+    TransformerLens residual hook point. None when it cannot be told."""
+    if model is None or at not in ("forward", "forward_pre"):
+        return None
+    try:
+        mod = model.get_submodule(target)
+    except AttributeError:
+        return None
+    out = at == "forward"
+    if isinstance(mod, torch.nn.Linear):
+        return mod.out_features if out else mod.in_features
+    if type(mod).__name__ == "Conv1D" and isinstance(getattr(mod, "weight", None), Tensor) and mod.weight.dim() == 2:
+        return int(mod.weight.shape[1] if out else mod.weight.shape[0])  # transformers' Conv1D: weight [in, out]
+    if isinstance(mod, torch.nn.LayerNorm) and mod.normalized_shape:
+        return int(mod.normalized_shape[-1])
+    if isinstance(mod, torch.nn.Embedding) and out:
+        return mod.embedding_dim
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    hidden = next(
+        (h for h in (getattr(config, n, None) for n in _HIDDEN) if isinstance(h, int) and not isinstance(h, bool)),
+        None,
+    ) if config is not None else None
+    name = target.rsplit(".", 1)[-1]
+    if hidden is not None and out and type(mod).__name__.endswith(_BLOCK_SUFFIXES):
+        return hidden
+    if hidden is not None and name.startswith("hook_resid_"):
+        return hidden
+    return None
+
+
 @register_action(replaces=True)
 def steer(
     ctx: ActionContext,
@@ -138,6 +176,12 @@ def steer(
     module doc); it is read once, at compile time. A record of a run on another model is
     refused unless ``allow_other_model`` is true."""
     v = steering_vector(vector, ctx.target, None if allow_other_model else ctx.model) * float(scale)
+    width = known_width(ctx.model, ctx.target, str(getattr(ctx.at, "value", ctx.at)))
+    if width is not None and v.shape[-1] != width:
+        raise ValueError(
+            f"vector: {v.shape[-1]} values, but the value at {ctx.target!r} ({ctx.at}) is {width} wide "
+            "in its last dimension, along which a steering vector adds"
+        )
     pos = position_index(positions)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
@@ -164,4 +208,5 @@ def steer(
             cache[key] = add
         return t + add
 
+    fn.positions = (pos, dim)  # type: ignore[attr-defined]  # checked against the first batch (runner.steps)
     return fn
