@@ -311,12 +311,13 @@ def test_steer_with_the_mean_difference_of_two_prompts_residuals(gpt2):
 
 def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
     # At compile time where the site's width is known (a block's residual output: the config's n_embd).
+    two = [1.0, 2.0]
     with pytest.raises(SpecError, match=r"vector: 2 values, but the value at 'transformer.h.0' \(forward\) is 32 wide"):
         hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
     with pytest.raises(SpecError, match=r"vector: 2 values, .*'transformer.h.0.mlp.c_fc' \(forward\) is 128 wide"):
-        hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": "steer", "args": {"vector": two}}})
     # Elsewhere at the first call.
-    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.act", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.act", "action": "steer", "args": {"vector": two}}})
     with pytest.raises(
         HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 128\]"
     ):
