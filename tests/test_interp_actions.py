@@ -318,9 +318,7 @@ def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
         hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": "steer", "args": {"vector": two}}})
     # Elsewhere at the first call.
     g = hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.act", "action": "steer", "args": {"vector": two}}})
-    with pytest.raises(
-        HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 128\]"
-    ):
+    with pytest.raises(HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CLEAN)
     with pytest.raises(SpecError, match="vector: expected a list of numbers"):
