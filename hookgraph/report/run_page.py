@@ -56,7 +56,7 @@ def _summary(p: dict) -> str:
             "<h3>Loss over steps</h3>"
             + line_plot({"loss": p["losses"]}, title="loss", width=520, markers=len(p["losses"]) < 40)
         )
-    metrics = [m for m in s.get("metrics") or [] if isinstance(m, (int, float))]
+    metrics = [(float(i), float(m)) for i, m in enumerate(s.get("metrics") or []) if isinstance(m, (int, float))]
     if len(metrics) > 1:
         out.append("<h3>Metric over steps</h3>" + line_plot({"metric": metrics}, title="metric", width=520,
                                                              markers=len(metrics) < 40))

@@ -120,7 +120,7 @@ def _check_sites(graph: HookGraph, inputs: Any) -> None:
         if shape is not None and len(shape) >= 2 and (shape[0], shape[1]) != (batch, length):
             raise ConfigError(
                 f"{b.key}.args",
-                f"the source ({b.fn.source_where}) holds {shape[0]} prompt(s) of {shape[1]} positions, the data "
+                f"the source ({getattr(b.fn, 'source_where', '?')}) holds {shape[0]} prompt(s) of {shape[1]} positions, the data "
                 f"{batch} of {length} tokens: a patch needs the clean and corrupted prompts of one length "
                 "(position i of one is position i of the other) and one batch size",
             )
