@@ -118,9 +118,10 @@ def _check_sites(graph: HookGraph, inputs: Any) -> None:
     for b in graph.bindings:
         shape = getattr(b.fn, "source_shape", None)
         if shape is not None and len(shape) >= 2 and (shape[0], shape[1]) != (batch, length):
+            where = getattr(b.fn, "source_where", "?")
             raise ConfigError(
                 f"{b.key}.args",
-                f"the source ({getattr(b.fn, 'source_where', '?')}) holds {shape[0]} prompt(s) of {shape[1]} positions, the data "
+                f"the source ({where}) holds {shape[0]} prompt(s) of {shape[1]} positions, the data "
                 f"{batch} of {length} tokens: a patch needs the clean and corrupted prompts of one length "
                 "(position i of one is position i of the other) and one batch size",
             )
