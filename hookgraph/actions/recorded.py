@@ -88,7 +88,7 @@ def check_source_model(source: Any, model: nn.Module | None, allow_other_model: 
     if theirs is None:
         if isinstance(source, (str, Path)) or hasattr(source, "summary"):
             warnings.warn(
-                f"run: {source_label(source)} does not say which model it ran (its summary.json has no model); "
+                f"run: {source_label(source)} does not say which model it ran (its {layout.SUMMARY} has no model); "
                 "whether it is the live model is not checked",
                 stacklevel=2,
             )
