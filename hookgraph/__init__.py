@@ -3,7 +3,7 @@
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
 register_action, register_point, PointInfo, list_targets, format_targets, load_run, open_run, and the errors
 HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
-RecordBudgetError.
+RecordBudgetError, UnknownKeyError.
 
     import hookgraph as hg
     graph = hg.compile(model, {"clamp_grad": {"target": "**.conv*", "at": "output_grad",
@@ -27,6 +27,7 @@ from hookgraph.errors import (
     Problem,
     RecordBudgetError,
     SpecError,
+    UnknownKeyError,
 )
 from hookgraph.version import __version__
 
@@ -47,6 +48,7 @@ __all__ = [
     "Problem",
     "RecordBudgetError",
     "SpecError",
+    "UnknownKeyError",
     "__version__",
     "compile",
     "format_targets",

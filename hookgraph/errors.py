@@ -1,7 +1,7 @@
 """Typed exceptions for everything hookgraph reports to its users.
 
 Public names: HookGraphError, Problem, SpecError, ConfigError, ActionError, InplaceBackwardError,
-NonFiniteError, RecordBudgetError.
+NonFiniteError, RecordBudgetError, UnknownKeyError.
 
 Every error a user can cause derives from :class:`HookGraphError`, so callers catch one
 type. Validation collects :class:`Problem` s and raises them together, once.
@@ -22,6 +22,7 @@ __all__ = [
     "InplaceBackwardError",
     "NonFiniteError",
     "RecordBudgetError",
+    "UnknownKeyError",
     "nearest",
     "full_key",
 ]
@@ -29,6 +30,14 @@ __all__ = [
 
 class HookGraphError(Exception):
     """Base class of every error hookgraph raises on bad input or a tripped check."""
+
+
+class UnknownKeyError(HookGraphError, KeyError):
+    """A key that a results mapping (``graph.records[spec][target]``) does not hold; the
+    message names the keys it does. A ``KeyError``, so ``except KeyError`` and ``in`` work."""
+
+    def __str__(self) -> str:  # KeyError's own str() is the repr of its argument: quotes, escaped newlines
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)

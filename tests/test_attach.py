@@ -436,7 +436,7 @@ def test_model_and_graph_are_collected_after_many_cycles():
     rec = graph.records["r"]["0"]
     assert rec == [] and not graph.stats
     refs = [weakref.ref(model), weakref.ref(graph)]
-    with graph.attach():
+    with pytest.warns(UserWarning, match="gradient hooks of 'g'"), graph.attach():  # no backward: said
         kept = model(x)
     # The kept output holds our output_grad tensor hook (a closure over the binding) through its
     # autograd graph: the reference path the collection check below must not be kept alive by.
@@ -591,8 +591,9 @@ def test_gradient_hooks_do_not_act_after_detach():
             "zero": {"target": "0", "at": "output_grad", "action": "zero", "order": 1},
         },
     )
-    with graph.attach():
-        out = model(torch.ones(1, 3))
+    with pytest.warns(UserWarning, match=r"gradient hooks of 'rec' \(1 activation\(s\)\), 'zero'"):
+        with graph.attach():  # said at detach: the backward has not run
+            out = model(torch.ones(1, 3))
     out.sum().backward()
     assert graph.records.get("rec", {}).get("0", []) == []
     assert model[0].bias.grad.abs().sum() > 0  # the zero action did not run either
@@ -604,8 +605,9 @@ def test_gradient_hooks_do_not_act_after_detach():
 def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
     model = nn.Sequential(nn.Linear(3, 3))
     graph = hg.compile(model, {"g": {"target": "0", "at": "output_grad", "action": "record"}})
-    with graph.attach():
-        out = model(torch.ones(1, 3))
+    with pytest.warns(UserWarning, match="gradient hooks of 'g'"):
+        with graph.attach():
+            out = model(torch.ones(1, 3))
     graph.set_step(1)
     out.sum().backward()
     assert graph.records.get("g", {}).get("0", []) == []
@@ -615,8 +617,9 @@ def test_set_step_after_detach_does_not_revive_stale_tensor_hooks():
 def test_tensor_hooks_of_an_earlier_attachment_stay_off(at, target):
     model = mlp()
     graph = hg.compile(model, {"g": {"target": target, "at": at, "action": "scale", "args": {"factor": 3.0}}})
-    with graph.attach():
-        stale = model(x_in(grad=True)).sum()  # tensor hook from attachment 1 on this graph
+    with pytest.warns(UserWarning, match="gradient hooks of 'g'"):
+        with graph.attach():
+            stale = model(x_in(grad=True)).sum()  # tensor hook from attachment 1 on this graph
     x = x_in(grad=True)
     with graph.attach():
         fresh = model(x).sum()

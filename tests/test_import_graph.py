@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hookgraph.core.torch_internals",
             "hookgraph.core.dtensors",
             "hookgraph.core.sequence",
+            "hookgraph.core.fingerprint",
         ),
     ),
     ("runs", ("hookgraph.runs",)),

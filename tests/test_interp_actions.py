@@ -112,8 +112,10 @@ def test_patch_positions_from_a_run_folder(gpt2, tmp_path):
         return out
 
     ref = by_hand(gpt2, gpt2.transformer.h[0], CORRUPT, hand)
-    _, got = run_graph(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
-                                    "args": {"run": str(tmp_path), "spec": "resid", "positions": 3}}}, CORRUPT)
+    # A folder whose summary names no model (written before runs did): used, and said.
+    with pytest.warns(UserWarning, match="does not say which model it ran"):
+        _, got = run_graph(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                                        "args": {"run": str(tmp_path), "spec": "resid", "positions": 3}}}, CORRUPT)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
@@ -152,19 +154,12 @@ def test_patch_sources_that_do_not_fit_are_compile_errors_naming_the_nearest(gpt
                 }
             },
         )
-    g = hg.compile(
-        gpt2,
-        {
-            "p": {
-                "target": "transformer.h.0",
-                "action": "patch_positions",
-                "args": {"run": clean, "spec": "resid", "positions": 9},
-            }
-        },
-    )
-    with pytest.raises(HookGraphError, match="position 9 is out of range for a sequence of length 6"):
-        with g.attach(), torch.no_grad():
-            gpt2(input_ids=CORRUPT)
+    # A position past the source's sequence: at compile time (the source's length is known).
+    with pytest.raises(SpecError, match="position 9 is out of range for a sequence of length 6"):
+        hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                                "args": {"run": clean, "spec": "resid", "positions": 9}}})
+    g = hg.compile(gpt2, {"p": {"target": "transformer.h.0", "action": "patch_positions",
+                                "args": {"run": clean, "spec": "resid", "positions": 3}}})
     with pytest.raises(HookGraphError, match=r"shape \[1, 6, 32\], the live value \[1, 4, 32\]"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CORRUPT[:, :4])
@@ -203,20 +198,19 @@ def test_head_mask_several_heads_and_an_explicit_head_count(gpt2):
 
 
 def test_head_out_of_range_names_the_head_count(gpt2):
-    g = hg.compile(
-        gpt2,
-        {
-            "a": {
-                "target": "transformer.h.0.attn.c_proj",
-                "at": "forward_pre",
-                "action": "head_mask",
-                "args": {"heads": 4},
-            }
-        },
-    )
-    with pytest.raises(HookGraphError, match=r"head\(s\) \[4\] out of range; this attention has 4 heads"):
-        with g.attach(), torch.no_grad():
-            gpt2(input_ids=CLEAN)
+    # At compile time: the head count is known from the enclosing attention.
+    with pytest.raises(SpecError, match=r"head\(s\) \[4\] out of range; this attention has 4 heads"):
+        hg.compile(
+            gpt2,
+            {
+                "a": {
+                    "target": "transformer.h.0.attn.c_proj",
+                    "at": "forward_pre",
+                    "action": "head_mask",
+                    "args": {"heads": 4},
+                }
+            },
+        )
 
 
 def test_head_patch_at_one_position_equals_a_hand_written_patch(gpt2):
@@ -316,10 +310,15 @@ def test_steer_with_the_mean_difference_of_two_prompts_residuals(gpt2):
 
 
 def test_steer_refuses_a_vector_of_the_wrong_width(gpt2):
-    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
-    with pytest.raises(
-        HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value of shape \[1, 6, 32\]"
-    ):
+    # At compile time where the site's width is known (a block's residual output: the config's n_embd).
+    two = [1.0, 2.0]
+    with pytest.raises(SpecError, match=r"vector: 2 values, but the value at 'transformer.h.0' \(forward\) is 32 wide"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": {"vector": [1.0, 2.0]}}})
+    with pytest.raises(SpecError, match=r"vector: 2 values, .*'transformer.h.0.mlp.c_fc' \(forward\) is 128 wide"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": "steer", "args": {"vector": two}}})
+    # Elsewhere at the first call.
+    g = hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.act", "action": "steer", "args": {"vector": two}}})
+    with pytest.raises(HookGraphError, match=r"shape \[2\] does not broadcast over the last dimension of a value"):
         with g.attach(), torch.no_grad():
             gpt2(input_ids=CLEAN)
     with pytest.raises(SpecError, match="vector: expected a list of numbers"):

@@ -15,6 +15,12 @@ from tests.runs import mlp_cfg
 LEAVES = ["fc1", "act1", "fc2", "act2", "head"]
 
 
+def _runs_model() -> MLP:
+    """The MLP the runner builds (runner.seed 0): a patch from its runs reads the same model."""
+    torch.manual_seed(0)
+    return MLP()
+
+
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
     """A run of the MLP on data seed 0, recording every leaf module's output."""
@@ -45,7 +51,7 @@ def test_patching_every_leaf_reproduces_the_clean_output(clean_run, tmp_path):
 
 
 def test_patch_through_the_python_api_moves_to_the_value_dtype(clean_run):
-    torch.manual_seed(5)
+    torch.manual_seed(0)  # the clean run's model (runner.seed 0), in another dtype: the same model
     model = MLP().double()
     graph = hg.compile(
         model, {"p": {"target": "fc2", "action": "patch", "args": {"run": str(clean_run), "spec": "leaves"}}}
@@ -78,7 +84,7 @@ def test_patch_source_errors_are_spec_errors_at_compile_time(clean_run, tmp_path
     args = {k: v.format(**fill) if isinstance(v, str) else v for k, v in args.items()}
     words = [w.format(**fill) for w in words]
     with pytest.raises(hg.SpecError) as err:
-        hg.compile(MLP(), {"p": {"target": "fc1", "action": "patch", "args": args}})
+        hg.compile(_runs_model(), {"p": {"target": "fc1", "action": "patch", "args": args}})
     (problem,) = err.value.problems
     assert problem.key == "hooks.p.args"
     for w in words:
@@ -88,7 +94,9 @@ def test_patch_source_errors_are_spec_errors_at_compile_time(clean_run, tmp_path
 def test_patch_of_a_target_not_recorded_there_names_the_recorded_ones(tmp_path):
     run(mlp_cfg({"heads": {"target": ["fc2", "head"], "action": "record"}}, runner={"backward": False}), tmp_path)
     with pytest.raises(hg.SpecError) as err:
-        hg.compile(MLP(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "heads"}}})
+        hg.compile(
+            _runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "heads"}}}
+        )
     (problem,) = err.value.problems
     assert problem.key == "hooks.p.args"
     assert "no record of 'fc1'" in problem.message and "'fc2'" in problem.message
@@ -96,7 +104,9 @@ def test_patch_of_a_target_not_recorded_there_names_the_recorded_ones(tmp_path):
 
 def test_a_folder_without_a_run_is_refused(tmp_path):
     with pytest.raises(hg.SpecError, match=r"hooks\.p\.args: patch: run: .* is not a hookgraph run folder"):
-        hg.compile(MLP(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "leaves"}}})
+        hg.compile(
+            _runs_model(), {"p": {"target": "fc1", "action": "patch", "args": {"run": str(tmp_path), "spec": "leaves"}}}
+        )
 
 
 def test_shape_mismatch_at_call_time_names_target_and_both_shapes(clean_run, tmp_path):

@@ -342,7 +342,7 @@ def test_sweep_page_lists_every_job_links_its_report_and_draws_a_heatmap(tmp_pat
     assert "axes: hooks.clamp_grad.args.min, runner.steps" in html
     losses = [json.loads((j / "summary.json").read_text())["loss"] for j in jobs]
     heat = re.search(r'<svg class="heatmap".*?</svg>', html, re.S).group(0)
-    cells = re.findall(r"<title>([^<]+)</title>", heat)
+    cells = re.findall(r"<rect [^>]*><title>([^<]+)</title>", heat)  # the cells' (the ticks carry titles too)
     # rows: runner.steps 1, 2; columns: min -0.1, 0 (numbers sort numerically)
     assert [c.split(":")[0] for c in cells] == ["1 / -0.1", "1 / 0", "2 / -0.1", "2 / 0"]
     assert [float(c.split(": ")[1]) for c in cells] == pytest.approx(

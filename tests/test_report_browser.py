@@ -211,6 +211,44 @@ def test_a_page_of_a_run_from_a_plain_loop(browser, tmp_path):
         v.close()
 
 
+def test_patching_sweep_page_shows_distinct_labels_the_heatmaps_and_failed_jobs(browser, tmp_path):
+    # A layer x position patching sweep as `python -m hookgraph -m` leaves it (issue 23): two
+    # blocks x positions 0, 3 and 9, where 9 is past the 6-token prompt, so two jobs fail.
+    from omegaconf import OmegaConf
+
+    from hookgraph.cli.callbacks import SweepTable
+
+    root = tmp_path / "sweep"
+    job = 0
+    for target in ("transformer.h.0", "transformer.h.3"):
+        for pos in (0, 3, 9):
+            make_run(root / str(job), "+experiment=gpt2_patching", f"hooks.patch.target={target}",
+                     f"hooks.patch.args.positions={pos}", "sink.figures=false", modules=False, fails=pos == 9)
+            job += 1
+    SweepTable().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(root)}}}))
+    v = Visit(browser, root / "report.html", tmp_path / "report-patching-sweep.png")
+    try:
+        ticks = v.page.eval_on_selector_all("svg.heatmap text.xtick", "els => els.map(e => e.lastChild.textContent)")
+        assert ticks == ["0", "3"]  # was "transforme" twice: every label cut to 10 characters
+        full = v.page.eval_on_selector_all("svg.heatmap text.xtick title", "els => els.map(e => e.textContent)")
+        assert full == ["transformer.h.0", "transformer.h.3"]
+        assert "transformer.h.\u2026" in v.page.locator("svg.heatmap text.axis").first.text_content()
+        assert v.page.locator("svg.heatmap g.cell").count() == 4  # the failed jobs' cells stay blank
+        assert v.page.locator('#patching img[alt="patching.png"]').count() == 1
+        assert v.page.locator('#figure img[alt="sweep.png"]').count() == 1
+        assert v.page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+        failed = v.page.locator("#failed li.failed-job")
+        assert failed.count() == 2
+        assert failed.first.is_visible() and failed.first.bounding_box()["y"] < 900  # on the first screen
+        text = failed.first.inner_text()
+        assert "job 2" in text and "hooks.patch.args.positions=9" in text
+        assert "position 9" in text and "sequence of length 6" in text
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+
+
 def test_generate_sweep_page_shows_each_jobs_generation(browser, tmp_path):
     for i, scale in enumerate([-8, 0, 8]):
         make_run(tmp_path / "sweep" / str(i), "+experiment=gpt2_steering_generate",

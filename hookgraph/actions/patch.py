@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import recorded_value, source_label
+from hookgraph.actions.recorded import check_source_model, recorded_value, source_label
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.tree import positions, tensors_with_paths, tree_map
 from hookgraph.errors import HookGraphError
@@ -80,10 +80,12 @@ def _replacer(recorded: Any, ctx: ActionContext, where: str) -> Callable[[Any], 
 
 
 @register_action(replaces=True, per_tensor=False, traceable=True)
-def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0):
+def patch(ctx: ActionContext, run: str, spec: str, step: int = 0, call: int = 0, allow_other_model: bool = False):
     """Replace the value with the one recorded for the same target in another run
     (activation patching): ``run`` is that run's folder, ``spec`` the record spec there,
     ``step`` and ``call`` which of its calls. The tensor is read at compile time and moved
-    to the live value's device and dtype once; shapes must match."""
+    to the live value's device and dtype once; shapes must match. A run recorded on another
+    model (architecture or weights) is refused unless ``allow_other_model`` is true."""
+    check_source_model(run, ctx.model, allow_other_model)
     recorded = recorded_value(run, spec, ctx.target, step, call)
     return _replacer(recorded, ctx, f"{source_label(run)} ({spec}, step {step}, call {call})")

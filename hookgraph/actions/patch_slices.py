@@ -22,15 +22,95 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import recorded_value, source_label
+from hookgraph.actions.recorded import (
+    check_source_model,
+    position_index,
+    recorded_value,
+    resolve_positions,
+    source_label,
+)
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
 from hookgraph.core.sequence import parse_positions
 from hookgraph.errors import HookGraphError, Problem, SpecError
 
-__all__ = ["head_view", "n_heads_of"]
+__all__ = ["head_view", "n_heads_of", "check_head_site"]
 
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads")
+_OUT_PROJ = ("c_proj", "o_proj", "out_proj")  # GPT-2; Llama, Mistral, Qwen...; BART, OPT, CLIP...
+# TransformerLens hook points whose value is [batch, pos, head, d]: the head actions' layout.
+_TL_PER_HEAD = ("hook_z", "hook_result", "hook_q", "hook_k", "hook_v", "hook_q_input", "hook_k_input",
+                "hook_v_input", "hook_rot_q", "hook_rot_k")
+_TL_HEAD_FIRST = ("hook_pattern", "hook_attn_scores")  # [batch, head, query, key]: heads at dim 1
+
+
+def _attention_like(model: torch.nn.Module, name: str) -> bool:
+    try:
+        mod = model.get_submodule(name)
+    except AttributeError:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    cls = type(mod).__name__.lower()
+    return "attn" in last or "attention" in last or "attention" in cls or "attn" in cls
+
+
+def _per_head_sites(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """Every site of ``model`` known to hold a per-head value: (target, at)."""
+    out = []
+    for name, _ in model.named_modules():
+        parent, _, last = name.rpartition(".")
+        if last == "hook_z":
+            out.append((name, "forward"))
+        elif last in _OUT_PROJ and parent and _attention_like(model, parent):
+            out.append((name, "forward_pre"))
+    return out
+
+
+def _nearest_site(model: torch.nn.Module, target: str) -> tuple[str, str] | None:
+    """The per-head site that shares the longest dotted prefix with ``target``."""
+    parts = target.split(".")
+
+    def shared(name: str) -> int:
+        n = 0
+        for a, b in zip(name.split("."), parts, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    sites = _per_head_sites(model)
+    return max(sites, key=lambda s: shared(s[0])) if sites else None
+
+
+def check_head_site(ctx: ActionContext, action: str) -> None:
+    """Refuse a site that holds no per-head value, naming the one that does (module doc)."""
+    model = ctx.model
+    if model is None:  # an ActionContext built by hand: nothing to look at
+        return
+    parent, _, last = ctx.target.rpartition(".")
+    at = str(getattr(ctx.at, "value", ctx.at))
+    if last in _TL_PER_HEAD:
+        return
+    if last in _OUT_PROJ and at == "forward_pre" and parent and _attention_like(model, parent):
+        return
+    if last in _TL_HEAD_FIRST:
+        why = f"its value is [batch, head, query, key] and {action} reads heads as [..., head, d_head]"
+    elif last in _OUT_PROJ and parent and _attention_like(model, parent):
+        why = f"at {at} it is the projection's {'output' if at == 'forward' else at}, the heads already mixed"
+    else:
+        why = "its value is not split into attention heads"
+    near = _nearest_site(model, ctx.target)
+    hint = (
+        f"the per-head value nearby is target: {near[0]}, at: {near[1]}"
+        + (" (the input of the attention's output projection, [batch, seq, n_heads * d_head])"
+           if near[1] == "forward_pre" else "")
+        if near is not None
+        else "this model has no site hookgraph knows to be per head"
+    )
+    raise ValueError(
+        f"{ctx.target!r} at {at} is not a per-head site ({why}); {hint}. "
+        "On a model whose per-head value has another name, give n_heads to say this value is per head"
+    )
 
 
 def n_heads_of(model: torch.nn.Module | None, target: str) -> int | None:
@@ -84,6 +164,15 @@ def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
     bad = [h for h in heads if not -n <= h < n]
     if bad:
         raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
+
+
+def _check_heads_now(heads: list[int], n: int | None) -> None:
+    """Heads past the head count, at compile time when the count is known (else at the first call)."""
+    if n is None:
+        return
+    bad = [h for h in heads if not -n <= h < n]
+    if bad:
+        raise ValueError(f"heads: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
 def _mask(
@@ -161,13 +250,16 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     return value.detach().clone()
 
 
-def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int, prompt: Any = None) -> Tensor:
+def _source(
+    ctx: ActionContext, run: Any, spec: str | None, step: int, call: int, prompt: Any = None, allow_other: bool = False
+) -> Tensor:
     if (run is None) == (prompt is None):
         raise ValueError("give run (and spec): a recorded run, or prompt: token ids to run the model on now")
     if prompt is not None:
         return prompt_value(ctx, prompt)
     if spec is None:
         raise ValueError("run needs spec: the record spec in that run")
+    check_source_model(run, ctx.model, allow_other)
     saved = recorded_value(run, spec, ctx.target, step, call)
     if not isinstance(saved, Tensor):
         raise ValueError(
@@ -177,10 +269,25 @@ def _source(ctx: ActionContext, run: Any, spec: str | None, step: int, call: int
     return saved
 
 
+def _static(positions: Any) -> Any:
+    """``positions`` as an index that can be checked before the model runs (against a source's
+    length, the first batch's prompt): ints, lists and slices; None for every position and for
+    ``prompt``/``generated``, which only a generation resolves."""
+    return None if positions in ("prompt", "generated") else position_index(positions)
+
+
 def _patcher(
-    ctx: ActionContext, saved: Tensor, where: str, dim: int, pos: Any, heads: list[int] | None, n_heads: int | None
+    ctx: ActionContext,
+    saved: Tensor,
+    where: str,
+    dim: int,
+    pos: Any,
+    heads: list[int] | None,
+    n_heads: int | None,
+    static: Any = None,
 ):
-    """``pos``: ``ctx.positions(...)``'s resolver, or None for every position. The recorded
+    """``pos``: ``ctx.positions(...)``'s resolver, or None for every position; ``static``: the
+    same positions as :func:`_static` gives them, checked now. The recorded
     value is indexed by absolute position: during generation with the KV cache a call of one
     token at position p is patched from the recorded value's position p."""
     label = f"{ctx.spec} at {ctx.target!r}"
@@ -241,6 +348,16 @@ def _patcher(
         live = head_view(value, n_heads, label) if heads is not None else value
         return torch.where(m, src, live).reshape(value.shape)
 
+    # Positions past the source's own sequence are an error now, not at the first call.
+    if static is not None and -saved.dim() <= dim < saved.dim():
+        try:
+            resolve_positions(static, saved.shape[dim], "positions")
+        except HookGraphError as exc:
+            raise ValueError(f"{exc} (the source, {where}, has shape {list(saved.shape)})") from None
+    # What the runner checks against the first batch before the model runs (runner.steps).
+    fn.source_shape = tuple(saved.shape)  # type: ignore[attr-defined]
+    fn.source_where = where  # type: ignore[attr-defined]
+    fn.positions = (static, dim)  # type: ignore[attr-defined]
     return fn
 
 
@@ -254,17 +371,19 @@ def patch_positions(
     call: int = 0,
     dim: int = 1,
     prompt: list | None = None,
+    allow_other_model: bool = False,
 ):
     """Replace the value with a recorded one (same target) at ``positions`` along ``dim``
     (the sequence, by default) and keep the live value elsewhere. ``run``: a run folder, a
     Run, or from Python a HookGraph or its records; or instead ``prompt``: token ids the
     model reads once at compile time (the clean prompt, in the same run); ``positions``: an
     int, a list of ints (negative ones count from the end) or a slice string "a:b"; null
-    patches everything."""
+    patches everything. A run recorded on another model is refused unless
+    ``allow_other_model`` is true."""
     pos = ctx.positions(positions)
-    saved = _source(ctx, run, spec, step, call, prompt)
+    saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
     _check_source_length(ctx, positions, saved, dim)
-    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, None, None, _static(positions))
 
 
 def _check_source_length(ctx: ActionContext, positions: Any, saved: Tensor, dim: int) -> None:
@@ -306,6 +425,7 @@ def head_patch(
     n_heads: int | None = None,
     dim: int = 1,
     prompt: list | None = None,
+    allow_other_model: bool = False,
 ):
     """Replace attention head(s) ``heads`` with their recorded output (and only at
     ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
@@ -313,10 +433,13 @@ def head_patch(
     patch_positions; ``n_heads`` defaults to the enclosing attention's."""
     idx = _heads_list(heads)
     pos = ctx.positions(positions)
+    if n_heads is None:
+        check_head_site(ctx, "head_patch")
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
-    saved = _source(ctx, run, spec, step, call, prompt)
+    _check_heads_now(idx, n)
+    saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
     _check_source_length(ctx, positions, saved, dim)
-    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n, _static(positions))
 
 
 @register_action(replaces=True)
@@ -333,7 +456,10 @@ def head_mask(
     or TransformerLens's ``hook_z``."""
     idx = _heads_list(heads)
     pos = ctx.positions(positions)
+    if n_heads is None:
+        check_head_site(ctx, "head_mask")
     n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    _check_heads_now(idx, n)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
 
@@ -353,4 +479,5 @@ def head_mask(
             m = cache[key] = _mask(view.shape, dim, local, [h % view.shape[-2] for h in idx], t.device)
         return view.masked_fill(m, value).reshape(t.shape)
 
+    fn.positions = (_static(positions), dim)  # type: ignore[attr-defined]  # checked against the first batch
     return fn

@@ -382,7 +382,7 @@ def _per_spec(
     per_device = ctx.per_device
     to_host = ctx.host.to_host
     spec = ctx.spec
-    slots = ctx.store.records.setdefault(spec, {})
+    slots = ctx.store.record_targets(spec)
     pure = _pure(stages, device, shard) if table is None else _untraceable(spec)
     pos = ctx.positions(positions) if table is None else None
     generates = callable(getattr(ctx.model, "generate", None))

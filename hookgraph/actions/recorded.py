@@ -1,6 +1,6 @@
 """Where patching and steering actions read a recorded tensor from, and which positions they touch.
 
-Public names: recorded_value, position_index, source_label.
+Public names: recorded_value, position_index, source_label, check_source_model.
 
 A source is a run folder (a path), a ``Run`` from ``hookgraph.load_run``, a ``HookGraph``
 whose records are still in memory, or a records mapping (``graph.records`` /
@@ -8,22 +8,30 @@ whose records are still in memory, or a records mapping (``graph.records`` /
 missing run, spec or target is a compile error naming the nearest valid names. A run folder
 is read strictly: one that lacks what its summary lists (a shard, ``records/``) or holds
 another run's shards is a compile error naming those pieces, never a shorter list of steps.
+
+Values recorded on one model mean nothing spliced into another: a run folder's (or a
+``Run``'s) ``summary.json`` names its model (``model``: class, architecture hash, weights
+fingerprint, see :mod:`hookgraph.core.fingerprint`), and a source whose model differs from
+the live one is refused, naming both, unless the spec says ``allow_other_model: true``.
+A ``HookGraph`` source is compared through its own model.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from hookgraph.core.fingerprint import describe_model, model_identity, same_model
 from hookgraph.errors import HookGraphError, did_you_mean
 from hookgraph.runs import layout
 
-__all__ = ["recorded_value", "position_index", "source_label"]
+__all__ = ["recorded_value", "position_index", "source_label", "check_source_model"]
 
 
 def source_label(source: Any) -> str:
@@ -33,25 +41,73 @@ def source_label(source: Any) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _run_records(path: str, stamp: int) -> Mapping:
+def _load(path: str, stamp: int) -> Any:
     # One index per run folder for all the targets of a spec (``stamp`` invalidates it when
     # the run is rewritten); tensors are still read per target, lazily.
     from hookgraph.runs import load_run  # lazy: the reader needs safetensors, `import hookgraph` stays light
 
-    return load_run(path).records
+    return load_run(path)
+
+
+def _run_of(source: str | Path) -> Any:
+    """The ``Run`` of a run folder given by its path, read once per version of its summary."""
+    root = Path(source).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
+    summary = root / layout.SUMMARY
+    try:
+        return _load(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
+    except HookGraphError as exc:
+        raise ValueError(f"run: {exc}") from None
+
+
+def _source_identity(source: Any) -> dict[str, Any] | None:
+    """The model identity a source carries: a run folder's or Run's summary, a graph's model."""
+    if isinstance(source, (str, Path)):
+        source = _run_of(source)
+    summary = getattr(source, "summary", None)
+    if isinstance(summary, Mapping):
+        found = summary.get("model")
+        return dict(found) if isinstance(found, Mapping) and "architecture" in found else None
+    model = getattr(source, "model", None)  # a HookGraph
+    if isinstance(model, nn.Module):
+        from hookgraph.core.compiler import unwrap_model  # lazy: the compiler imports the actions
+
+        return model_identity(unwrap_model(model))
+    return None
+
+
+def check_source_model(source: Any, model: nn.Module | None, allow_other_model: bool = False) -> None:
+    """Refuse a source recorded on another model than ``model`` (see the module doc).
+
+    A run folder that names no model (written before hookgraph recorded it) and an in-memory
+    records mapping cannot be checked; the former is said with a warning."""
+    if model is None or allow_other_model:
+        return
+    theirs = _source_identity(source)
+    if theirs is None:
+        if isinstance(source, (str, Path)) or hasattr(source, "summary"):
+            warnings.warn(
+                f"run: {source_label(source)} does not say which model it ran (its {layout.SUMMARY} has no model); "
+                "whether it is the live model is not checked",
+                stacklevel=2,
+            )
+        return
+    ours = model_identity(model)
+    if not same_model(ours, theirs):
+        what = "architectures" if ours.get("architecture") != theirs.get("architecture") else "weights"
+        raise ValueError(
+            f"run: {source_label(source)} was recorded on another model ({what} differ): that run's model is "
+            f"{describe_model(theirs)}, the live model is {describe_model(ours)}. Its values mean nothing "
+            "spliced into this model; record the source on the same model (same config and seed or weights), "
+            "or set allow_other_model: true in the spec's args to use it anyway"
+        )
 
 
 def _records_of(source: Any) -> Mapping:
     """The spec -> target -> entries mapping behind a source."""
     if isinstance(source, (str, Path)):
-        root = Path(source).expanduser()
-        if not root.is_dir():
-            raise ValueError(f"run: no run folder at {str(root)!r}; give the folder of a finished hookgraph run")
-        summary = root / layout.SUMMARY
-        try:
-            return _run_records(str(root.resolve()), summary.stat().st_mtime_ns if summary.is_file() else 0)
-        except HookGraphError as exc:
-            raise ValueError(f"run: {exc}") from None
+        return _run_of(source).records
     records = getattr(source, "records", None)  # a HookGraph or a Run
     if isinstance(records, Mapping):
         return records

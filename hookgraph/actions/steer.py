@@ -1,6 +1,6 @@
 """Steering vectors: add ``scale * vector`` to an activation, broadcast over its last dimension.
 
-Public names (registry key): steer. Helper: steering_vector.
+Public names (registry key): steer. Helpers: steering_vector, known_width.
 
 ``vector`` is one of
 - a list of floats;
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.actions.recorded import position_index, recorded_value, resolve_positions
+from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions
 from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
 
-__all__ = ["steering_vector"]
+__all__ = ["steering_vector", "known_width"]
 
 _RECORD_KEYS = {"run", "spec", "target", "step", "call", "position", "minus"}
 
@@ -53,13 +53,14 @@ def _from_file(path: Any, key: str | None) -> Tensor:
         return f.get_tensor(key)
 
 
-def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Tensor:
+def _from_record(src: Mapping, target: str, outer: Mapping | None = None, model: Any = None) -> Tensor:
     merged = {**(outer or {}), **src}
     unknown = set(src) - _RECORD_KEYS
     if unknown:
         raise ValueError(f"vector: unknown key(s) {sorted(unknown)}; a record source takes {sorted(_RECORD_KEYS)}")
     if "spec" not in merged or "run" not in merged:
         raise ValueError("vector: a record source needs run and spec")
+    check_source_model(merged["run"], model)
     t = recorded_value(
         merged["run"],
         str(merged["spec"]),
@@ -83,15 +84,17 @@ def _from_record(src: Mapping, target: str, outer: Mapping | None = None) -> Ten
         if not isinstance(minus, Mapping):
             raise ValueError(f"vector.minus: expected a record source such as {{run: other_run}}, got {minus!r}")
         base = {k: v2 for k, v2 in merged.items() if k != "minus"}
-        w = _from_record(minus, target, base)
+        w = _from_record(minus, target, base, model)
         if w.shape != v.shape:
             raise ValueError(f"vector.minus: shapes differ, {list(v.shape)} and {list(w.shape)}")
         v = v - w
     return v
 
 
-def steering_vector(vector: Any, target: str = "") -> Tensor:
-    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc."""
+def steering_vector(vector: Any, target: str = "", model: Any = None) -> Tensor:
+    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc.
+    With ``model``, a record source recorded on another model is refused (see
+    :func:`~hookgraph.actions.recorded.check_source_model`)."""
     if isinstance(vector, Tensor):
         v = vector.detach()
     elif isinstance(vector, (str, Path)):
@@ -102,7 +105,7 @@ def steering_vector(vector: Any, target: str = "") -> Tensor:
             raise ValueError(f"vector: a file source takes path and key, not {sorted(extra)}")
         v = _from_file(vector["path"], vector.get("key"))
     elif isinstance(vector, Mapping):
-        v = _from_record(vector, target)
+        v = _from_record(vector, target, model=model)
     elif (
         isinstance(vector, Sequence)
         and vector
@@ -121,6 +124,44 @@ def steering_vector(vector: Any, target: str = "") -> Tensor:
     return v
 
 
+_HIDDEN = ("n_embd", "hidden_size", "d_model")  # GPT-2; BERT, Llama...; TransformerLens, T5
+# Blocks whose output is the residual stream, [..., hidden]: a steering vector's usual site.
+_BLOCK_SUFFIXES = ("Block", "DecoderLayer", "EncoderLayer", "TransformerBlock")
+
+
+def known_width(model: Any, target: str, at: str) -> int | None:
+    """The last dimension of the value at ``target`` (``at``: forward or forward_pre), where
+    the module says it without running: a Linear, a transformers Conv1D, a LayerNorm, an
+    Embedding, a transformer block's residual output (the model config's hidden size), a
+    TransformerLens residual hook point. None when it cannot be told."""
+    if model is None or at not in ("forward", "forward_pre"):
+        return None
+    try:
+        mod = model.get_submodule(target)
+    except AttributeError:
+        return None
+    out = at == "forward"
+    if isinstance(mod, torch.nn.Linear):
+        return mod.out_features if out else mod.in_features
+    if type(mod).__name__ == "Conv1D" and isinstance(getattr(mod, "weight", None), Tensor) and mod.weight.dim() == 2:
+        return int(mod.weight.shape[1] if out else mod.weight.shape[0])  # transformers' Conv1D: weight [in, out]
+    if isinstance(mod, torch.nn.LayerNorm) and mod.normalized_shape:
+        return int(mod.normalized_shape[-1])
+    if isinstance(mod, torch.nn.Embedding) and out:
+        return mod.embedding_dim
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    hidden = next(
+        (h for h in (getattr(config, n, None) for n in _HIDDEN) if isinstance(h, int) and not isinstance(h, bool)),
+        None,
+    ) if config is not None else None
+    name = target.rsplit(".", 1)[-1]
+    if hidden is not None and out and type(mod).__name__.endswith(_BLOCK_SUFFIXES):
+        return hidden
+    if hidden is not None and name.startswith("hook_resid_"):
+        return hidden
+    return None
+
+
 @register_action(replaces=True)
 def steer(
     ctx: ActionContext,
@@ -128,11 +169,19 @@ def steer(
     scale: float = 1.0,
     positions: int | list | str | None = None,
     dim: int = 1,
+    allow_other_model: bool = False,
 ):
     """Add ``scale * vector`` over the last dimension (at ``positions`` along ``dim`` only,
     when given). ``vector``: a list, a .safetensors file, or a record of a run (see the
-    module doc); it is read once, at compile time."""
-    v = steering_vector(vector, ctx.target) * float(scale)
+    module doc); it is read once, at compile time. A record of a run on another model is
+    refused unless ``allow_other_model`` is true."""
+    v = steering_vector(vector, ctx.target, None if allow_other_model else ctx.model) * float(scale)
+    width = known_width(ctx.model, ctx.target, str(getattr(ctx.at, "value", ctx.at)))
+    if width is not None and v.shape[-1] != width:
+        raise ValueError(
+            f"vector: {v.shape[-1]} values, but the value at {ctx.target!r} ({ctx.at}) is {width} wide "
+            "in its last dimension, along which a steering vector adds"
+        )
     pos = ctx.positions(positions)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
@@ -169,4 +218,6 @@ def steer(
             cache[key] = add
         return t + add
 
+    # Checked against the first batch (runner.steps): plain positions only (prompt/generated resolve in a generation).
+    fn.positions = (None if positions in ("prompt", "generated") else position_index(positions), dim)  # type: ignore[attr-defined]
     return fn

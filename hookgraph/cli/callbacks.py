@@ -189,14 +189,14 @@ class SweepTable(Callback):
                 sweep_figure(rows, sweep_dir / layout.SWEEP_FIGURE)
             except Exception as exc:  # a figure must never hide the table
                 log.warning("no sweep figure: %s", exc)
-            try:
-                log.info("sweep report: %s", write_sweep_report(sweep_dir))
-            except Exception as exc:  # the page only shows the table; it must never hide it
-                log.warning("no sweep report: %s: %s", type(exc).__name__, exc)
-            if any("metric" in r for r in rows):
+            if any("metric" in r for r in rows):  # before the page, which shows patching.png
                 try:
                     figure = write_patching(sweep_dir)  # None unless the sweep is layer x position
                     if figure is not None:
                         log.info("patching heatmap: %s", figure)
                 except Exception as exc:
                     log.warning("no patching heatmap: %s", exc)
+            try:
+                log.info("sweep report: %s", write_sweep_report(sweep_dir))
+            except Exception as exc:  # the page only shows the table; it must never hide it
+                log.warning("no sweep report: %s: %s", type(exc).__name__, exc)

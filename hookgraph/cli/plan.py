@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = _compose(list(args.overrides), args.config_dir)
         model = build_from_config(cfg)
         graph = compile_graph(model, cfg.hooks, prefix="hooks")
-        plan = graph.plan()
+        plan = graph.plan(compiled=bool(cfg.runner.compile))  # graph breaks only matter under runner.compile
         print(plan)
         title = "hookgraph plan · " + (" ".join(args.overrides) or "defaults")
         path = write_plan_svg(plan, module_tree(model), args.svg, title=title)

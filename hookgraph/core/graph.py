@@ -10,6 +10,7 @@ binding's registrar through the hook-point table (``points.REGISTRARS``).
 from __future__ import annotations
 
 import json
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -62,7 +63,13 @@ def _release_full_backward(m: nn.Module) -> None:
 
 
 class Plan(list):
-    """The compiled plan: one dict per binding, in registration order. ``str()`` is a table."""
+    """The compiled plan: one dict per binding, in registration order. ``str()`` is a table;
+    with ``compiled`` (the graph runs under torch.compile), followed by the bindings that
+    break the graph. Every row keeps its ``compiled`` column either way (plan.json)."""
+
+    def __init__(self, rows: Iterable[dict] = (), compiled: bool = False) -> None:
+        super().__init__(rows)
+        self.compiled = compiled
 
     def __str__(self) -> str:
         if not self:
@@ -74,7 +81,7 @@ class Plan(list):
 
         table = [line(_PLAN_COLUMNS), line("-" * w for w in widths), *map(line, rows)]
         breaks = [r for r in self if str(r.get("compiled", "")).startswith("graph break")]
-        if breaks:
+        if breaks and self.compiled:  # in eager code nothing breaks: listing them would only alarm
             table += ["", "under torch.compile these bindings break the graph (their hooks run eagerly):"]
             table += [f"  {r['spec']} at {r['target']!r}: {r['compiled']}" for r in breaks]
         return "\n".join(table)
@@ -108,6 +115,7 @@ class Attachment:
         # Code torch.compile cached without hook guards would silently skip our hooks.
         self._dynamo = HookGuards(graph.model)
         self._compiled = compiled
+        graph._ran_compiled = graph._ran_compiled or compiled
         log = graph.store.log if compiled else None  # traced hooks keep results there
         # One state per spec, with the spec's bindings (adjacent in the graph's order).
         self._specs: list[tuple[SpecState, tuple[Binding, ...]]] = [
@@ -126,7 +134,7 @@ class Attachment:
             if not compiled:
                 self._clock = install_clock(graph.model, graph.store)
         except BaseException:
-            self.remove()  # a failed attach leaves the graph detached, not stuck half attached
+            self.remove(warn=False)  # a failed attach leaves the graph detached, not stuck half attached
             raise
 
     @property
@@ -190,7 +198,7 @@ class Attachment:
                                 self._full.add(b)
                             kept.extend(register(b, st))
         except BaseException:
-            self.remove()
+            self.remove(warn=False)
             raise
 
     @staticmethod
@@ -213,10 +221,34 @@ class Attachment:
                 self._full.discard(b)
                 _release_full_backward(b.module)
 
-    def remove(self) -> None:
+    def _pending_gradients(self) -> dict[str, int]:
+        """spec -> gradient hooks placed on activations in this attachment, for the specs none
+        of whose hooks ran: the backward has not run (yet) while attached."""
+        placed: dict[str, int] = {}
+        fired: dict[str, int] = {}
+        for b, handles in self._handles.items():
+            for h in handles:
+                if isinstance(h, Switch) and h.placed:
+                    placed[b.spec.name] = placed.get(b.spec.name, 0) + h.placed
+                    fired[b.spec.name] = fired.get(b.spec.name, 0) + h.fired
+        return {name: n for name, n in placed.items() if not fired[name]}
+
+    def remove(self, *, warn: bool = True) -> None:
+        """Remove every hook. With ``warn``, a spec whose gradient hooks (output_grad,
+        input_grad) were placed on activations but none ran is a warning: a ``backward()``
+        after the ``with graph.attach():`` block runs none of them."""
         if not self._live:
             return  # removed already: a stale handle must not touch a newer attachment
         self._live = False
+        pending = self._pending_gradients() if warn else {}
+        if pending:
+            named = ", ".join(f"{name!r} ({n} activation(s))" for name, n in sorted(pending.items()))
+            warnings.warn(
+                f"hookgraph: gradient hooks of {named} were placed by a forward pass in this attach and none "
+                "ran before it ended; they act only while attached, so a backward() after the "
+                "`with graph.attach():` block records nothing. Call loss.backward() inside the block",
+                stacklevel=3,
+            )
         with gc_paused():
             self._drop(list(self._handles))
         for h in self._blocks:
@@ -243,7 +275,7 @@ class Attachment:
         return self._graph
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.remove()
+        self.remove(warn=exc is None)  # an error in the block says more than a backward it never reached
         if exc is None:
             # Checks deferred on the device (check_finite on an accelerator) are read when the
             # block ends, so a NaN in its last step is not left for a later attach to find.
@@ -289,6 +321,7 @@ class HookGraph:
         # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
         self.unmatched: dict[str, str] = dict(unmatched or {})
         self._attachment: Attachment | None = None
+        self._ran_compiled = False  # an attachment of torch.compile's kind was made: plan() shows graph breaks
         self._groups: list[tuple[Binding, ...]] | None = None  # the bindings by spec, built at the first attach
         # Calls counted by attachments that ended: spec -> calls, spec -> recomputed calls.
         self._calls: dict[str, int] = {}
@@ -471,8 +504,13 @@ class HookGraph:
                 out[spec] += n
         return out
 
-    def plan(self) -> Plan:
-        return Plan(b.plan_row() for b in self.bindings)
+    def plan(self, compiled: bool | None = None) -> Plan:
+        """The bindings, one row each. ``compiled``: whether ``str(plan)`` lists the bindings
+        that break a torch.compile graph; by default, when the model is compiled or the graph
+        was attached with ``compiled=True``, not in eager code."""
+        if compiled is None:
+            compiled = self._ran_compiled or is_compiled(self.model)
+        return Plan((b.plan_row() for b in self.bindings), compiled=compiled)
 
     @property
     def stats(self) -> list[dict]:

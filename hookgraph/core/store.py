@@ -31,7 +31,7 @@ from hookgraph.core.sequence import SequenceClock
 from hookgraph.core.torch_internals import version
 from hookgraph.core.tracelog import TRACE
 from hookgraph.core.transfer import HostCopier
-from hookgraph.errors import HookGraphError
+from hookgraph.errors import HookGraphError, UnknownKeyError, nearest
 
 __all__ = ["STAT_NAMES", "ResultStore", "Entries", "StatsBuffer"]
 
@@ -236,6 +236,30 @@ class StatsBuffer:
         self._values.clear()
 
 
+class _Keyed(dict):
+    """A dict whose missing key is an :class:`UnknownKeyError` naming the keys it holds
+    (``graph.records["typo"]``), not a bare ``KeyError``. ``get``, ``in`` and ``setdefault``
+    behave as a dict's."""
+
+    __slots__ = ("what", "of")
+
+    def __init__(self, what: str, of: str = "") -> None:
+        super().__init__()
+        self.what = what  # "spec" or "target": what a key of this mapping is
+        self.of = of  # " of spec 'x'" for a spec's targets
+
+    def __missing__(self, key: Any) -> Any:
+        held = sorted(str(k) for k in self)
+        shown = ", ".join(repr(k) for k in held[:20]) + (", ..." if len(held) > 20 else "")
+        close = nearest(str(key), held)
+        raise UnknownKeyError(
+            f"no {self.what} {key!r}{self.of} in these records; "
+            + (f"recorded: {shown}" if held else "nothing recorded yet")
+            + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else "")
+            + ". A spec that matched nothing, or has not run yet, has no records"
+        )
+
+
 class ResultStore:
     """Everything a graph's actions keep, by kind. Built by the compiler.
 
@@ -246,7 +270,7 @@ class ResultStore:
     """
 
     def __init__(self, *, per_device: bool = False):
-        self.records: dict[str, dict[str, Entries]] = {}
+        self.records: dict[str, dict[str, Entries]] = _Keyed("spec")
         self.rows: dict[str, list[dict]] = {}
         self.stats = StatsBuffer()
         self.host = HostCopier()  # device-to-host copies of records with `to: cpu`
@@ -264,7 +288,14 @@ class ResultStore:
     # -- what actions get ---------------------------------------------------------
     def record_slot(self, spec: str, target: str) -> Entries:
         """The list behind ``records[spec][target]``, created on first use."""
-        return self.records.setdefault(spec, {}).setdefault(target, Entries())
+        return self.record_targets(spec).setdefault(target, Entries())
+
+    def record_targets(self, spec: str) -> dict[str, Entries]:
+        """The mapping behind ``records[spec]`` (target -> entries), created on first use."""
+        targets = self.records.get(spec)
+        if targets is None:
+            targets = self.records[spec] = _Keyed("target", f" of spec {spec!r}")
+        return targets
 
     def row_sink(self, spec: str) -> list[dict]:
         """The list behind ``rows[spec]``: append one dict per call."""

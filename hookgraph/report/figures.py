@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -267,14 +268,35 @@ def write_figures(
     return [str(p.relative_to(run_dir)) for p in written]
 
 
+def _varying(rows: Sequence[dict]) -> list[dict[str, str]]:
+    """Each row's overrides that differ between rows (key -> value): what tells jobs apart."""
+    parsed = []
+    for r in rows:
+        pairs = (item.partition("=") for item in str(r.get("overrides") or "").split())
+        parsed.append({k: v for k, sep, v in pairs if sep})
+    keys = list(dict.fromkeys(k for o in parsed for k in o))
+    varying = [k for k in keys if len({o.get(k) for o in parsed}) > 1]
+    return [{k: o.get(k, "") for k in varying} for o in parsed]
+
+
 def sweep_figure(rows: Sequence[dict], path: Path) -> Path | None:
-    """Loss per job of a sweep, labelled by the job's overrides."""
-    pts = [(r.get("overrides") or str(r["job"]), r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float))]
+    """runner.metric (or, without one, the last loss) per job, one horizontal bar each,
+    labelled by the overrides that differ between jobs (the full ones are in sweep.csv)."""
+    what = "metric" if any(isinstance(r.get("metric"), (int, float)) for r in rows) else "loss"
+    labels = _varying(rows)
+    pts = []
+    for r, o in zip(rows, labels, strict=True):
+        if isinstance(r.get(what), (int, float)) and math.isfinite(r[what]):
+            words = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in o.items()] or [f"job {r['job']}"]
+            pts.append((f"{r['job']}: " + " ".join(words), float(r[what])))
     if not pts:
         return None
-    fig = _figure(figsize=(max(4, len(pts) * 1.2), 3.5))
+    width = min(12.0, max(5.0, 2.5 + 0.075 * max(len(p[0]) for p in pts)))
+    fig = _figure(figsize=(width, max(2.0, 0.6 + 0.24 * len(pts))))
     ax = fig.subplots()
-    ax.bar(range(len(pts)), [p[1] for p in pts])
-    ax.set_xticks(range(len(pts)), [p[0] for p in pts], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("loss (last step)")
+    ax.barh(range(len(pts)), [p[1] for p in pts], color="#4e79a7")
+    ax.set_yticks(range(len(pts)), [p[0] for p in pts], fontsize=8)
+    ax.invert_yaxis()  # job 0 on top, as in the table
+    ax.axvline(0, color="#667085", linewidth=0.6)
+    ax.set_xlabel(f"{what} (last step)")
     return _save(fig, path)

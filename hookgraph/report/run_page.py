@@ -29,6 +29,7 @@ def _summary(p: dict) -> str:
         ("steps", f"{s.get('steps', '?')} of {s.get('steps_requested', '?')}"),
         ("device", s.get("device")),
         ("last loss", s.get("loss")),
+        (f"metric {s.get('metric_name', '')}".rstrip(), s.get("metric")),
         ("bindings", len(p["plan"])),
         ("records bytes", s.get("records_bytes")),
         ("shards", len(s.get("shards") or [])),
@@ -55,6 +56,10 @@ def _summary(p: dict) -> str:
             "<h3>Loss over steps</h3>"
             + line_plot({"loss": p["losses"]}, title="loss", width=520, markers=len(p["losses"]) < 40)
         )
+    metrics = [(float(i), float(m)) for i, m in enumerate(s.get("metrics") or []) if isinstance(m, (int, float))]
+    if len(metrics) > 1:
+        out.append("<h3>Metric over steps</h3>" + line_plot({"metric": metrics}, title="metric", width=520,
+                                                             markers=len(metrics) < 40))
     if s.get("never_fired"):
         out.append(f'<p class="note">Bound but never fired: {esc(", ".join(map(str, s["never_fired"])))}</p>')
     for note in p["notes"]:
@@ -243,6 +248,16 @@ def _plan(p: dict) -> str:
     )
 
 
+def _metric_line(s: dict) -> str:
+    """runner.metric under the title: the number a patching, ablation or steering run exists for."""
+    if "metric" not in s:
+        return ""
+    value = s["metric"]
+    shown = "null (not finite)" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+    name = s.get("metric_name") or "runner.metric"
+    return f'<div class="metric" id="metric">metric <code>{esc(name)}</code> = <b>{esc(shown)}</b></div>'
+
+
 def render_run_page(p: dict) -> str:
     """The HTML of a run page from :func:`~hookgraph.report.page.read_run_page`'s model."""
     s = p["summary"]
@@ -251,6 +266,7 @@ def render_run_page(p: dict) -> str:
         f'<h1>hookgraph run · {esc(p["title"])} '
         f'<span class="status {esc(status)}" id="status">{esc(status)}</span></h1>'
         f'<div class="path">{esc(p["path"])}</div>'
+        + _metric_line(s)
     )
     sections = [
         ("summary", "Summary", _summary(p)),

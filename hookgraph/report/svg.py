@@ -1,6 +1,6 @@
 """Plots as inline SVG strings: line plots, histograms, heatmaps. No dependency, no network.
 
-Public names: PALETTE, color, sample, line_plot, histogram, heatmap.
+Public names: PALETTE, color, sample, line_plot, histogram, heatmap, short_labels.
 
 Each plotted series is one ``<path class="series">`` (gaps for non-finite values are
 ``M`` moves inside that path), so a plot with one line per target has one path per
@@ -10,11 +10,12 @@ target. Long series are sampled down to ``max_points``, which bounds the page's 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import TypeGuard
 
-__all__ = ["PALETTE", "color", "sample", "line_plot", "histogram", "heatmap", "fmt"]
+__all__ = ["PALETTE", "color", "sample", "line_plot", "histogram", "heatmap", "fmt", "short_labels"]
 
 # Tableau 10: distinct for the first ten lines; later ones repeat.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
@@ -111,11 +112,14 @@ def line_plot(
         whole = all(float(x).is_integer() for pts in sampled.values() for x, _ in pts if _finite(x))
         # Steps and job numbers are whole: no tick at step 0.5.
         xticks = [(t, fmt(t)) for t in _ticks(x0, x1) if not whole or float(t).is_integer()]
-    for x, label in xticks:
+    shown, cut = short_labels([label for _, label in xticks], 14)  # distinct, not all cut to one prefix
+    if cut and xlabel:
+        xlabel = f"{xlabel} = {cut}\u2026"
+    for (x, label), short in zip(xticks, shown, strict=True):
         if x0 - 1e-9 <= x <= x1 + 1e-9:
             out.append(
                 f'<text class="tick" x="{sx(x):.1f}" y="{top + ph + 12}" '
-                f'text-anchor="middle">{escape(str(label))[:14]}</text>'
+                f'text-anchor="middle"><title>{escape(str(label))}</title>{escape(short)}</text>'
             )
     if xlabel:
         out.append(
@@ -170,6 +174,24 @@ def histogram(
     return "".join(out)
 
 
+def short_labels(labels: Sequence[object], max_chars: int) -> tuple[list[str], str]:
+    """Labels that fit ``max_chars`` and stay distinct, and the prefix they share that was cut.
+
+    ``transformer.h.0`` .. ``transformer.h.11`` become ``0`` .. ``11`` (prefix ``transformer.h.``):
+    the common prefix is cut back to its last separator; a label still too long keeps its end
+    (where such names differ) after an ellipsis. Labels that would collide are numbered instead."""
+    full = [str(x) for x in labels]
+    if all(len(x) <= max_chars for x in full):
+        return full, ""
+    prefix = os.path.commonprefix(full) if len(full) > 1 else ""
+    cut = max(prefix.rfind(c) for c in "._/-=: ") + 1 if prefix else 0
+    short = [x[cut:] or x for x in full]
+    short = [x if len(x) <= max_chars else "\u2026" + x[-(max_chars - 1) :] for x in short]
+    if len(set(short)) < len(set(full)):
+        return [f"#{i}" for i in range(len(full))], ""
+    return short, full[0][:cut]
+
+
 def heatmap(
     grid: Sequence[Sequence[float | None]],
     xlabels: Sequence[str],
@@ -182,7 +204,14 @@ def heatmap(
     ``xname`` labels the columns (above them), ``yname`` the rows (left of them)."""
     cols, rows = len(xlabels), len(ylabels)
     cw, ch = max(52, min(80, 720 // max(cols, 1))), 24
-    left = max(60, 8 + 7 * max([len(str(y)[:18]) for y in ylabels] + [len(yname[:24])]))
+    # Column labels fit their column and stay distinct (a shared prefix goes to the axis name).
+    xshort, xcut = short_labels(xlabels, max(3, (cw - 6) // 7))
+    yshort, ycut = short_labels(ylabels, 18)
+    if xcut:
+        xname = f"{xname} = {xcut}\u2026"
+    if ycut:
+        yname = f"{yname} = {ycut}\u2026"
+    left = max(60, 8 + 7 * max([len(y) for y in yshort] + [len(yname[:24])]))
     top = 50
     width = max(left + cols * cw + 10, 12 + 7 * max(len(title), len(xname) + len(yname) // 2))
     height = top + rows * ch + 8
@@ -197,13 +226,13 @@ def heatmap(
     ]
     for j, label in enumerate(xlabels):
         out.append(
-            f'<text class="tick" x="{left + j * cw + cw / 2:.1f}" y="{top - 4}" '
-            f'text-anchor="middle">{escape(str(label))[:10]}</text>'
+            f'<text class="tick xtick" x="{left + j * cw + cw / 2:.1f}" y="{top - 4}" '
+            f'text-anchor="middle"><title>{escape(str(label))}</title>{escape(xshort[j])}</text>'
         )
     for i, label in enumerate(ylabels):
         out.append(
-            f'<text class="tick" x="{left - 4}" y="{top + i * ch + 16}" '
-            f'text-anchor="end">{escape(str(label))[:18]}</text>'
+            f'<text class="tick ytick" x="{left - 4}" y="{top + i * ch + 16}" '
+            f'text-anchor="end"><title>{escape(str(label))}</title>{escape(yshort[i])}</text>'
         )
         for j in range(cols):
             v = grid[i][j] if j < len(grid[i]) else None

@@ -113,17 +113,43 @@ def read_sweep_page(sweep_dir: str | Path, build_jobs: bool = True) -> dict:
         jobs.append({"job": name, "row": row, "overrides": _overrides(job, row), "report": link})
     keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
     axes = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
-    sweep_png = root / layout.SWEEP_FIGURE
-    figure = None
-    if exists(sweep_png):
-        data, why = png_bytes(root, sweep_png, 4_000_000)
-        if why is not None:
-            notes.append(why)
-        elif data is not None:
-            figure = "data:image/png;base64," + base64.b64encode(data).decode()
     return {"title": root.resolve().name, "path": str(root.resolve()), "jobs": jobs, "axes": axes,
             "metric": "metric" if any("metric" in r for r in rows) else "loss",
-            "columns": list(dict.fromkeys(k for r in rows for k in r)), "notes": notes, "figure": figure}
+            "columns": list(dict.fromkeys(k for r in rows for k in r)), "notes": notes,
+            "figure": _png(root, layout.SWEEP_FIGURE, notes), "patching": _png(root, layout.PATCHING_FIGURE, notes)}
+
+
+def _png(root: Path, name: str, notes: list[str]) -> str | None:
+    """A figure of the sweep folder as a data URL (the page stands alone), or None."""
+    path = root / name
+    if not exists(path):
+        return None
+    data, why = png_bytes(root, path, 4_000_000)
+    if why is not None:
+        notes.append(why)
+        return None
+    return "data:image/png;base64," + base64.b64encode(data).decode() if data is not None else None
+
+
+def _failed(p: dict) -> str:
+    """The jobs that did not complete, with their errors, before the table (whose error
+    column lies past every other column, off-screen)."""
+    bad = [j for j in p["jobs"] if str(j["row"].get("status", "")) not in ("completed", "planned", "listed")]
+    if not bad:
+        return ""
+    items = []
+    for j in bad:
+        where = ", ".join(f"{a}={j['overrides'].get(a, '')}" for a in p["axes"]) or str(j["row"].get("overrides", ""))
+        link = f' <a class="job-report" href="{esc(j["report"])}">report</a>' if j["report"] else ""
+        items.append(
+            f'<li class="failed-job" data-job="{esc(j["job"])}"><b>job {esc(j["job"])}</b> '
+            f'({esc(where)}): {esc(j["row"].get("status", "?"))}{link}'
+            f'<div class="error">{esc(j["row"].get("error") or "no error recorded")}</div></li>'
+        )
+    return (
+        f'<section id="failed"><h2>Failed jobs</h2><p>{len(bad)} of {len(p["jobs"])} job(s) did not complete.</p>'
+        f'<ul class="failed">{"".join(items)}</ul></section>'
+    )
 
 
 def _values(jobs: list[dict], axis: str) -> tuple[list[str], bool]:
@@ -210,7 +236,9 @@ def render_sweep_page(p: dict) -> str:
         axes_vals = [_num(v) if _num(v) is not None else v for v in (j["overrides"].get(a) for a in p["axes"])]
         rows.append([int(j["job"]), link, *axes_vals, *(j["row"].get(c) for c in rest)])
     axes = ", ".join(p["axes"]) or "none (the jobs share their overrides)"
+    failed = _failed(p)
     body = [
+        failed,
         (
             f'<section id="table"><h2>Jobs</h2>'
             f'<p>{len(p["jobs"])} job(s); axes: {esc(axes)}. Click a column to sort.</p>'
@@ -231,15 +259,21 @@ def render_sweep_page(p: dict) -> str:
             '<section id="generations"><h2>Generations</h2><p>Each job\'s first generation (its last step); '
             f'every sample is in the job\'s {layout.GENERATIONS}.</p><div class="scroll">{shown}</div></section>'
         )
-    if p["figure"]:
-        body.append(
-            f'<section id="figure"><h2>{layout.SWEEP_FIGURE}</h2><div class="figs">'
-            f'<figure><img alt="{layout.SWEEP_FIGURE}" src="{p["figure"]}"></figure></div></section>'
-        )
+    figures = [("patching", layout.PATCHING_FIGURE, p.get("patching")), ("figure", layout.SWEEP_FIGURE, p["figure"])]
+    for anchor, name, src in figures:
+        if src:
+            body.append(
+                f'<section id="{anchor}"><h2>{name}</h2><div class="figs">'
+                f'<figure><img alt="{name}" src="{src}"></figure></div></section>'
+            )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
-    nav = [("table", "Jobs"), ("metric", "Metric")] + ([("generations", "Generations")] if generations else [])
-    nav += [("figure", layout.SWEEP_FIGURE)] if p["figure"] else []
+    nav = (
+        ([("failed", "Failed jobs")] if failed else [])
+        + [("table", "Jobs"), ("metric", "Metric")]
+        + ([("generations", "Generations")] if generations else [])
+        + [(anchor, name) for anchor, name, src in figures if src]
+    )
     return document(f"hookgraph sweep · {p['title']}", header, nav, "".join(body))
 
 

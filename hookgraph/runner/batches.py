@@ -1,6 +1,6 @@
 """One step's batch: to the device, into the model, and the loss of what came out.
 
-Public names: LOSSES, to_device, call_model, first_tensor, compute_loss.
+Public names: LOSSES, to_device, call_model, first_tensor, compute_loss, check_token_ids.
 
 A batch is ``(inputs, labels)``: ``inputs`` is a tuple of positional arguments
 (``model(*inputs)``) or a dict of keyword arguments (``model(**inputs)``, the Hugging
@@ -19,7 +19,36 @@ import torch.nn.functional as F
 from hookgraph.core.tree import tensors, tree_map
 from hookgraph.errors import ConfigError
 
-__all__ = ["LOSSES", "to_device", "call_model", "first_tensor", "compute_loss"]
+__all__ = ["LOSSES", "to_device", "call_model", "first_tensor", "compute_loss", "check_token_ids"]
+
+_POSITIONS = ("n_positions", "max_position_embeddings", "n_ctx")
+
+
+def check_token_ids(inputs: Any, model: torch.nn.Module) -> None:
+    """The first batch's ``input_ids`` against the model's config, before the model runs:
+    an id past ``vocab_size`` or a sequence past ``n_positions`` is otherwise a bare
+    IndexError deep in an embedding."""
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.numel() == 0 or config is None:
+        return
+    vocab = getattr(config, "vocab_size", None) or getattr(config, "d_vocab", None)
+    top = int(ids.max())
+    if isinstance(vocab, int) and top >= vocab:
+        raise ConfigError(
+            "data",
+            f"the batch's input_ids go up to {top}, but the model's config.vocab_size is {vocab} (ids 0..{vocab - 1})",
+        )
+    for name in _POSITIONS:
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            if ids.shape[-1] > limit:
+                raise ConfigError(
+                    "data",
+                    f"the batch's input_ids are {ids.shape[-1]} tokens long, but the model's config.{name} "
+                    f"is {limit} (its longest sequence)",
+                )
+            return
 
 # sum/mean: of the first output tensor (the logits); model: the output's own .loss;
 # lm: next-token cross-entropy of the logits against input_ids.

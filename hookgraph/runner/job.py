@@ -153,8 +153,8 @@ def _list(job: Job, parts: Parts) -> dict[str, Any]:
 
 
 def _plan_only(job: Job, graph: HookGraph) -> dict[str, Any]:
-    """dry_run: the compiled plan, printed; nothing runs."""
-    plan = graph.plan()
+    """dry_run: the compiled plan, printed; nothing runs (graph breaks listed under runner.compile)."""
+    plan = graph.plan(compiled=bool(job.cfg.runner.compile))
     if job.world.main:
         print(plan)
     job.summary.update(status="planned", bindings=len(plan))

@@ -14,9 +14,14 @@ __all__ = ["closing_lines"]
 
 
 def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
-    """What a run's end says besides its status, as (logging level, text): specs that matched
-    nothing or never fired, where NaN/Inf first appeared, and figures that could not be drawn."""
+    """What a run's end says besides its status, as (logging level, text): runner.metric (the
+    number a patching, ablation or steering run exists for), specs that matched nothing or
+    never fired, where NaN/Inf first appeared, and figures that could not be drawn."""
     out: list[tuple[int, str]] = []
+    if "metric" in summary:
+        value = summary["metric"]
+        shown = "null (not finite)" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+        out.append((logging.INFO, f"metric {summary.get('metric_name') or 'runner.metric'} = {shown}"))
     for spec, reason in (summary.get("unmatched") or {}).items():
         out.append((logging.WARNING, f"spec {spec!r} matched nothing: {reason}"))
     for spec, phase in (summary.get("phase_never_ran") or {}).items():

@@ -27,7 +27,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import _lm_loss, first_tensor
 
-__all__ = ["METRICS", "compute_metric", "check_metric"]
+__all__ = ["METRICS", "compute_metric", "check_metric", "describe_metric", "check_metric_fits"]
 
 KEY = "runner.metric"
 
@@ -41,6 +41,19 @@ METRICS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 
 def _int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def describe_metric(cfg_metric: Any) -> str:
+    """``runner.metric`` in a few words, for the terminal and the run page:
+    ``logit_diff(correct=7, wrong=8)``, ``my_pkg.fn(k=1)``."""
+    name, args = check_metric(cfg_metric)
+    if name == "_target_":
+        name = str(args.pop("_target_"))
+    else:  # its own arguments first, then the defaults it filled in
+        order = list(METRICS[name][0]) + list(METRICS[name][1])
+        args = dict(sorted(args.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return f"{name}({shown})" if shown else name
 
 
 def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
@@ -79,6 +92,35 @@ def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
     if "position" in args and not _int(args["position"]):
         raise ConfigError(f"{KEY}.position", f"expected an integer position, got {args['position']!r}")
     return name, {**optional, **args}
+
+
+def check_metric_fits(cfg_metric: Any, batch: Any, model: torch.nn.Module) -> None:
+    """Before the model runs: a token metric (loss, logit_diff, logprob) needs a language
+    model fed ``input_ids``, its token ids inside the model's vocabulary and its position
+    inside the prompt. Said now, not after the first forward."""
+    name, args = check_metric(cfg_metric)
+    if name == "_target_":
+        return
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not isinstance(ids, torch.Tensor):
+        got = f"a dict with keys {sorted(batch)}" if isinstance(batch, Mapping) else type(batch).__name__
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+            got = f"a tensor of shape {list(batch[0].shape)}"
+        raise ConfigError(
+            KEY,
+            f"{name} reads a language model's logits [batch, seq, vocab] for token ids (a batch with input_ids), "
+            f"but this run's model gets {got}; use runner.metric=null, or a _target_ metric of your own",
+        )
+    config = getattr(model, "config", None) or getattr(model, "cfg", None)
+    vocab = (getattr(config, "vocab_size", None) or getattr(config, "d_vocab", None)) if config is not None else None
+    for key in ("correct", "wrong", "token"):
+        if key in args and isinstance(vocab, int) and not 0 <= args[key] < vocab:
+            raise ConfigError(f"{KEY}.{key}", f"token id {args[key]} is out of range for a vocabulary of {vocab}")
+    n = ids.shape[-1]
+    if "position" in args and not -n <= args["position"] < n:
+        raise ConfigError(
+            f"{KEY}.position", f"position {args['position']} is out of range for a sequence of length {n}"
+        )
 
 
 def _at_position(logits: torch.Tensor, batch: Any, position: int) -> torch.Tensor:

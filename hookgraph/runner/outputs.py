@@ -21,6 +21,7 @@ from hookgraph.core.graph import HookGraph
 from hookgraph.errors import NonFiniteError, RecordBudgetError
 from hookgraph.report import write_report
 from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
+from hookgraph.runner.metrics import describe_metric
 from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
 from hookgraph.runner.state import Job, Progress
 from hookgraph.runs import layout
@@ -156,6 +157,8 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
     if progress.metrics:
         s["metric"] = _finite(progress.metrics[-1])
         s["metrics"] = [_finite(v) for v in progress.metrics]
+        if job.cfg.runner.get("metric") is not None:  # open_run's metric is the loop's own number
+            s["metric_name"] = describe_metric(job.cfg.runner.metric)  # what the number is, on the terminal and page
     if progress.values:
         s["values"] = {k: [_finite(v) for v in vs] for k, vs in progress.values.items()}
     if progress.graph is not None:

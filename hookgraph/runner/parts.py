@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hookgraph.config.hooksets import require_matches_where_retargeted
 from hookgraph.config.schema import HookgraphConfig, check_known_keys
 from hookgraph.core.compiler import compile_graph
+from hookgraph.core.fingerprint import model_identity
 from hookgraph.core.graph import HookGraph
 from hookgraph.errors import ConfigError
 from hookgraph.models import build_model
@@ -80,6 +81,9 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     job.summary["device"] = str(device)
     bare = build_from_config(cfg).to(device=device, dtype=dtype)
     bare.train(r.mode == "train")
+    # Which model this run ran: a patch or steer that reads this run's records from another
+    # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
+    job.summary["model"] = model_identity(bare)
     progress.lap("build_s", progress.t0)
     # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
     modules = module_tree(bare)

@@ -15,13 +15,15 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from hookgraph.actions.recorded import resolve_positions
+from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
-from hookgraph.runner.batches import call_model, compute_loss, to_device
+from hookgraph.runner.batches import call_model, check_token_ids, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.generate import generation
-from hookgraph.runner.metrics import compute_metric
+from hookgraph.runner.metrics import check_metric_fits, compute_metric
 from hookgraph.runner.outputs import add_where
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts
@@ -107,6 +109,37 @@ def _where(exc: BaseException, step: int, phase: str, batch: Any, model: torch.n
     return ", ".join(parts)
 
 
+def _check_sites(graph: HookGraph, inputs: Any, generating: bool) -> None:
+    """The specs' sources and positions against the first batch's prompts (``input_ids``
+    [batch, tokens]), before the model runs: a clean prompt of another length than the
+    corrupted one, or a position past the prompt (not when generating: a generation reads
+    past its prompt), named by the spec's key."""
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return
+    batch, length = ids.shape
+    for b in graph.bindings:
+        shape = getattr(b.fn, "source_shape", None)
+        if shape is not None and len(shape) >= 2 and (shape[0], shape[1] if not generating else length) != (
+            batch,
+            length,
+        ):  # a generation's source spans prompt and generated tokens: its length is checked as it starts
+            where = getattr(b.fn, "source_where", "?")
+            raise ConfigError(
+                f"{b.key}.args",
+                f"the source ({where}) holds {shape[0]} prompt(s) of {shape[1]} positions, the data "
+                f"{batch} of {length} tokens: a patch needs the clean and corrupted prompts of one length "
+                "(position i of one is position i of the other) and one batch size",
+            )
+        pos = getattr(b.fn, "positions", None)
+        # dim 1 of [batch, seq, ...]: the prompt's positions
+        if not generating and pos is not None and pos[0] is not None and pos[1] == 1:
+            try:
+                resolve_positions(pos[0], length, "positions")
+            except HookGraphError as exc:
+                raise ConfigError(f"{b.key}.args.positions", f"{exc}: the data's prompts are {length} tokens") from None
+
+
 def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     """runner.steps passes through ``live`` (started here, once the data and the optimizer
     are built); each step's records leave memory as one shard (``live.step``). The caller
@@ -136,6 +169,11 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
         try:
             inputs, labels = next(data)
             batch = (inputs, labels)
+            if step == 0:  # before the model runs: not an IndexError inside it, nor a shape error in a hook
+                check_token_ids(inputs, parts.bare)
+                _check_sites(live.graph, inputs, generator is not None)
+                if r.metric is not None:
+                    check_metric_fits(r.metric, inputs, parts.bare)
             if step == 0 and parts.gradcam is not None:
                 progress.first_input = _picture(inputs)
             inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)

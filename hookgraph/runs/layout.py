@@ -170,7 +170,8 @@ SWEEP_FOLDER: tuple[Entry, ...] = (
     Entry(JOB_RETURNS, "<num>.json per job: its row of the sweep table, written in the job's own process",
           "cli.callbacks.SweepTable.on_job_end (runs.sweep.write_job_return)", always=False,
           when="jobs that ended", folder=True),
-    Entry(SWEEP_FIGURE, "loss per job", "cli.callbacks.SweepTable (report.figures.sweep_figure)", always=False,
+    Entry(SWEEP_FIGURE, "runner.metric (else the loss) per job, labelled by the overrides that differ",
+          "cli.callbacks.SweepTable (report.figures.sweep_figure)", always=False,
           when="a job has a loss"),
     Entry(REPORT, "the sweep's page", "cli.callbacks.SweepTable (report.write_sweep_report); "
           "python -m hookgraph report", always=False, when="a sweep that ended"),

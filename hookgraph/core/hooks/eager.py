@@ -206,6 +206,7 @@ def _tensor_hook(b: Binding, st: SpecState, switch: Switch) -> Callable[[Tensor]
             # Checked at backward time: after detach (or in a later registration) switch.on is False.
             if switch.on and st.active:
                 st.calls += 1
+                switch.fired += 1
                 return call(grad, None, None)
             return None
 
@@ -214,6 +215,7 @@ def _tensor_hook(b: Binding, st: SpecState, switch: Switch) -> Callable[[Tensor]
         def hook(grad: Tensor) -> Any:
             if switch.on and st.active:
                 st.calls += 1
+                switch.fired += 1
                 try:
                     return direct(grad)
                 except HookGraphError:
@@ -234,10 +236,12 @@ def output_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
             if index is None and type(output) is Tensor:  # the common case, without a list
                 if output.requires_grad:
                     output.register_hook(tensor_hook)
+                    switch.placed += 1
                 return
             for t in tensors(output if index is None else pick(b, output, index)):
                 if t.requires_grad:
                     t.register_hook(tensor_hook)
+                    switch.placed += 1
 
     return [b.module.register_forward_hook(module_hook(b, st, hook)), cast(RemovableHandle, switch)]
 
@@ -254,6 +258,7 @@ def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
         # (not the input's other uses, e.g. a residual branch).
         new = a.clone() if copy_leaves and a.is_leaf else a.view_as(a)
         new.register_hook(tensor_hook)
+        switch.placed += 1
         return new
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:

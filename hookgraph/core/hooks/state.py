@@ -60,10 +60,15 @@ class Switch:
     must not revive them. Quacks like a RemovableHandle (remove()) so the attachment removes
     it with the others."""
 
-    __slots__ = ("on",)
+    __slots__ = ("on", "placed", "fired")
 
     def __init__(self) -> None:
         self.on = True
+        # Tensor hooks placed on activations, and how many of them ran while on: a spec whose
+        # hooks were placed but none ran before detach is said at detach (the backward was
+        # not run inside the ``with graph.attach():`` block; after it, they do nothing).
+        self.placed = 0
+        self.fired = 0
 
     def remove(self) -> None:
         self.on = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -62,6 +63,33 @@ class TokenData:
     seed: int = 0  # seeds the generator: every pass sees the same ids
 
 
+_POSITIONS = ("n_positions", "max_position_embeddings", "n_ctx")  # GPT-2; BERT, Llama...; TransformerLens
+
+
+def _fits_the_model(vocab: int, seq_len: int, config: Any, key: str) -> None:
+    """Ids and lengths the model's own config can take, checked before it runs: past them an
+    embedding lookup fails with a bare IndexError deep in the model."""
+    if config is None:
+        return
+    model_vocab = getattr(config, "vocab_size", None) or getattr(config, "d_vocab", None)
+    if isinstance(model_vocab, int) and vocab > model_vocab:
+        raise ConfigError(
+            f"{key}.vocab_size",
+            f"ids up to {vocab - 1}, but the model's config.vocab_size is {model_vocab} (ids 0..{model_vocab - 1}); "
+            f"set {key}.vocab_size={model_vocab} or leave it null (the model's own)",
+        )
+    for name in _POSITIONS:
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            if seq_len > limit:
+                raise ConfigError(
+                    f"{key}.seq_len",
+                    f"{seq_len} tokens, but the model's config.{name} is {limit} (its longest sequence); "
+                    f"set {key}.seq_len to at most {limit}",
+                )
+            return
+
+
 @register_data("tokens", TokenData)
 def token_data(cfg: TokenData, ctx: DataContext) -> Batches:
     """``{"input_ids": randint(vocab_size, [batch_size, seq_len])}``, seeded."""
@@ -75,6 +103,7 @@ def token_data(cfg: TokenData, ctx: DataContext) -> Batches:
         )
     vocab = positive_int(vocab_size, f"{ctx.key}.vocab_size")
     seq_len = positive_int(cfg.seq_len, f"{ctx.key}.seq_len")
+    _fits_the_model(vocab, seq_len, getattr(ctx.model, "config", None), ctx.key)
     batch_size, seed = ctx.batch_size, cfg.seed
 
     def epoch() -> Iterator[Batch]:
