@@ -77,6 +77,17 @@ def test_a_source_with_the_same_architecture_but_other_weights_is_refused(tmp_pa
             tmp_path / "p")
 
 
+def test_the_weights_fingerprint_samples_a_parameter_past_float32_s_integers():
+    # VGG16's first classifier weight has 103M values: a float32 linspace rounded its last
+    # index to n, one past the end, and every vgg16 run failed with an IndexError.
+    from hookgraph.core.fingerprint import SAMPLES, _sample
+
+    n = 2**24 + 3
+    p = torch.arange(n, dtype=torch.float32)
+    got = torch.frombuffer(bytearray(_sample(p)), dtype=torch.int16).view(torch.bfloat16).float()
+    assert got.numel() == SAMPLES and got[0] == 0 and got[-1] == torch.tensor(float(n - 1)).bfloat16().float()
+
+
 def test_steering_from_a_record_of_another_model_is_refused(tmp_path):
     run(compose("+experiment=gpt2_cache", CLEAN, "model.kwargs.config.n_embd=32", *FAST), tmp_path / "small")
     vector = f"{{run: {tmp_path / 'small'}, spec: resid, position: -1}}"

@@ -236,10 +236,10 @@ def test_full_disk_while_recording(tmp_path, monkeypatch):
 
     real = writer_mod.atomic_write
 
-    def full_after_first_shard(path, data):
+    def full_after_first_shard(path, data, **kw):
         if path.parent.name == "records" and path.name != "step-000000.safetensors":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(path, data)
+        real(path, data, **kw)
 
     monkeypatch.setattr(writer_mod, "atomic_write", full_after_first_shard)
     with pytest.raises(RunFolderError, match="No space left") as caught:

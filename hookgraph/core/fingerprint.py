@@ -45,7 +45,8 @@ def _sample(p: torch.Tensor) -> bytes:
     if n == 0:
         return b""
     if n > SAMPLES:
-        idx = torch.linspace(0, n - 1, SAMPLES, device=flat.device).long()
+        # Integer steps: a float32 linspace rounds n - 1 up to n past 2**24 elements (VGG16's 103M).
+        idx = torch.arange(SAMPLES, device=flat.device, dtype=torch.int64) * (n - 1) // (SAMPLES - 1)
         flat = flat.index_select(0, idx)
     # float32 first: float64 -> bfloat16 and float32 -> bfloat16 then round alike.
     rounded = flat.to(device="cpu", dtype=torch.float32).to(torch.bfloat16)

@@ -45,8 +45,9 @@ def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None) -> Run
     check_run_dir(out_dir)
     marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
     try:
-        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, reserve=True, fsync=cfg.sink.fsync)
+        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, fsync=cfg.sink.fsync)
         claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
+        writer.reserve_room()  # only in a folder that is now this run's
     except OSError as exc:
         raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
     return writer

@@ -302,6 +302,12 @@ class RunWriter:
                 path.unlink(missing_ok=True)
             return None
 
+    def reserve_room(self) -> None:
+        """Keep RESERVE_BYTES for the summary from now on (a writer made before its folder was
+        claimed: the room is taken only once the folder is this run's)."""
+        if self._reserve is None:
+            self._reserve = self._keep_room(self.dir / self.rank_path(layout.RESERVE))
+
     def release_reserve(self) -> None:
         """Give the reserved room back (at the end, or to write the summary on a full disk)."""
         if self._reserve is not None:
