@@ -1,6 +1,6 @@
 """Writing a run's outputs: tables and figures after the steps, and whatever happened, the summary.
 
-Public names: write, write_tables, write_outputs, fail, close, add_where, where_of.
+Public names: write, write_tables, write_weights, write_outputs, fail, close, add_where, where_of.
 
 Records leave memory during the steps (one shard per step); a run that fails still leaves its
 earlier steps readable: :func:`fail` flushes what the failing step recorded and the tables,
@@ -26,7 +26,7 @@ from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, rows_with_spec
 
-__all__ = ["write", "write_tables", "write_outputs", "fail", "close", "add_where", "where_of"]
+__all__ = ["write", "write_tables", "write_weights", "write_outputs", "fail", "close", "add_where", "where_of"]
 
 log = logging.getLogger("hookgraph")
 
@@ -75,10 +75,24 @@ def write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None
     writer.csv(writer.rank_path(layout.TRACE), _ranked(_trace_rows(graph), writer.rank))
 
 
+def write_weights(job: Job, parts: Parts) -> None:
+    """``model.safetensors``: the bare model's state_dict after the last step (sink.weights).
+
+    Each tensor is copied on its own, so tied weights (a language model's embedding and head)
+    are written under both names and the file loads strictly with ``model.checkpoint``."""
+    from safetensors.torch import save_file  # lazy: only a run that keeps its weights writes one
+
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in parts.bare.state_dict().items()}
+    save_file(state, str(job.writer.dir / layout.WEIGHTS))
+    job.summary["weights"] = layout.WEIGHTS
+
+
 def write_outputs(job: Job, parts: Parts, graph: HookGraph, progress: Progress) -> None:
     """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run."""
     t = time.perf_counter()
     write(write_tables, job.writer, graph, progress.tb)
+    if job.cfg.sink.weights and job.world.main:
+        write_weights(job, parts)
     if job.cfg.sink.figures and job.world.main:  # rank 0's records
         try:
             from hookgraph.report.figures import write_figures  # lazy: matplotlib only when figures are wanted
