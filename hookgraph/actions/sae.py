@@ -1,6 +1,6 @@
 """The ``sae`` action: a sparse autoencoder attached at a hook point.
 
-Public names (registry key): sae. Helpers: SaeLensSAE, load_sae.
+Public names (registry key): sae. Helpers: SaeLensSAE, load_sae, random_sae.
 
 At its site the action encodes the value into the SAE's features, and then, as its
 arguments say:
@@ -33,7 +33,7 @@ from hookgraph.actions.registry import ActionContext, register_action
 from hookgraph.config.instantiate import instantiate_nested
 from hookgraph.errors import HookGraphError, did_you_mean
 
-__all__ = ["SaeLensSAE", "load_sae"]
+__all__ = ["SaeLensSAE", "load_sae", "random_sae"]
 
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "jumprelu", "topk")
@@ -69,6 +69,19 @@ class SaeLensSAE(nn.Module):
 
     def decode(self, f: Tensor) -> Tensor:
         return f @ self.W_dec + self.b_dec
+
+
+def random_sae(d_in: int, d_sae: int, seed: int = 0, k: int = 8) -> SaeLensSAE:
+    """A top-k SAE (``k`` features active per position) with seeded random weights (unit-norm
+    decoder rows, encoder their transpose, zero biases): what the packaged SAE experiments attach when no trained SAE is
+    at hand. Its features are random directions, not learned ones; point ``sae`` at a
+    SAELens folder for real features."""
+    g = torch.Generator().manual_seed(seed)
+    w_dec = torch.randn(d_sae, d_in, generator=g)
+    w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
+    zeros_in, zeros_sae = torch.zeros(d_in), torch.zeros(d_sae)
+    weights = {"W_enc": w_dec.T.contiguous(), "b_enc": zeros_sae, "W_dec": w_dec, "b_dec": zeros_in}
+    return SaeLensSAE(weights, "topk", k=k)
 
 
 def _from_folder(path: Path) -> SaeLensSAE:
