@@ -30,7 +30,7 @@ CORRECT, WRONG = 26, 2
 def model() -> torch.nn.Module:
     from transformers import GPT2Config  # lazy: the hf extra
 
-    from hookgraph.models.induction import attn_only_gpt2
+    from hookgraph.models.induction import attn_only_gpt2  # lazy: with transformers, above
 
     config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
                         eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -96,7 +96,7 @@ def main() -> None:
     top = sorted(keys, key=lambda k: -abs(table[k] - base))[:2]
     top_attr = sorted(rows, key=lambda r: -abs(r["delta"]))[:2]
     e, a = statistics.median(t_exact), statistics.median(t_attr)
-    print(f"| sites | exact sweep s | attribution s | ratio | Spearman | top 2 exact | top 2 attribution |")
+    print("| sites | exact sweep s | attribution s | ratio | Spearman | top 2 exact | top 2 attribution |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {len(keys)} | {e:.3f} | {a:.3f} | {e / a:.1f}x | {rho:.3f} | {top} | "
           f"{[(r['layer'], r['position']) for r in top_attr]} |")

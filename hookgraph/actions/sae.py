@@ -46,6 +46,12 @@ class SaeLensSAE(nn.Module):
     jumprelu: ``relu(pre) * (pre > threshold)``; topk: ``relu`` of the ``k`` largest of ``pre``,
     zero elsewhere. ``decode(f) = f @ W_dec + b_dec``."""
 
+    W_enc: Tensor
+    b_enc: Tensor
+    W_dec: Tensor
+    b_dec: Tensor
+    threshold: Tensor
+
     def __init__(self, weights: Mapping[str, Tensor], architecture: str = "standard",
                  apply_b_dec_to_input: bool = True, k: int | None = None) -> None:  # fmt: skip
         super().__init__()
