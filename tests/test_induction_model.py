@@ -1,6 +1,6 @@
-"""The shipped induction model (model=induction): it has learned induction, and the packaged
-experiments on it show the known mechanism (a previous-token head in block 0, an induction
-head in block 1). On the shipped weights, in-process: fast."""
+"""The shipped induction model (model=induction): it predicts the repeated half, one head
+carries it, and the packaged experiments on it show so. On the shipped weights, in-process:
+fast. (Not the textbook two-head circuit: see docs/interpretability.md.)"""
 
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ pytest.importorskip("transformers")
 
 HALF = 12
 # (block, head), read off the shipped weights' ablation sweep (docs/interpretability.md): accuracy
-# 0.90 clean; 0.28 without head 0.3, 0.49 without 1.0; the other six heads 0.67 to 0.84.
-PREV, INDUCTION = (0, 3), (1, 0)
-ACCURACY_FLOOR = 0.85  # on the copy, clean
-ABLATED_CEILING = 0.6  # either head ablated: below 60% of the clean accuracy
-OTHERS_FLOOR = 0.7  # any other head ablated: above 70% of it
-PATCH_GAP = 1.0  # logit difference restored by the clean residual at the last position
+# 0.96 clean; 0.19 without head 0.2; 0.85 to 0.96 without any one of the other seven.
+KEY = (0, 2)
+ACCURACY_FLOOR = 0.9  # on the copy, clean
+ABLATED_CEILING = 0.3  # head 0.2 ablated: below 30% of the clean accuracy
+OTHERS_FLOOR = 0.85  # any other head ablated: above 85% of it
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +69,19 @@ def test_it_has_learned_induction(model, rows):
     assert float(first_half) < 0.1
 
 
-def test_ablating_each_head_singles_out_the_previous_token_and_induction_heads(model, rows):
+def test_ablating_each_head_singles_out_one(model, rows):
     clean = _accuracy(model, rows)
     sweep = {(b, h): _ablated(model, rows, b, h) for b in (0, 1) for h in range(4)}
-    for site in (PREV, INDUCTION):
-        assert sweep[site] < clean * ABLATED_CEILING, (site, sweep)  # accuracy falls sharply
-    others = [v for k, v in sweep.items() if k not in (PREV, INDUCTION)]
-    assert min(others) > clean * OTHERS_FLOOR, sweep  # the other six barely matter
+    assert sweep[KEY] < clean * ABLATED_CEILING, sweep  # accuracy falls sharply
+    others = [v for k, v in sweep.items() if k != KEY]
+    assert min(others) > clean * OTHERS_FLOOR, sweep  # the other seven barely matter
 
 
 def test_the_packaged_experiments_run_on_it(tmp_path):
     from hookgraph.runner import run  # lazy: the runner only for this test
 
     d = tmp_path / "ablate"
-    b, h = INDUCTION
+    b, h = KEY
     cfg = compose("+experiment=induction_head_ablation", f"hooks.ablate.target=transformer.h.{b}.attn.c_proj",
                   f"hooks.ablate.args.heads={h}", "runner.progress=false", "runner.device=cpu", "sink.figures=false")
     s = run(cfg, d)
@@ -93,10 +91,12 @@ def test_the_packaged_experiments_run_on_it(tmp_path):
                     "hooks.patch.args.positions=23", "runner.progress=false", "runner.device=cpu",
                     "sink.figures=false"), d)
     restored = s["metric"]
-    s = run(compose("+experiment=induction_patching", "hooks.patch.target=transformer.h.1",
+    s = run(compose("+experiment=induction_patching", "hooks.patch.target=transformer.h.0",
                     "hooks.patch.args.positions=12", "runner.progress=false", "runner.device=cpu",
                     "sink.figures=false"), tmp_path / "patch12")
-    assert restored - s["metric"] > PATCH_GAP  # the last position carries the clean prediction
+    # The last position after block 1 carries the clean prediction; block 0 at position 12
+    # (where a textbook previous-token head would write "after 30") carries nothing.
+    assert restored > 5 and abs(s["metric"] - 0.24) < 0.05
 
 
 def test_training_writes_weights_that_load_back(tmp_path):

@@ -43,15 +43,16 @@ class Prompts(Dataset):
 
 
 class RepeatedTokens(Dataset):
-    """Seeded rows ``[bos, noise..., S, S]``: a random segment ``S`` of ``half`` tokens said
-    twice, after random filler, ``seq_len`` tokens in all (the induction task: the second
+    """Seeded rows of random tokens in which a random segment ``S`` is said twice, ``seq_len``
+    tokens in all, ``bos`` first (the induction task: the second
     ``S`` is predictable from the first only by finding the earlier occurrence of the current
     token and copying what followed it).
 
-    ``half``: a fixed segment length (with ``seq_len = 1 + 2 * half``: no filler, what the
-    ``repeated_half`` metric reads), or None: a length drawn per row from
-    ``[min_half, (seq_len - 1) // 2]``, so that no fixed offset finds the copy (a model trained on
-    one length learns "look ``half`` back", not induction). Tokens are drawn from
+    ``half``: a fixed segment length, the rows ``[bos, filler, S, S]`` (with ``seq_len = 1 + 2 *
+    half``: no filler, what the ``repeated_half`` metric reads); or None: a length drawn per row
+    from ``[min_half, (seq_len - 1) // 2]`` and both copies placed at random, so that no fixed
+    offset finds the copy (a model trained on one layout learns "look ``half`` back", not
+    induction). Tokens are drawn from
     ``[1, vocab_size)``; ``bos`` (0) starts every row.
     """
 
@@ -76,7 +77,15 @@ class RepeatedTokens(Dataset):
         most = (n - 1) // 2
         length = self.half if self.half is not None else int(torch.randint(self.min_half, most + 1, (1,), generator=g))
         ids = torch.randint(1, self.vocab_size, (n,), generator=g)
-        ids[n - length :] = ids[n - 2 * length : n - length].clone()  # the last L copy the L before them
+        if self.half is not None:
+            first, second = n - 2 * length, n - length  # [bos, filler, S, S]: the copy ends the row
+        else:
+            # Both copies anywhere, filler between and around them: neither the distance between
+            # them nor the distance to the row's end tells where the copy's source is, so only
+            # induction (find the current token earlier, copy what followed it) predicts it.
+            first = int(torch.randint(1, n - 2 * length + 1, (1,), generator=g))
+            second = int(torch.randint(first + length, n - length + 1, (1,), generator=g))
+        ids[second : second + length] = ids[first : first + length].clone()
         ids[0] = self.bos
         return ids, length
 
