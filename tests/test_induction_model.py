@@ -113,3 +113,32 @@ def test_training_writes_weights_that_load_back(tmp_path):
     state = load_file(str(path))
     assert all(torch.equal(v, state[k]) for k, v in trained.state_dict().items())
     assert json.loads((tmp_path / "train" / "summary.json").read_text())["steps"] == 2
+
+
+def test_training_rows_place_the_copy_anywhere():
+    data = RepeatedTokens(200, 25, 50, seed=0)
+    gaps, ends = set(), set()
+    for i in range(len(data)):
+        ids, length = data.row(i)
+        assert ids[0] == 0 and 4 <= length <= 12
+        found = [(a, b) for a in range(1, 26 - 2 * length) for b in range(a + length, 26 - length)
+                 if torch.equal(ids[a : a + length], ids[b : b + length])]
+        assert found, (i, ids, length)
+        a, b = found[0]
+        gaps.add(b - a)
+        ends.add(25 - (b + length))
+    # Neither the distance between the copies nor the copy's distance to the end is fixed.
+    assert len(gaps) > 10 and len(ends) > 5
+    assert torch.equal(data[3]["input_ids"], RepeatedTokens(200, 25, 50, seed=0)[3]["input_ids"])  # seeded
+
+
+def test_the_sae_experiments_run_on_it(tmp_path):
+    from hookgraph.runner import run  # lazy: the runner only for this test
+
+    s = run(compose("+experiment=induction_sae", "runner.progress=false", "runner.device=cpu"), tmp_path / "sae")
+    rec = hg.load_run(tmp_path / "sae").records["sae"]["transformer.h.0"][0]
+    assert rec["shape"].tolist() == [64, 25, 256] and rec["values"].numel() == 64 * 25 * 8  # top-8, sparse
+    assert s["metric"] > ACCURACY_FLOOR  # the error term keeps the model as it was
+    s = run(compose("+experiment=induction_sae_steering", "hooks.sae.args.scale=4", "runner.progress=false",
+                    "runner.device=cpu"), tmp_path / "steer")
+    assert s["metric"] < 0.1
