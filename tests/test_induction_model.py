@@ -142,3 +142,20 @@ def test_the_sae_experiments_run_on_it(tmp_path):
     s = run(compose("+experiment=induction_sae_steering", "hooks.sae.args.scale=4", "runner.progress=false",
                     "runner.device=cpu"), tmp_path / "steer")
     assert s["metric"] < 0.1
+
+
+def test_training_is_deterministic(tmp_path):
+    from hookgraph.runner import run  # lazy: the runner only for this test
+
+    states = []
+    for name in ("a", "b"):
+        run(compose("+experiment=induction_train", "runner.steps=3", "runner.batch_size=8", "data.kwargs.size=24",
+                    "runner.progress=false", "runner.device=cpu"), tmp_path / name)
+        states.append(load_file(str(tmp_path / name / "model.safetensors")))
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    init = compose("model=induction_init").model
+    torch.manual_seed(0)  # runner.seed: the run's own initial weights
+    fresh = build_model(target=init._target_, kwargs=init.kwargs).state_dict()
+    assert torch.equal(fresh["transformer.wpe.weight"], states[0]["transformer.wpe.weight"]) is False  # it trained
+    assert (fresh["transformer.wpe.weight"] - states[0]["transformer.wpe.weight"]).abs().max() < 0.01  # 3 steps
