@@ -1,6 +1,6 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
-Public names: mlp, tiny, linear_relu, relu_mlp, x_in, hook_snapshot.
+Public names: mlp, tiny, linear_relu, relu_mlp, x_in, hook_snapshot, TanhSAE.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -62,3 +62,20 @@ def hook_snapshot(model: nn.Module) -> dict:
         snap[(name, "_backward_hooks")] = list(p._backward_hooks or {})
         snap[(name, "_post_accumulate_grad_hooks")] = list(getattr(p, "_post_accumulate_grad_hooks", None) or {})
     return snap
+
+
+class TanhSAE(nn.Module):
+    """An autoencoder that is not SAELens's (tanh features, no biases): any module with
+    ``encode``/``decode`` named by ``_target_``. Weights from a seeded generator."""
+
+    def __init__(self, d_in: int, d_sae: int, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.enc = nn.Parameter(torch.randn(d_in, d_sae, generator=g) * 0.2)
+        self.dec = nn.Parameter(torch.randn(d_sae, d_in, generator=g) * 0.2)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.enc)
+
+    def decode(self, f: torch.Tensor) -> torch.Tensor:
+        return f @ self.dec

@@ -26,6 +26,9 @@ def test_wheel_carries_conf_and_runs_from_elsewhere(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hookgraph/conf/config.yaml" in names
     assert "hookgraph/conf/experiment/clamp_conv.yaml" in names
+    # The trained induction model ships: its weights and the experiment that made them.
+    assert "hookgraph/models/induction.safetensors" in names
+    assert "hookgraph/conf/experiment/induction_train.yaml" in names
     assert "hydra_plugins/hookgraph_searchpath/__init__.py" in names  # your folders first, hook libraries
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

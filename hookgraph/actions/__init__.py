@@ -8,6 +8,7 @@ from hookgraph.actions import builtin as _builtin  # noqa: F401 - registers the 
 from hookgraph.actions import patch as _patch  # noqa: F401 - registers patch
 from hookgraph.actions import patch_slices as _patching  # noqa: F401 - registers patch_positions, head_patch, head_mask
 from hookgraph.actions import record as _record  # noqa: F401 - registers record
+from hookgraph.actions import sae as _sae  # noqa: F401 - registers sae
 from hookgraph.actions import steer as _steer  # noqa: F401 - registers steer
 from hookgraph.actions.registry import ACTIONS, ActionContext, ActionDef, register_action
 

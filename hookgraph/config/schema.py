@@ -118,6 +118,7 @@ class SinkConfig:
     # GradcamConfig's keys. Typed Any because OmegaConf cannot merge a command-line mapping into
     # a None structured node (an AttributeError); run() checks the keys and fills the defaults.
     gradcam: Any = None
+    weights: bool = False  # write the model's weights after the last step to model.safetensors (a training run)
     tensorboard: bool = False  # also write stats and records to tensorboard/ (pip install hookgraph[tensorboard])
 
 

@@ -1,6 +1,6 @@
 """Writing a run's outputs: tables and figures after the steps, and whatever happened, the summary.
 
-Public names: write, write_tables, write_outputs, fail, close, add_where, where_of.
+Public names: write, write_tables, write_weights, write_outputs, fail, close, add_where, where_of.
 
 Records leave memory during the steps (one shard per step); a run that fails still leaves its
 earlier steps readable: :func:`fail` flushes what the failing step recorded and the tables,
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
 from hookgraph.core.graph import HookGraph
 from hookgraph.errors import NonFiniteError, RecordBudgetError
 from hookgraph.report import write_report
@@ -27,7 +29,7 @@ from hookgraph.runner.state import Job, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, disk_full, rows_with_spec
 
-__all__ = ["write", "write_tables", "write_outputs", "fail", "close", "add_where", "where_of"]
+__all__ = ["write", "write_tables", "write_weights", "write_outputs", "fail", "close", "add_where", "where_of"]
 
 log = logging.getLogger("hookgraph")
 
@@ -78,11 +80,25 @@ def write_tables(writer: RunWriter, graph: HookGraph, tb: TensorBoardSink | None
     writer.csv(writer.rank_path(layout.TRACE), _ranked(_trace_rows(graph), writer.rank))
 
 
+def write_weights(job: Job, model: nn.Module) -> None:
+    """``model.safetensors``: the bare model's state_dict after the last step (sink.weights).
+
+    Each tensor is copied on its own, so tied weights (a language model's embedding and head)
+    are written under both names and the file loads strictly with ``model.checkpoint``."""
+    from safetensors.torch import save_file  # lazy: only a run that keeps its weights writes one
+
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(job.writer.dir / layout.WEIGHTS))
+    job.summary["weights"] = layout.WEIGHTS
+
+
 def write_outputs(job: Job, graph: HookGraph, progress: Progress, gradcam: dict[str, str] | None = None) -> None:
     """Tables, then figures; a figure that cannot be drawn is a warning, not a failed run.
     ``gradcam``: sink.gradcam with its defaults filled in (the runner's), or None."""
     t = time.perf_counter()
     write(write_tables, job.writer, graph, progress.tb)
+    if job.cfg.sink.weights and job.world.main:
+        write_weights(job, graph.model)  # the bare model the specs resolved against
     if job.cfg.sink.figures and job.world.main:  # rank 0's records
         try:
             from hookgraph.report.figures import write_figures  # lazy: matplotlib only when figures are wanted

@@ -89,6 +89,7 @@ RANKS = "ranks"
 FIGURES = "figures"
 TENSORBOARD = "tensorboard"
 REPORT = "report.html"
+WEIGHTS = "model.safetensors"
 HYDRA = ".hydra"
 CONFIG = f"{HYDRA}/config.yaml"
 OVERRIDES = f"{HYDRA}/overrides.yaml"
@@ -134,6 +135,9 @@ RUN_FOLDER: tuple[Entry, ...] = (
     Entry(FIGURES, f"PNG figures: hist_<spec>{FIGURE_SUFFIX}, fmap_<spec>_<i>_<target>{FIGURE_SUFFIX}, "
           f"gradcam_<target>{FIGURE_SUFFIX}, {STATS_FIGURE}", "runner (report.figures.write_figures), rank 0",
           always=False, when="sink.figures and something to draw", folder=True),
+    Entry(WEIGHTS, "the model's weights after the last step (its state_dict, tied tensors saved under each "
+          "name): what a training run made", "runner (outputs.write_weights), rank 0", always=False,
+          when="sink.weights"),
     Entry(TENSORBOARD, "TensorBoard event files: stats as scalars, records as histograms",
           "runner (writer.TensorBoardSink), rank 0", always=False, when="sink.tensorboard", folder=True),
     Entry(GENERATIONS, "one JSON line per generated sample: step, row, prompt_ids, generated_ids, prompt and "

@@ -1,0 +1,109 @@
+"""Attribution patching: the whole patching table from two forwards and one backward.
+
+Public names: attribution_patching, write_attribution.
+
+Activation patching runs the corrupted prompt once per (layer, position) with the clean value
+spliced in. Attribution patching (Nanda 2023; Syed et al. 2023) estimates all of those runs
+at once, to first order: with ``a`` a site's activation and ``m`` the metric,
+
+    m(patched) ~ m(corrupted) + (a_clean - a_corrupted) . dm/da  (at the corrupted run)
+
+summed over the hidden dimension, per position (and per head for a per-head value, the input
+of ``attn.c_proj``). It costs one clean forward (recording), one corrupted forward (recording)
+and one backward of the metric (recording the gradients at ``output_grad``/``input_grad``),
+through hookgraph's own ``record`` specs. The rows have the columns of the exact sweep's
+``patching.csv`` (layer, position, metric), ``metric`` being the estimated patched metric, so
+:func:`write_attribution` draws the same heatmap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookgraph.actions.patch_slices import head_view, n_heads_of
+from hookgraph.core.compiler import compile_graph
+from hookgraph.errors import ConfigError
+from hookgraph.report.patching_sweep import patching_heatmap
+from hookgraph.runs import layout
+from hookgraph.runs.writer import RunWriter
+
+__all__ = ["attribution_patching", "write_attribution"]
+
+_GRAD_POINT = {"forward": "output_grad", "forward_pre": "input_grad"}
+
+
+def _call(model: torch.nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+
+
+def attribution_patching(
+    model: torch.nn.Module,
+    clean: Any,
+    corrupted: Any,
+    metric: Callable[[Any], torch.Tensor],
+    target: str | Sequence[str],
+    *,
+    at: str = "forward",
+    heads: bool = False,
+    n_heads: int | None = None,
+) -> list[dict[str, Any]]:
+    """The linear estimate of the patching table of ``target`` (a glob, or names).
+
+    ``clean``/``corrupted``: the model's inputs (a dict of keyword arguments, or a tuple of
+    positional ones), of one shape. ``metric(output)`` -> a scalar tensor (with grad).
+    ``at``: ``forward`` (a module's output, e.g. ``transformer.h.*``) or ``forward_pre`` (its
+    input, e.g. ``transformer.h.*.attn.c_proj``). ``heads``: also split the hidden dimension
+    into heads (``n_heads``, or the enclosing attention's). One row per (layer, position
+    [, head]): ``{layer, position, [head,] metric, delta}``, ``delta`` the estimated change.
+    """
+    if at not in _GRAD_POINT:
+        raise ConfigError("at", f"attribution patching reads a module's output (forward) or input (forward_pre), "
+                                f"not {at!r}")
+    specs = {"act": {"target": target, "at": at, "action": "record"}}
+    graph = compile_graph(model, specs)
+    with graph.attach(), torch.no_grad():
+        _call(model, clean)
+    clean_acts = {name: graph.records["act"][name][0] for name in graph.records["act"]}
+    specs = {**specs, "grad": {"target": target, "at": _GRAD_POINT[at], "action": "record"}}
+    graph = compile_graph(model, specs)
+    with graph.attach(), torch.enable_grad():
+        value = metric(_call(model, corrupted))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+            raise ConfigError("metric", "attribution patching needs the metric as one number with a gradient")
+        value.backward()
+    base = float(value.detach())
+    rows = []
+    for name, clean_value in clean_acts.items():
+        corrupted_value, grad = graph.records["act"][name][0], graph.records["grad"][name][0]
+        diff = (clean_value - corrupted_value) * grad  # [batch, seq, hidden]
+        if heads:
+            count = n_heads or n_heads_of(model, name)
+            per = head_view(diff, count, name).sum(-1).mean(0)  # [seq, heads]
+            for p in range(per.shape[0]):
+                for h in range(per.shape[1]):
+                    d = float(per[p, h])
+                    rows.append({"layer": name, "position": p, "head": h, "metric": base + d, "delta": d})
+        else:
+            per = diff.sum(-1).mean(0)  # [seq]
+            for p in range(per.shape[0]):
+                d = float(per[p])
+                rows.append({"layer": name, "position": p, "metric": base + d, "delta": d})
+    return rows
+
+
+def write_attribution(rows: Sequence[dict[str, Any]], folder: str | Path) -> Path | None:
+    """``patching.csv`` and ``patching.png`` in ``folder``, as the exact sweep writes them
+    (per head: the layer column is ``<module>.head<h>``)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    table = [
+        {"layer": f"{r['layer']}.head{r['head']}" if "head" in r else r["layer"], "position": str(r["position"]),
+         "metric": r["metric"], "job": "", "status": "estimated"}
+        for r in rows
+    ]
+    RunWriter(out).csv(layout.PATCHING_TABLE, table, columns=["layer", "position", "metric", "job", "status"])
+    return patching_heatmap(table, out / layout.PATCHING_FIGURE, title="attribution patching (linear estimate)")

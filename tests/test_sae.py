@@ -1,0 +1,145 @@
+"""The ``sae`` action against SAELens's encode/decode applied by hand-written hooks.
+
+sae-lens itself cannot be installed beside transformer-lens 4 (sae-lens 6 pins
+transformer-lens 3), so the reference here is an independent re-statement of SAELens's
+definitions (sae_lens/saes/standard_sae.py, jumprelu_sae.py, topk_sae.py and sae.py's
+process_sae_in): ``pre = (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc``, standard
+``relu(pre)``, jumprelu ``relu(pre) * (pre > threshold)``, topk ``relu`` of the k largest,
+``decode(f) = f @ W_dec + b_dec``; written in SAELens's saved format (cfg.json and
+sae_weights.safetensors) by the test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import hookgraph as hg
+from tests.models import TanhSAE
+
+transformers = pytest.importorskip("transformers")
+
+IDS = torch.tensor([[5, 9, 2, 7, 11, 3], [1, 4, 2, 8, 6, 3]])
+SITE = "transformer.h.0"
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _weights(arch: str) -> dict:
+    g = torch.Generator().manual_seed(1)
+    w = {"W_enc": torch.randn(64, 96, generator=g) * 0.2, "b_enc": torch.randn(96, generator=g) * 0.1,
+         "W_dec": torch.randn(96, 64, generator=g) * 0.2, "b_dec": torch.randn(64, generator=g) * 0.1}
+    if arch == "jumprelu":
+        w["threshold"] = torch.rand(96, generator=g) * 0.3
+    return w
+
+
+def _folder(tmp_path, arch: str, **cfg) -> tuple:
+    w = _weights(arch)
+    d = tmp_path / arch
+    d.mkdir()
+    save_file(w, str(d / "sae_weights.safetensors"))
+    (d / "cfg.json").write_text(json.dumps({"architecture": arch, "d_in": 64, "d_sae": 96,
+                                            "apply_b_dec_to_input": True, "hook_name": "blocks.0.hook_resid_post",
+                                            **cfg}))
+    return d, w
+
+
+def _encode(w: dict, x: torch.Tensor, arch: str, k: int = 5) -> torch.Tensor:
+    pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    if arch == "jumprelu":
+        return torch.relu(pre) * (pre > w["threshold"])
+    if arch == "topk":
+        top = pre.topk(k, dim=-1)
+        return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
+    return torch.relu(pre)
+
+
+def _decode(w: dict, f: torch.Tensor) -> torch.Tensor:
+    return f @ w["W_dec"] + w["b_dec"]
+
+
+def _by_hand(model, edit):
+    """The logits with ``edit(x)`` replacing the block's output, and the x it saw."""
+    seen = {}
+
+    def hook(mod, args, out):
+        seen["x"] = out
+        return edit(out)
+
+    h = model.get_submodule(SITE).register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            return model(input_ids=IDS).logits, seen["x"]
+    finally:
+        h.remove()
+
+
+def _with_action(model, args):
+    graph = hg.compile(model, {"s": {"target": SITE, "action": "sae", "args": args}})
+    with graph.attach(), torch.no_grad():
+        logits = model(input_ids=IDS).logits
+    return logits, graph
+
+
+@pytest.mark.parametrize("arch", ["standard", "jumprelu", "topk"])
+def test_features_and_reconstruction_equal_saelens_definitions(gpt2, tmp_path, arch):
+    d, w = _folder(tmp_path, arch, k=5)
+    want, x = _by_hand(gpt2, lambda x: _decode(w, _encode(w, x, arch)))
+    got, graph = _with_action(gpt2, {"sae": str(d), "error_term": False})
+    assert torch.allclose(got, want, atol=1e-6)
+    rec = graph.records["s"][SITE][0]
+    dense = torch.sparse_coo_tensor(rec["indices"].T, rec["values"], rec["shape"].tolist(),
+                                    check_invariants=True).to_dense()
+    features = _encode(w, x, arch)
+    assert torch.allclose(dense, features, atol=1e-6)
+    assert rec["values"].numel() == int((features != 0).sum()) < features.numel()  # stored sparsely
+    if arch == "topk":
+        assert int((dense != 0).sum(-1).max()) <= 5
+
+
+def test_with_the_error_term_the_model_is_unchanged_until_a_feature_is_ablated_or_steered(gpt2, tmp_path):
+    d, w = _folder(tmp_path, "standard")
+    clean, _ = _by_hand(gpt2, lambda x: x)
+    got, _ = _with_action(gpt2, {"sae": str(d)})
+    assert torch.equal(got, clean)
+
+    def ablated(x):
+        f = _encode(w, x, "standard")
+        g = f.clone()
+        g[..., [3, 7]] = 0
+        g[..., 11] += 2.0 * 1.5
+        return x + _decode(w, g) - _decode(w, f)
+
+    want, _ = _by_hand(gpt2, ablated)
+    got, _ = _with_action(gpt2, {"sae": str(d), "ablate": [3, 7], "steer": {11: 2.0}, "scale": 1.5})
+    assert torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(got, clean, atol=1e-4)
+
+
+def test_any_module_with_encode_and_decode_by_target(gpt2):
+    ref = TanhSAE(64, 32, seed=3)
+    want, _ = _by_hand(gpt2, lambda x: ref.decode(ref.encode(x)))
+    got, graph = _with_action(gpt2, {"sae": {"_target_": "tests.models.TanhSAE", "d_in": 64, "d_sae": 32, "seed": 3},
+                                     "error_term": False})
+    assert torch.allclose(got, want, atol=1e-6)
+    assert graph.records["s"][SITE][0]["shape"].tolist() == [2, 6, 32]
+
+
+def test_bad_sae_sources_are_named(gpt2, tmp_path):
+    with pytest.raises(hg.SpecError, match="cfg.json"):
+        hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(tmp_path)}}})
+    d, _ = _folder(tmp_path, "standard", architecture="gated")
+    with pytest.raises(hg.SpecError, match="architecture 'gated'"):
+        hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(d)}}})
+    with pytest.raises(hg.SpecError, match="no encode/decode"):
+        hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": {"_target_": "torch.nn.Identity"}}}})
