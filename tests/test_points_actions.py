@@ -274,6 +274,23 @@ def case_head_patch(capsys, tmp_path):
     assert out.tolist() == [[[-1.0, -1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]]
 
 
+def case_sae(capsys, tmp_path):
+    # A SAELens folder of the identity SAE (standard: features = relu(x)): its features are
+    # recorded sparsely, and with feature 1 ablated and no error term the value is relu(x)
+    # without feature 1.
+    from safetensors.torch import save_file
+
+    eye = torch.eye(3)
+    save_file({"W_enc": eye, "b_enc": torch.zeros(3), "W_dec": eye.clone(), "b_dec": torch.zeros(3)},
+              str(tmp_path / "sae_weights.safetensors"))  # fmt: skip
+    (tmp_path / "cfg.json").write_text('{"architecture": "standard", "d_in": 3, "d_sae": 3}')
+    graph, out = run_identity("sae", {"sae": str(tmp_path), "ablate": [1], "error_term": False})
+    assert out.tolist() == [[1.0, 0.0, 3.0], [0.0, 0.0, 0.0]]
+    kept = graph.records["a"]["0"][0]
+    dense = torch.zeros(kept["shape"].tolist()).index_put_(tuple(kept["indices"].T), kept["values"])
+    assert dense.tolist() == [[1.0, 0.0, 3.0], [0.0, 5.0, 0.0]]
+
+
 def case_clip_norm(capsys, tmp_path):
     _, out = run_identity("clip_norm", {"max_norm": 1.0})
     assert torch.linalg.vector_norm(out).item() <= 1.0
