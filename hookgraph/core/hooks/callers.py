@@ -1,6 +1,6 @@
 """Callers: how a hook hands its value to the action, and names the spec when it fails.
 
-Public names: Inputs, action_error, direct_caller, make_caller, pick, position, tuple_io,
+Public names: Inputs, action_error, alias_inputs, direct_caller, make_caller, pick, position, tuple_io,
 without_index.
 
 Everything here is prepared before registration: the callers do no name lookups or
@@ -22,7 +22,8 @@ from hookgraph.core.tree import set_item, tree_replace
 from hookgraph.errors import ActionError, HookGraphError, full_key
 
 __all__ = [
-    "Inputs", "action_error", "direct_caller", "make_caller", "pick", "position", "tuple_io", "without_index",
+    "Inputs", "action_error", "alias_inputs", "direct_caller", "make_caller", "pick", "position", "tuple_io",
+    "without_index",
 ]
 
 
@@ -127,6 +128,27 @@ def position(b: Binding, args: tuple, index: Any) -> int:
         f"{full_key(b.key, 'index')}: {index!r} does not select one of the {len(args)} positional inputs "
         f"of {b.target!r}"
     )
+
+
+def alias_inputs(
+    b: Binding, args: tuple, kwargs: dict, index: Any, alias: Callable[[Tensor], Tensor]
+) -> tuple[tuple, dict] | None:
+    """``input_grad``'s forward_pre hook, eager and traced alike: each input that requires grad
+    (the one at ``index`` when given; keyword ones too when not, as Hugging Face passes
+    ``hidden_states``) replaced by ``alias(input)``; None when none was."""
+    chosen = None if index is None else position(b, args, index)
+    new = list(args)
+    changed = False
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
+            new[i] = alias(a)
+            changed = True
+    if index is None:
+        for k, a in kwargs.items():
+            if isinstance(a, Tensor) and a.requires_grad:
+                kwargs = {**kwargs, k: alias(a)}
+                changed = True
+    return (tuple(new), kwargs) if changed else None
 
 
 def tuple_io(b: Binding) -> tuple[Callable[[tuple], Any], Callable[[tuple, Any], tuple]]:

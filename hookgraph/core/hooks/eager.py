@@ -30,10 +30,10 @@ from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.callers import (
     Inputs,
     action_error,
+    alias_inputs,
     direct_caller,
     make_caller,
     pick,
-    position,
     tuple_io,
     without_index,
 )
@@ -264,19 +264,7 @@ def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if not (st.active and (want is None or module.training is want)):
             return None
-        chosen = None if index is None else position(b, args, index)
-        new = list(args)
-        changed = False
-        for i, a in enumerate(args):
-            if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
-                new[i] = alias(a)
-                changed = True
-        if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
-            for k, a in kwargs.items():
-                if isinstance(a, Tensor) and a.requires_grad:
-                    kwargs = {**kwargs, k: alias(a)}
-                    changed = True
-        return (tuple(new), kwargs) if changed else None
+        return alias_inputs(b, args, kwargs, index, alias)
 
     return [
         b.module.register_forward_pre_hook(module_hook(b, st, hook), with_kwargs=True), cast(RemovableHandle, switch)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.hooks.callers import Inputs, action_error, make_caller, pick, position, tuple_io
+from hookgraph.core.hooks.callers import Inputs, action_error, alias_inputs, make_caller, pick, tuple_io
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.points import TRACED_REGISTRARS, HookPoint
 from hookgraph.core.torch_internals import compiled_module_of
@@ -307,19 +307,7 @@ def input_grad(b: Binding, st: SpecState) -> list[RemovableHandle]:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
         if not (on and (want is None or module.training is want)):
             return None
-        chosen = None if index is None else position(b, args, index)
-        new = list(args)
-        changed = False
-        for i, a in enumerate(args):
-            if isinstance(a, Tensor) and a.requires_grad and (chosen is None or i == chosen):
-                new[i] = alias(a)
-                changed = True
-        if index is None:  # keyword inputs (Hugging Face passes hidden_states by keyword)
-            for k, a in kwargs.items():
-                if isinstance(a, Tensor) and a.requires_grad:
-                    kwargs = {**kwargs, k: alias(a)}
-                    changed = True
-        return (tuple(new), kwargs) if changed else None
+        return alias_inputs(b, args, kwargs, index, alias)
 
     return [b.module.register_forward_pre_hook(_switched(b, st, hook), with_kwargs=True)]
 
