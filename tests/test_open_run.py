@@ -106,6 +106,34 @@ def test_records_gradients_and_edits_equal_hand_written_hooks(tmp_path):
     assert r.config.hooks.clamp.args.min == -0.2  # the specs, as load_run reads a CLI run's config
 
 
+def test_an_accelerate_loop_records_and_edits_what_hand_written_hooks_do(tmp_path):
+    from accelerate import Accelerator
+
+    batches = _batches()
+    ref_model, acts, grads, ref_losses = _by_hand(batches)
+    accelerator = Accelerator(cpu=True)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt = accelerator.prepare(model, opt)
+    losses = []
+    with hg.open_run(tmp_path / "acc", model, SPECS, figures=False) as run:
+        for x, y in batches:
+            loss = F.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+            run.step(loss=loss)
+    assert losses == ref_losses  # the clamp acted as the hand-written one did
+    for p, q in zip(accelerator.unwrap_model(model).parameters(), ref_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    r = hg.load_run(tmp_path / "acc")
+    assert r.ok and r.summary["losses"] == ref_losses
+    for step in range(len(batches)):
+        assert torch.equal(r.records["acts"].entry("0", step), acts[step])
+        assert torch.equal(r.records["grads"].entry("2", step), grads[step])
+
+
 def test_each_step_leaves_memory_when_it_ends(tmp_path):
     """Bounded host memory: after run.step() the step's records are on disk, not in graph.records."""
     model = mlp()
