@@ -3,10 +3,14 @@ torch.autograd.grad, on a seeded tiny GPT-2."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
+from hookgraph.runner import run
 from hookgraph.runner.attribution import attribution_patching, write_attribution
+from tests.runs import CPU, compose, strict_json
 
 transformers = pytest.importorskip("transformers")
 
@@ -91,6 +95,16 @@ INDUCTION_CLEAN = [[0, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 30, 26, 36, 29, 46,
 INDUCTION_CORRUPTED = [[0, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 2, 26, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 30]]
 
 
+def _induction_model():
+    """The shipped trained model, as conf/model/induction.yaml builds it."""
+    from hookgraph.models.induction import attn_only_gpt2  # lazy: needs the hf extra, skipped above
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, tie_word_embeddings=False)  # conf/model/induction_init.yaml
+    return attn_only_gpt2(config, weights="packaged").eval()
+
+
 def _induction_metric(out):
     return (out.logits[:, -1, 26] - out.logits[:, -1, 2]).mean()
 
@@ -143,12 +157,7 @@ def _exact_patching(model, clean, corrupted):
 
 
 def test_on_the_trained_induction_model_the_estimate_ranks_sites_as_the_exact_sweep():
-    from hookgraph.models.induction import attn_only_gpt2  # lazy: needs the hf extra, skipped above
-
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0, tie_word_embeddings=False)  # conf/model/induction_init.yaml
-    model = attn_only_gpt2(config, weights="packaged").eval()
+    model = _induction_model()
     clean, corrupted = torch.tensor(INDUCTION_CLEAN), torch.tensor(INDUCTION_CORRUPTED)
     with torch.no_grad():
         base = float(_induction_metric(model(input_ids=corrupted)))
@@ -182,3 +191,34 @@ def test_on_the_trained_induction_model_the_estimate_ranks_sites_as_the_exact_sw
     moved = (exact.abs() > 1e-3) | (estimate.abs() > 1e-3)
     assert int(moved.sum()) == 8
     assert _spearman(exact[moved].abs(), estimate[moved].abs()) > 0.8
+
+
+def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_path):
+    """+experiment=induction_attribution through the runner (as the command line composes it):
+    patching.csv holds attribution_patching's rows on the same prompts, and summary.json the
+    top site, the one the exact sweep finds (block 1 at the last position)."""
+    run(compose("+experiment=induction_attribution", *CPU), tmp_path / "run")
+    table = list(csv.DictReader((tmp_path / "run" / "patching.csv").open()))
+    assert [(r["layer"], r["position"], r["status"]) for r in table] == [
+        (f"transformer.h.{b}", str(p), "estimated") for b in (0, 1) for p in range(24)]
+    model = _induction_model()
+    rows = attribution_patching(model, {"input_ids": torch.tensor(INDUCTION_CLEAN)},
+                                {"input_ids": torch.tensor(INDUCTION_CORRUPTED)}, _induction_metric,
+                                "transformer.h.*")
+    assert [float(r["metric"]) for r in table] == pytest.approx([r["metric"] for r in rows], abs=1e-5)
+    summary = strict_json(tmp_path / "run" / "summary.json")
+    assert summary["attribution_top"]["layer"] == "transformer.h.1"
+    assert summary["attribution_top"]["position"] == 23
+    assert summary["metric"] == pytest.approx(0.236, abs=1e-3)  # the corrupted prompt's
+    assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("runner.metric=null", "differentiates runner.metric"),
+    ("+runner.attribution.head=true", "runner.attribution.head.*heads"),
+    ("+runner.attribution.at=backward", "forward or forward_pre"),
+    ("runner.attribution.clean=[[0,1,2]]", "shape \\[1, 3\\] differs from the batch's"),
+])
+def test_bad_attribution_settings_are_refused_by_key(tmp_path, override, message):
+    with pytest.raises(Exception, match=message):
+        run(compose("+experiment=induction_attribution", override, *CPU), tmp_path / "run")

@@ -20,6 +20,7 @@ from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.runner.attribution import attribute_run
 from hookgraph.runner.batches import call_model, check_token_ids, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.generate import generation
@@ -222,3 +223,6 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
             if generator.positions:
                 job.summary["record_positions"] = generator.positions
     progress.lap("run_s", t)
+    if r.get("attribution") is not None:  # checked before the model was built: steps >= 1, so inputs is set
+        # The last step's batch is the corrupted prompt; the run's own hooks stay attached.
+        job.summary["attribution_top"] = attribute_run(r, parts.bare, inputs, live.dir)
