@@ -140,8 +140,6 @@ def check_attribution(r: Any) -> dict[str, Any] | None:
     if r.get("distributed", "none") != "none" or r.get("compile"):
         raise ConfigError(KEY, "attribution patching runs in one eager process; set runner.distributed=none "
                                "and runner.compile=false")
-    if r.get("steps", 1) < 1:
-        raise ConfigError(KEY, "attribution patching reads the last step's batch; runner.steps is 0")
     if r.get("generate") is not None:
         raise ConfigError(KEY, "attribution patching runs one forward of the batch; runner.generate is set too")
     heads = cfg.get("heads", False)
@@ -154,7 +152,7 @@ def check_attribution(r: Any) -> dict[str, Any] | None:
 
 
 def attribute_run(r: Any, model: torch.nn.Module, inputs: Any, folder: str | Path) -> dict[str, Any]:
-    """``runner.attribution`` on a run: the batch ``inputs`` (a dict with ``input_ids``) is
+    """``runner.attribution`` on a run: the data's first batch ``inputs`` (with ``input_ids``) is
     the corrupted prompt, ``clean`` the clean one, ``runner.metric`` the metric; the table
     and heatmap go to ``folder``. Returns the top site, for summary.json."""
     cfg = check_attribution(r)

@@ -141,6 +141,17 @@ def _check_sites(graph: HookGraph, inputs: Any, generating: bool) -> None:
                 raise ConfigError(f"{b.key}.args.positions", f"{exc}: the data's prompts are {length} tokens") from None
 
 
+def _attribute(job: Job, parts: Parts) -> None:
+    """runner.attribution, before the run's hooks attach (the estimate is of the model as it
+    is, not of the specs' edits): the data's first batch is the corrupted prompt."""
+    inputs, _ = next(iter(_data(job, parts)))
+    check_token_ids(inputs, parts.bare)
+    check_metric_fits(job.cfg.runner.metric, inputs, parts.bare)
+    inputs = to_device(inputs, parts.device, parts.dtype)
+    if job.world.main:
+        job.summary["attribution_top"] = attribute_run(job.cfg.runner, parts.bare, inputs, job.writer.dir)
+
+
 def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     """runner.steps passes through ``live`` (started here, once the data and the optimizer
     are built); each step's records leave memory as one shard (``live.step``). The caller
@@ -161,6 +172,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     metric_phase = f"the metric (runner.metric={r.metric})"
     opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
     generator = generation(job, parts)  # runner.generate: each step generates instead of one forward
+    if r.attribution is not None:
+        _attribute(job, parts)
     t = time.perf_counter()
     live.start()
     hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
@@ -223,6 +236,3 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
             if generator.positions:
                 job.summary["record_positions"] = generator.positions
     progress.lap("run_s", t)
-    if r.get("attribution") is not None:  # checked before the model was built: steps >= 1, so inputs is set
-        # The last step's batch is the corrupted prompt; the run's own hooks stay attached.
-        job.summary["attribution_top"] = attribute_run(r, parts.bare, inputs, live.dir)
