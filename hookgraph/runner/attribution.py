@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from hookgraph.actions.patch_slices import head_view, n_heads_of
-from hookgraph.core.compiler import compile_graph
 from hookgraph.config.plain import to_plain
+from hookgraph.core.compiler import compile_graph
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.report.patching_sweep import patching_heatmap
 from hookgraph.runner.metrics import metric_tensor

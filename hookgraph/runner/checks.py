@@ -18,9 +18,9 @@ from hookgraph.config.schema import GradcamConfig
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
 from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.runner.attribution import check_attribution
 from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
-from hookgraph.runner.attribution import check_attribution
 from hookgraph.runner.generate import check_generate
 from hookgraph.runner.metrics import check_metric
 
