@@ -3,10 +3,14 @@ torch.autograd.grad, on a seeded tiny GPT-2."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
+from hookgraph.runner import run
 from hookgraph.runner.attribution import attribution_patching, write_attribution
+from tests.runs import CPU, compose, strict_json
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,3 +87,140 @@ def test_heads_equal_the_formula_by_hand(gpt2, tmp_path):
 def test_a_metric_without_gradient_is_refused(gpt2):
     with pytest.raises(Exception, match="one number with a gradient"):
         attribution_patching(gpt2, CLEAN, CORRUPTED, lambda out: _metric(out).detach(), "transformer.h.*")
+
+
+# +experiment=induction_patching's prompts: the clean one repeats a 12-token segment; the
+# corrupted one changes the token at position 11, so nothing earlier follows the last token.
+INDUCTION_CLEAN = [[0, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 30, 26, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 30]]
+INDUCTION_CORRUPTED = [[0, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 2, 26, 36, 29, 46, 8, 32, 6, 22, 31, 39, 43, 30]]
+
+
+def _induction_model():
+    """The shipped trained model, as conf/model/induction.yaml builds it."""
+    from hookgraph.models.induction import attn_only_gpt2  # lazy: needs the hf extra, skipped above
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, tie_word_embeddings=False)  # conf/model/induction_init.yaml
+    return attn_only_gpt2(config, weights="packaged").eval()
+
+
+def _induction_metric(out):
+    return (out.logits[:, -1, 26] - out.logits[:, -1, 2]).mean()
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of the ranks (ties share their mean rank), in plain torch."""
+
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        r = torch.empty_like(x)
+        r[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
+        for v in x.unique():  # ties: the mean of their ranks
+            r[x == v] = r[x == v].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.square().sum() * rb.square().sum()).sqrt())
+
+
+def _exact_patching(model, clean, corrupted):
+    """The exact table by plain forward hooks: one corrupted run per (block, position), the
+    block's output at that position replaced by its clean value."""
+    blocks = list(model.transformer.h)
+    saved = {}
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    handles = [b.register_forward_hook(lambda mod, args, out, i=i: saved.__setitem__(i, first(out).clone()))
+               for i, b in enumerate(blocks)]
+    with torch.no_grad():
+        model(input_ids=clean)
+    for h in handles:
+        h.remove()
+    table = {}
+    for i, block in enumerate(blocks):
+        for p in range(clean.shape[1]):
+            def splice(mod, args, out, i=i, p=p):
+                hidden = first(out).clone()
+                hidden[:, p] = saved[i][:, p]
+                return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
+
+            handle = block.register_forward_hook(splice)
+            try:
+                with torch.no_grad():
+                    table[(f"transformer.h.{i}", p)] = float(_induction_metric(model(input_ids=corrupted)))
+            finally:
+                handle.remove()
+    return table
+
+
+def test_on_the_trained_induction_model_the_estimate_ranks_sites_as_the_exact_sweep():
+    model = _induction_model()
+    clean, corrupted = torch.tensor(INDUCTION_CLEAN), torch.tensor(INDUCTION_CORRUPTED)
+    with torch.no_grad():
+        base = float(_induction_metric(model(input_ids=corrupted)))
+    table = _exact_patching(model, clean, corrupted)
+    rows = attribution_patching(model, {"input_ids": clean}, {"input_ids": corrupted}, _induction_metric,
+                                "transformer.h.*")
+    keys = [(r["layer"], r["position"]) for r in rows]
+    assert sorted(keys) == sorted(table)
+    exact = torch.tensor([table[k] - base for k in keys], dtype=torch.float64)
+    estimate = torch.tensor([r["delta"] for r in rows], dtype=torch.float64)
+    # The trained model predicts the copy and the corruption removes it (0.24 left).
+    assert base == pytest.approx(0.24, abs=0.05)
+    assert table[("transformer.h.1", 23)] - base > 5
+    # Both single out the same site: block 1's output at the last position.
+    assert keys[int(exact.abs().argmax())] == keys[int(estimate.abs().argmax())] == ("transformer.h.1", 23)
+    # Positions before the change (11) move in neither.
+    early = torch.tensor([p < 11 for _, p in keys])
+    assert exact[early].abs().max() < 1e-5 and estimate[early].abs().max() < 1e-5
+    # The four sites that restore the prediction (> 3 each: block 1 at 23; block 0 at 23, 22,
+    # 18) are the estimate's four largest too, though it underestimates them (1.44 against 5.84
+    # at the top: first order misses the attention's softmax saturating).
+    top = set(exact.abs().argsort(descending=True)[:4].tolist())
+    assert top == set(estimate.abs().argsort(descending=True)[:4].tolist())
+    assert all(exact[i] > 3 for i in top)
+    # Over all 48 sites the rank correlation is 0.999 (measured), but 40 sites change nothing in
+    # both and tie; over the 8 that move (> 1e-3 in either) it is 0.905 (measured; the squared rank
+    # differences sum to 8: the two smallest, both near 1e-3, swap, and the estimate
+    # ranks block 0 at 22 above 23 and 18). 0.8 (a sum up to 16) allows a few more swaps among
+    # near-ties on another BLAS, not a wrong ranking of the sites that matter (checked above).
+    assert _spearman(exact.abs(), estimate.abs()) > 0.99
+    moved = (exact.abs() > 1e-3) | (estimate.abs() > 1e-3)
+    assert int(moved.sum()) == 8
+    assert _spearman(exact[moved].abs(), estimate[moved].abs()) > 0.8
+
+
+def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_path):
+    """+experiment=induction_attribution through the runner (as the command line composes it):
+    patching.csv holds attribution_patching's rows on the same prompts, and summary.json the
+    top site, the one the exact sweep finds (block 1 at the last position)."""
+    run(compose("+experiment=induction_attribution", *CPU), tmp_path / "run")
+    table = list(csv.DictReader((tmp_path / "run" / "patching.csv").open()))
+    assert [(r["layer"], r["position"], r["status"]) for r in table] == [
+        (f"transformer.h.{b}", str(p), "estimated") for b in (0, 1) for p in range(24)]
+    model = _induction_model()
+    rows = attribution_patching(model, {"input_ids": torch.tensor(INDUCTION_CLEAN)},
+                                {"input_ids": torch.tensor(INDUCTION_CORRUPTED)}, _induction_metric,
+                                "transformer.h.*")
+    assert [float(r["metric"]) for r in table] == pytest.approx([r["metric"] for r in rows], abs=1e-5)
+    summary = strict_json(tmp_path / "run" / "summary.json")
+    assert summary["attribution_top"]["layer"] == "transformer.h.1"
+    assert summary["attribution_top"]["position"] == 23
+    assert summary["metric"] == pytest.approx(0.236, abs=1e-3)  # the corrupted prompt's
+    assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
+    # The estimate ran before the run's own record spec attached: it saw the step's forward only.
+    assert {k: v["records"] for k, v in summary["specs"].items()} == {"resid": 2}
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("runner.metric=null", "differentiates runner.metric"),
+    ("+runner.attribution.head=true", "runner.attribution.head.*heads"),
+    ("+runner.attribution.at=backward", "forward or forward_pre"),
+    ("runner.attribution.clean=[[0,1,2]]", "shape \\[1, 3\\] differs from the batch's"),
+])
+def test_bad_attribution_settings_are_refused_by_key(tmp_path, override, message):
+    with pytest.raises(Exception, match=message):
+        run(compose("+experiment=induction_attribution", override, *CPU), tmp_path / "run")

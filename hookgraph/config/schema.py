@@ -94,6 +94,9 @@ class RunnerConfig:
     # null, or generate's settings {max_new_tokens, do_sample, temperature, top_k, top_p, seed, ...}: each step
     # generates from its batch with the hooks on (positions: in the whole sequence); writes generations.jsonl
     generate: Any = None
+    # null, or {clean: [[token ids]], target: glob, at: forward|forward_pre, heads: bool}: after the steps,
+    # attribution patching of the last batch (corrupted) against clean, on runner.metric; patching.csv/png
+    attribution: Any = None
 
 
 @dataclass

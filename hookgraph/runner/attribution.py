@@ -1,6 +1,6 @@
 """Attribution patching: the whole patching table from two forwards and one backward.
 
-Public names: attribution_patching, write_attribution.
+Public names: attribution_patching, write_attribution, check_attribution, attribute_run.
 
 Activation patching runs the corrupted prompt once per (layer, position) with the clean value
 spliced in. Attribution patching (Nanda 2023; Syed et al. 2023) estimates all of those runs
@@ -25,13 +25,15 @@ from typing import Any
 import torch
 
 from hookgraph.actions.patch_slices import head_view, n_heads_of
+from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
-from hookgraph.errors import ConfigError
+from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.report.patching_sweep import patching_heatmap
+from hookgraph.runner.metrics import metric_tensor
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter
 
-__all__ = ["attribution_patching", "write_attribution"]
+__all__ = ["attribution_patching", "write_attribution", "check_attribution", "attribute_run"]
 
 _GRAD_POINT = {"forward": "output_grad", "forward_pre": "input_grad"}
 
@@ -107,3 +109,64 @@ def write_attribution(rows: Sequence[dict[str, Any]], folder: str | Path) -> Pat
     ]
     RunWriter(out).csv(layout.PATCHING_TABLE, table, columns=["layer", "position", "metric", "job", "status"])
     return patching_heatmap(table, out / layout.PATCHING_FIGURE, title="attribution patching (linear estimate)")
+
+
+KEY = "runner.attribution"
+_KEYS = ("clean", "target", "at", "heads")
+
+
+def check_attribution(r: Any) -> dict[str, Any] | None:
+    """``runner.attribution`` checked before the model is built: None when off, else its
+    settings with the defaults (at: forward, heads: false) filled in."""
+    cfg = to_plain(r.get("attribution"))
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise ConfigError(KEY, f"expected null or a mapping with keys {', '.join(_KEYS)}, got {cfg!r}")
+    for k in cfg:
+        if k not in _KEYS:
+            raise ConfigError(f"{KEY}.{k}", f"unknown key; {did_you_mean(str(k), _KEYS, 'valid keys')}")
+    for k in ("clean", "target"):
+        if cfg.get(k) is None:
+            raise ConfigError(f"{KEY}.{k}", "missing: attribution patching needs the clean prompt's token ids "
+                                            "(clean: [[...]]) and the modules to attribute (target: a glob)")
+    clean = cfg["clean"]
+    if not (isinstance(clean, list) and clean and all(isinstance(row, list) and row for row in clean)
+            and all(isinstance(t, int) and not isinstance(t, bool) for row in clean for t in row)):
+        raise ConfigError(f"{KEY}.clean", f"expected token ids as a list of lists of ints, got {clean!r}")
+    if r.get("metric") is None:
+        raise ConfigError(KEY, "attribution patching differentiates runner.metric, which is null; set e.g. "
+                               "runner.metric={name: logit_diff, correct: ..., wrong: ...}")
+    if r.get("distributed", "none") != "none" or r.get("compile"):
+        raise ConfigError(KEY, "attribution patching runs in one eager process; set runner.distributed=none "
+                               "and runner.compile=false")
+    if r.get("generate") is not None:
+        raise ConfigError(KEY, "attribution patching runs one forward of the batch; runner.generate is set too")
+    heads = cfg.get("heads", False)
+    if not isinstance(heads, bool):
+        raise ConfigError(f"{KEY}.heads", f"expected true or false, got {heads!r}")
+    at = cfg.get("at", "forward")
+    if at not in _GRAD_POINT:
+        raise ConfigError(f"{KEY}.at", f"expected forward or forward_pre, got {at!r}")
+    return {"clean": clean, "target": cfg["target"], "at": at, "heads": heads}
+
+
+def attribute_run(r: Any, model: torch.nn.Module, inputs: Any, folder: str | Path) -> dict[str, Any]:
+    """``runner.attribution`` on a run: the data's first batch ``inputs`` (with ``input_ids``) is
+    the corrupted prompt, ``clean`` the clean one, ``runner.metric`` the metric; the table
+    and heatmap go to ``folder``. Returns the top site, for summary.json."""
+    cfg = check_attribution(r)
+    assert cfg is not None
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
+    if not isinstance(ids, torch.Tensor):
+        raise ConfigError(KEY, "attribution patching needs a language model's batch (a dict with input_ids)")
+    clean_ids = torch.tensor(cfg["clean"], dtype=ids.dtype, device=ids.device)
+    if clean_ids.shape != ids.shape:
+        raise ConfigError(f"{KEY}.clean", f"the clean prompt's shape {list(clean_ids.shape)} differs from the "
+                                          f"batch's (the corrupted prompt) {list(ids.shape)}")
+    clean = {**inputs, "input_ids": clean_ids}
+    rows = attribution_patching(model, clean, inputs, lambda out: metric_tensor(r.metric, out, inputs),
+                                cfg["target"], at=cfg["at"], heads=cfg["heads"])
+    write_attribution(rows, folder)
+    top = max(rows, key=lambda row: abs(row["delta"]))
+    return {k: top[k] for k in ("layer", "position", "head", "delta") if k in top}

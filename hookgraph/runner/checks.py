@@ -18,6 +18,7 @@ from hookgraph.config.schema import GradcamConfig
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
 from hookgraph.errors import ConfigError, did_you_mean
+from hookgraph.runner.attribution import check_attribution
 from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
 from hookgraph.runner.generate import check_generate
@@ -46,6 +47,7 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
     _check_hooks_override(cfg)
     _check_runner(r)
     check_generate(cfg)  # runner.generate: its keys, and no backward, compile or torchrun beside it
+    check_attribution(r)  # runner.attribution: its keys, a metric to differentiate, one eager process
     shard = check_distributed(r)
     if world.ranked and r.distributed == "none" and r.optimizer is not None:
         raise ConfigError(

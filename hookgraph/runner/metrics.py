@@ -27,7 +27,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import _lm_loss, first_tensor
 
-__all__ = ["METRICS", "compute_metric", "check_metric", "describe_metric", "check_metric_fits"]
+__all__ = ["METRICS", "compute_metric", "metric_tensor", "check_metric", "describe_metric", "check_metric_fits"]
 
 KEY = "runner.metric"
 
@@ -164,19 +164,28 @@ def compute_metric(cfg_metric: Any, output: Any, batch: Any) -> float:
         raise ConfigError(KEY, str(exc).partition(": ")[2]) from exc
 
 
+def metric_tensor(cfg_metric: Any, output: Any, batch: Any) -> Any:
+    """As :func:`compute_metric`, but the value as computed, gradient kept (attribution
+    patching differentiates it)."""
+    name, args = check_metric(cfg_metric)
+    return _value(name, args, output, batch)
+
+
+def _value(name: str, args: dict[str, Any], output: Any, batch: Any) -> Any:
+    if name == "_target_":
+        args = dict(args)
+        return _call_target(str(args.pop("_target_")), args, output, batch)
+    if name == "loss":
+        return _lm_loss(output, batch)
+    logits = _at_position(first_tensor(output).float(), batch, args["position"])
+    if name == "logit_diff":
+        return (_token(logits, args["correct"], "correct") - _token(logits, args["wrong"], "wrong")).mean()
+    return _token(F.log_softmax(logits, dim=-1), args["token"], "token").mean()
+
+
 def _compute(name: str, args: dict[str, Any], output: Any, batch: Any) -> float:
     with torch.no_grad():
-        if name == "_target_":
-            args = dict(args)
-            value = _call_target(str(args.pop("_target_")), args, output, batch)
-        elif name == "loss":
-            value = _lm_loss(output, batch)
-        else:
-            logits = _at_position(first_tensor(output).float(), batch, args["position"])
-            if name == "logit_diff":
-                value = (_token(logits, args["correct"], "correct") - _token(logits, args["wrong"], "wrong")).mean()
-            else:
-                value = _token(F.log_softmax(logits, dim=-1), args["token"], "token").mean()
+        value = _value(name, args, output, batch)
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError) as exc:

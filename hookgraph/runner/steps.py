@@ -20,6 +20,7 @@ from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
 from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.runner.attribution import attribute_run
 from hookgraph.runner.batches import call_model, check_token_ids, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.generate import generation
@@ -140,6 +141,17 @@ def _check_sites(graph: HookGraph, inputs: Any, generating: bool) -> None:
                 raise ConfigError(f"{b.key}.args.positions", f"{exc}: the data's prompts are {length} tokens") from None
 
 
+def _attribute(job: Job, parts: Parts) -> None:
+    """runner.attribution, before the run's hooks attach (the estimate is of the model as it
+    is, not of the specs' edits): the data's first batch is the corrupted prompt."""
+    inputs, _ = next(iter(_data(job, parts)))
+    check_token_ids(inputs, parts.bare)
+    check_metric_fits(job.cfg.runner.metric, inputs, parts.bare)
+    inputs = to_device(inputs, parts.device, parts.dtype)
+    if job.world.main:
+        job.summary["attribution_top"] = attribute_run(job.cfg.runner, parts.bare, inputs, job.writer.dir)
+
+
 def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     """runner.steps passes through ``live`` (started here, once the data and the optimizer
     are built); each step's records leave memory as one shard (``live.step``). The caller
@@ -160,6 +172,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     metric_phase = f"the metric (runner.metric={r.metric})"
     opt_phase = f"the optimizer step (runner.optimizer={r.optimizer})"
     generator = generation(job, parts)  # runner.generate: each step generates instead of one forward
+    if r.attribution is not None:
+        _attribute(job, parts)
     t = time.perf_counter()
     live.start()
     hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal
