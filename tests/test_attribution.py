@@ -211,6 +211,9 @@ def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_pat
     assert summary["attribution_top"]["position"] == 23
     assert summary["metric"] == pytest.approx(0.236, abs=1e-3)  # the corrupted prompt's
     assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
+    # The run's page shows the heatmap among its figures, embedded.
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert '<img alt="patching.png" src="data:image/png;base64,' in page
     # The estimate ran before the run's own record spec attached: it saw the step's forward only.
     assert {k: v["records"] for k, v in summary["specs"].items()} == {"resid": 2}
 

@@ -222,12 +222,15 @@ def png_bytes(root: Path, path: Path, limit: int) -> tuple[bytes | None, str | N
 def _figures(root: Path, notes: list[str]) -> list[dict]:
     figs, budget = [], LIMITS["figure_bytes"]
     folder = root / layout.FIGURES
-    for path in sorted(folder.glob(f"*{layout.FIGURE_SUFFIX}")) if folder.is_dir() else []:
+    paths = sorted(folder.glob(f"*{layout.FIGURE_SUFFIX}")) if folder.is_dir() else []
+    if (root / layout.PATCHING_FIGURE).exists():  # runner.attribution's table, drawn as the sweep's
+        paths.insert(0, root / layout.PATCHING_FIGURE)
+    for path in paths:
         data, why = png_bytes(root, path, budget)
         if why is not None:
             notes.append(why)
             continue
-        fig = {"name": path.name, "href": f"{layout.FIGURES}/{path.name}"}
+        fig = {"name": path.name, "href": path.relative_to(root).as_posix()}
         if data is not None:
             budget -= len(data)
             fig["src"] = "data:image/png;base64," + base64.b64encode(data).decode()
