@@ -9,9 +9,24 @@ iteration, all outside the timer, so every variant pays the same untimed costs.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+
+def run_child(child: str, steps: int, hooks: bool) -> dict:
+    """``child`` (a Python script) in a fresh process, as ``child STEPS HOOKS RUN_DIR`` with a
+    temporary run folder: what it prints last, as JSON. A fresh process per measure keeps the
+    peak RSS of one from counting in another."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", child, str(steps), "1" if hooks else "0", str(Path(tmp) / "run")],
+                              capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _noop() -> None:

@@ -12,11 +12,9 @@ written grow linearly. A run without hooks gives the baseline of the same proces
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
+
+from benchmarks.common import run_child
 
 CHILD = r"""
 import json, resource, sys
@@ -33,10 +31,7 @@ print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_max
 
 
 def measure(steps: int, hooks: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, "-c", CHILD, str(steps), "1" if hooks else "0", str(Path(tmp) / "run")],
-                              capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, steps, hooks)
 
 
 def main() -> None:

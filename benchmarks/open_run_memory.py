@@ -13,11 +13,9 @@ Issue 20's bound: under 50 MB of growth over 2,000 steps.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
+
+from benchmarks.common import run_child
 
 CHILD = r"""
 import gc, json, sys, time
@@ -52,10 +50,7 @@ print(json.dumps({"rss_200": rss[200], "rss_end": rss[steps], "records_mb": writ
 
 
 def measure(steps: int, hooks: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, "-c", CHILD, str(steps), "1" if hooks else "0", str(Path(tmp) / "run")],
-                              capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, steps, hooks)
 
 
 def main() -> None:
