@@ -1,6 +1,6 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
-Public names: mlp, tiny, linear_relu, relu_mlp, x_in, hook_snapshot, TanhSAE.
+Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, TanhSAE.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -33,6 +33,16 @@ def relu_mlp() -> nn.Sequential:
     """``Linear(4, 6) -> ReLU -> Linear(6, 3)``, its weights from ``torch.manual_seed(0)``."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+def gpt2_tiny_lm() -> nn.Module:
+    """A seeded GPT2LMHeadModel of 2 blocks x 64 wide, 4 heads, 100 tokens, 32 positions, in eval mode."""
+    import transformers  # lazy: only the tests of language models pay for importing it
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    return transformers.GPT2LMHeadModel(config).eval()
 
 
 def x_in(grad: bool = False) -> torch.Tensor:

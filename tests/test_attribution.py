@@ -10,6 +10,7 @@ import torch
 
 from hookgraph.runner import run
 from hookgraph.runner.attribution import attribution_patching, write_attribution
+from tests.models import gpt2_tiny_lm
 from tests.runs import CPU, compose, strict_json
 
 transformers = pytest.importorskip("transformers")
@@ -24,10 +25,7 @@ def _metric(out):
 
 @pytest.fixture(scope="module")
 def gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(config).eval()
+    return gpt2_tiny_lm()
 
 
 def _by_hand(model, modules, pre):

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 import hookgraph as hg
-from tests.models import TanhSAE
+from tests.models import TanhSAE, gpt2_tiny_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,10 +28,7 @@ SITE = "transformer.h.0"
 
 @pytest.fixture(scope="module")
 def gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(config).eval()
+    return gpt2_tiny_lm()
 
 
 def _weights(arch: str) -> dict:
