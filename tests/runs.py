@@ -1,11 +1,15 @@
 """Runner configs the tests share, and run folders written in-process as the command line writes them.
 
-Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU, PaddedTokens.
+Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU, PaddedTokens,
+run_two_ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,32 @@ from hookgraph.report import module_tree
 from hookgraph.runner import build_from_config, register_configs, run
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+ROOT = Path(__file__).resolve().parents[1]
+# gloo on the loopback interface only: its sockets never bind another one.
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"} if Path("/sys/class/net/lo").exists() else {}
+
+
+def run_two_ranks(worker: str, tmp_path: Path, timeout: float = 120) -> list[str]:
+    """``python -m <worker> RANK 2 <tmp_path>/store <tmp_path>/RANK`` for ranks 0 and 1 (a file
+    store rendezvous, gloo on 127.0.0.1): both must exit 0 within ``timeout``; their outputs.
+    A worker still running afterwards is killed."""
+    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", worker, str(r), "2", str(tmp_path / "store"), str(tmp_path / f"{r}")],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for r in range(2)
+    ]  # fmt: skip
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    return logs
 
 CPU = ("runner.device=cpu", "runner.progress=false")
 

@@ -5,11 +5,6 @@ gradients, records, statistics and call counts equal eager mode's."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch._dynamo
@@ -18,6 +13,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hookgraph as hg
+from tests.runs import run_two_ranks
 
 
 @pytest.fixture(autouse=True)
@@ -287,7 +283,6 @@ def test_compiled_autograd_traces_the_parameter_hooks():
 
 
 # gloo binds to the loopback interface only (it would take the hostname's address).
-LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"} if Path("/sys/class/net/lo").exists() else {}
 
 
 @pytest.mark.distributed
@@ -302,24 +297,7 @@ def test_ddp_with_gradient_specs_under_compile_on_two_ranks(tmp_path):
 
     from tests.ddp_compile_worker import BATCH, LR, SPECS, STEPS, batch, make
 
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.ddp_compile_worker", str(r), "2", str(tmp_path / "store"),
-             str(tmp_path / f"{r}")],
-            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    run_two_ranks("tests.ddp_compile_worker", tmp_path)
 
     # The reference: one process, eager hooks, each half of the batch on its own, the
     # gradients averaged as DDP averages them.

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,11 +21,8 @@ import hookgraph as hg
 from hookgraph.core.dtensors import is_dtensor
 from hookgraph.errors import SpecError
 from hookgraph.runs.writer import RunWriter
+from tests.runs import LOOPBACK, run_two_ranks
 from tests.sharded_worker import BATCH, LR, STEPS, ToDTensor, batch, make
-
-ROOT = Path(__file__).resolve().parents[1]
-# gloo binds to the loopback interface only (it would take the hostname's address).
-LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"} if Path("/sys/class/net/lo").exists() else {}
 
 
 @pytest.fixture(scope="module")
@@ -175,34 +169,7 @@ def test_two_ranks(tmp_path):
     (before the reduce-scatter / all-reduce), a zero on 0.bias reaches the update, and the
     weights after two SGD steps equal the bare model's on the whole batch; a DTensor output
     is recorded as the rank's shard or (shard: full) the whole tensor."""
-    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.sharded_worker",
-                str(r),
-                "2",
-                str(tmp_path / "store"),
-                str(tmp_path / f"{r}"),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    run_two_ranks("tests.sharded_worker", tmp_path)
 
     x, y = batch()
     half = BATCH // 2
