@@ -45,6 +45,18 @@ def no_hook_left(monkeypatch):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Dynamo as a new process has it, before and after the test; the guard flag hookgraph
+    may turn on is put back (the compile tests use it, each module-wide)."""
+    config = torch._dynamo.config
+    before = config.skip_nnmodule_hook_guards
+    torch._dynamo.reset()
+    yield
+    config.skip_nnmodule_hook_guards = before
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def seeded():
     torch.manual_seed(0)
     return torch.Generator().manual_seed(0)

@@ -15,15 +15,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import hookgraph as hg
 from tests.runs import run_two_ranks
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    config = torch._dynamo.config
-    before = config.skip_nnmodule_hook_guards
-    torch._dynamo.reset()
-    yield
-    config.skip_nnmodule_hook_guards = before
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def net(layers: int = 9) -> nn.Sequential:
