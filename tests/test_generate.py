@@ -75,6 +75,17 @@ CASES = {
 
 
 # Every form of positions greedily; two of them sampled (seeded), which costs the same per case.
+def _equals_hand(model, handle, cached, logits, sample) -> None:
+    """Generate once more with the hand-written hook ``handle`` alone (removed afterwards):
+    the same tokens, and logits to 1e-5, as hookgraph's cached generation."""
+    try:
+        hand, lh = generate(model, True, sample)
+    finally:
+        handle.remove()
+    assert torch.equal(cached, hand)
+    torch.testing.assert_close(logits, lh, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(("positions", "sample"), [(p, False) for p in CASES] + [(-1, True), ("generated", True)],
                          ids=str)
 def test_steer_cache_equals_no_cache_and_hand_hooks(positions, sample):
@@ -86,13 +97,7 @@ def test_steer_cache_equals_no_cache_and_hand_hooks(positions, sample):
         full, lf = generate(model, False, sample)
     assert torch.equal(cached, full)
     torch.testing.assert_close(lc, lf, atol=1e-5, rtol=0)
-    handle = hand_steer(model, CASES[positions], PROMPT.shape[1])
-    try:
-        hand, lh = generate(model, True, sample)
-    finally:
-        handle.remove()
-    assert torch.equal(cached, hand)
-    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+    _equals_hand(model, hand_steer(model, CASES[positions], PROMPT.shape[1]), cached, lc, sample)
     assert not torch.allclose(lc, unsteered)  # the steering acted
     assert "generate" not in vars(model)  # the wrapper went with the attachment
 
@@ -226,13 +231,7 @@ def test_patch_positions_cache_equals_no_cache_and_hand(positions, sample):
                 out[:, p - offset] = saved[:, p]
         return out
 
-    h = model.transformer.h[0].register_forward_hook(hook)
-    try:
-        hand, lh = generate(model, True, sample)
-    finally:
-        h.remove()
-    assert torch.equal(cached, hand)
-    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+    _equals_hand(model, model.transformer.h[0].register_forward_hook(hook), cached, lc, sample)
 
 
 def test_patch_source_over_a_shorter_generation_is_refused_before_the_model_runs():
@@ -278,13 +277,7 @@ def test_head_mask_cache_equals_no_cache_and_hand(positions, sample):
                 x[:, p - offset, [1, 3]] = 0
         return (x.view(x.shape[0], L, D),)
 
-    h = model.transformer.h[0].attn.c_proj.register_forward_pre_hook(pre)
-    try:
-        hand, lh = generate(model, True, sample)
-    finally:
-        h.remove()
-    assert torch.equal(cached, hand)
-    torch.testing.assert_close(lc, lh, atol=1e-5, rtol=0)
+    _equals_hand(model, model.transformer.h[0].attn.c_proj.register_forward_pre_hook(pre), cached, lc, sample)
 
 
 def test_head_patch_cache_equals_no_cache():
