@@ -1,6 +1,7 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
-Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, TanhSAE.
+Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, TanhSAE,
+HandHooks.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -89,3 +90,27 @@ class TanhSAE(nn.Module):
 
     def decode(self, f: torch.Tensor) -> torch.Tensor:
         return f @ self.dec
+
+
+class HandHooks:
+    """The trainer-callback tests' specs written by hand, on a model with a ``net``
+    Sequential: net.0's training outputs and their gradients per call, net.0's eval-mode
+    outputs, and (``edit``) net.1's output scaled by 0.5."""
+
+    def __init__(self, model: nn.Module, edit: bool):
+        self.acts, self.grads, self.evals = [], [], []
+        net = model.net
+        self.handles = [net[0].register_forward_hook(self._record)]
+        if edit:
+            self.handles.append(net[1].register_forward_hook(lambda m, i, o: o * 0.5))
+
+    def _record(self, module, inputs, out):
+        if module.training:
+            self.acts.append(out.detach().clone())
+            out.register_hook(lambda g: self.grads.append(g.detach().clone()))
+        else:
+            self.evals.append(out.detach().clone())
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import hookgraph as hg
+from tests.models import HandHooks
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -58,22 +59,6 @@ def _trainer(tmp_path: Path, model: nn.Module, callbacks: list, **kw) -> transfo
                                 callbacks=callbacks)
 
 
-class HandHooks:
-    """The specs below written by hand: net.0's training outputs and their gradients, its
-    eval outputs, and (``edit``) net.1's output scaled by 0.5."""
-
-    def __init__(self, model: Net, edit: bool):
-        self.acts, self.grads, self.evals = [], [], []
-        model.net[0].register_forward_hook(self._record)
-        if edit:
-            model.net[1].register_forward_hook(lambda m, i, o: o * 0.5)
-
-    def _record(self, module, inputs, out):
-        if module.training:
-            self.acts.append(out.detach().clone())
-            out.register_hook(lambda g: self.grads.append(g.detach().clone()))
-        else:
-            self.evals.append(out.detach().clone())
 
 
 SPECS = {

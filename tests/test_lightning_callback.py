@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookgraph as hg
+from tests.models import HandHooks
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402 - after the importorskip
@@ -73,27 +74,6 @@ def _trainer(tmp_path: Path, callbacks: list, **kw) -> pl.Trainer:
     return pl.Trainer(callbacks=callbacks, **opts)
 
 
-class HandHooks:
-    """What the specs below do, written by hand: net.0's outputs and their gradients per
-    call, net.0's eval-mode outputs, and (``edit``) net.1's output scaled by 0.5."""
-
-    def __init__(self, model: nn.Module, edit: bool):
-        self.acts, self.grads, self.evals = [], [], []
-        net = model.net
-        self.handles = [net[0].register_forward_hook(self._record)]
-        if edit:
-            self.handles.append(net[1].register_forward_hook(lambda m, i, o: o * 0.5))
-
-    def _record(self, module, inputs, out):
-        if module.training:
-            self.acts.append(out.detach().clone())
-            out.register_hook(lambda g: self.grads.append(g.detach().clone()))
-        else:
-            self.evals.append(out.detach().clone())
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
 
 
 SPECS = {
