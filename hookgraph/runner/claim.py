@@ -74,6 +74,8 @@ def _join(cfg: DictConfig, out_dir: str | Path, world: World) -> RunWriter:
         with contextlib.suppress(OSError):
             own.rmdir()  # the empty folder Hydra made for this rank: the run lives in rank 0's
     try:
-        return RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=world.rank, reserve=True, fsync=cfg.sink.fsync)
+        writer = RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=world.rank, fsync=cfg.sink.fsync)
+        writer.reserve_room()  # in this rank's own folder of the run rank 0 claimed
+        return writer
     except OSError as exc:
         raise RunFolderError(f"rank {world.rank} cannot write the run folder {shared}: {exc}") from exc

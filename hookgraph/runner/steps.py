@@ -121,10 +121,8 @@ def _check_sites(graph: HookGraph, inputs: Any, generating: bool) -> None:
     batch, length = ids.shape
     for b in graph.bindings:
         shape = getattr(b.fn, "source_shape", None)
-        if shape is not None and len(shape) >= 2 and (shape[0], shape[1] if not generating else length) != (
-            batch,
-            length,
-        ):  # a generation's source spans prompt and generated tokens: its length is checked as it starts
+        # A generation's source spans prompt and generated tokens: its length is checked as it starts.
+        if shape is not None and len(shape) >= 2 and (shape[0] != batch or (shape[1] != length and not generating)):
             where = getattr(b.fn, "source_where", "?")
             raise ConfigError(
                 f"{b.key}.args",

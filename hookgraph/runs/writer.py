@@ -252,8 +252,9 @@ class RunWriter:
 
     ``rank``: one rank of a run of several processes: its shards go to ``records/rank-N/``
     and its own tables and summary to ``ranks/rank-N/`` (:meth:`rank_path`); None (a single
-    process) keeps the flat layout. ``reserve``: keep RESERVE_BYTES on the disk (``.reserve``)
-    so that summary.json can still be written when the disk fills up mid-run."""
+    process) keeps the flat layout. A run's writer keeps RESERVE_BYTES on the disk
+    (:meth:`reserve_room`, ``.reserve``) so that summary.json can still be written when the
+    disk fills up mid-run; a sweep's tables need none."""
 
     def __init__(
         self,
@@ -261,8 +262,6 @@ class RunWriter:
         max_bytes: int | None = None,
         rank: int | None = None,
         fsync: str = "end",
-        *,
-        reserve: bool = False,
     ):
         if fsync not in FSYNC:
             raise ConfigError(
@@ -283,8 +282,7 @@ class RunWriter:
         self.run_id = uuid.uuid4().hex
         self._shard_facts: dict[str, dict[str, Any]] = {}
         self._tables: dict[str, dict[str, int]] = {}
-        # A run's writer (reserve=True) keeps room for its summary; a sweep's tables need none.
-        self._reserve = self._keep_room(self.dir / self.rank_path(layout.RESERVE)) if reserve else None
+        self._reserve: Path | None = None  # reserve_room(): the room kept for the summary
 
     @staticmethod
     def _keep_room(path: Path) -> Path | None:
@@ -303,8 +301,8 @@ class RunWriter:
             return None
 
     def reserve_room(self) -> None:
-        """Keep RESERVE_BYTES for the summary from now on (a writer made before its folder was
-        claimed: the room is taken only once the folder is this run's)."""
+        """Keep RESERVE_BYTES for the summary from now on; called once the folder is this
+        run's (claimed, or joined by a rank), never in another run's folder."""
         if self._reserve is None:
             self._reserve = self._keep_room(self.dir / self.rank_path(layout.RESERVE))
 
