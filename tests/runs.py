@@ -85,6 +85,18 @@ def cfg(**sections):
     return base
 
 
+def shard_digest(data: bytes) -> str:
+    """The manifest digest of a new shard's bytes, computed here without hookgraph: XXH3-128
+    by the xxhash package where it is installed, else SHA-256 by hashlib, tagged."""
+    try:
+        import xxhash  # lazy: optional, as in the writer
+    except ImportError:
+        import hashlib  # lazy: only without xxhash
+
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "xxh3_128:" + xxhash.xxh3_128(data).hexdigest()
+
+
 def strict_json(path: Path) -> dict:
     """The JSON file at ``path``, refusing NaN and Infinity (which json.loads accepts)."""
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import hookgraph as hg
 from hookgraph.errors import ConfigError
 from hookgraph.runs.writer import RunWriter, digest
-from tests.runs import PaddedTokens
+from tests.runs import PaddedTokens, shard_digest
 from tests.runs import cfg as conv_cfg
 
 
@@ -528,10 +528,12 @@ def test_cuda_records_reach_the_shard_through_pinned_copies(tmp_path):
     assert torch.equal(run.records["a"]["n"][0], values[1].cpu())
 
 
-def test_digest_is_sha256_and_an_older_blake2b_digest_still_checks(tmp_path):
-    # New shards carry "sha256:<hex>" (hardware SHA, the record path's one cost over
-    # save_file); a summary of an older run holds an untagged BLAKE2b-128 digest, which the
-    # reader still checks with BLAKE2b: a shard rewritten in place is refused either way.
+@pytest.mark.parametrize("older", ["sha256", "blake2b"])
+def test_digest_is_xxh3_and_older_digests_still_check(tmp_path, older):
+    # New shards carry "xxh3_128:<hex>" (a content hash at memory speed: the end of a run no
+    # longer waits on SHA-256); summaries of older runs hold "sha256:<hex>" or an untagged
+    # BLAKE2b-128 digest, which the reader still checks with that hash: a shard rewritten in
+    # place is refused either way.
     import hashlib
     import json
 
@@ -540,16 +542,44 @@ def test_digest_is_sha256_and_an_older_blake2b_digest_still_checks(tmp_path):
     summary = json.loads(summary_path.read_text())
     shard = "records/step-000000.safetensors"
     data = (tmp_path / "run" / shard).read_bytes()
-    assert summary["manifest"]["shards"][shard]["digest"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert summary["manifest"]["shards"][shard]["digest"] == shard_digest(data)
     for name in summary["manifest"]["shards"]:
-        old = hashlib.blake2b((tmp_path / "run" / name).read_bytes(), digest_size=16).hexdigest()
-        summary["manifest"]["shards"][name]["digest"] = old
+        raw = (tmp_path / "run" / name).read_bytes()
+        summary["manifest"]["shards"][name]["digest"] = (
+            "sha256:" + hashlib.sha256(raw).hexdigest() if older == "sha256"
+            else hashlib.blake2b(raw, digest_size=16).hexdigest()
+        )
     summary_path.write_text(json.dumps(summary))
     run = hg.load_run(tmp_path / "run")
-    assert run.records["a"]["m"][0].shape == (2, 3, 4)  # the legacy digest matched
+    assert run.records["a"]["m"][0].shape == (2, 3, 4)  # the older digest matched
     other = tmp_path / "run" / "records" / "step-000001.safetensors"
     raw = bytearray(other.read_bytes())
     raw[-1] ^= 0xFF  # the same size, another byte
     other.write_bytes(bytes(raw))
     with pytest.raises(hg.HookGraphError, match="step-000001.safetensors is damaged.*digest"):
         hg.load_run(tmp_path / "run").records["a"]["m"][1]
+
+
+def test_a_new_shard_rewritten_in_place_is_refused_by_its_xxh3_digest(tmp_path):
+    pytest.importorskip("xxhash")
+    _write_run(tmp_path / "run", steps=2)
+    other = tmp_path / "run" / "records" / "step-000001.safetensors"
+    stat = other.stat()
+    raw = bytearray(other.read_bytes())
+    raw[-1] ^= 0xFF
+    other.write_bytes(bytes(raw))
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and time: only the bytes differ
+    run = hg.load_run(tmp_path / "run")
+    assert run.records["a"].entry("m", 0, 0).shape == (2, 3, 4)  # the other shard reads
+    with pytest.raises(hg.HookGraphError, match=r"step-000001.safetensors is damaged.*digest xxh3_128:"):
+        run.records["a"].entry("m", 1, 0)
+
+
+def test_an_xxh3_digest_without_xxhash_is_refused_by_name(tmp_path, monkeypatch):
+    # A folder from a machine with xxhash read where it is missing: said, not left unchecked.
+    import hookgraph.runs.writer as writer
+
+    _write_run(tmp_path / "run", steps=1)
+    monkeypatch.setattr(writer, "_xxhash", None)
+    with pytest.raises(hg.HookGraphError, match="pip install xxhash"):
+        hg.load_run(tmp_path / "run").records["a"]["m"][0]

@@ -8,7 +8,6 @@ manifest claim nothing, and nothing is called missing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -21,7 +20,7 @@ import hookgraph as hg
 from hookgraph.models.seeds import MLP
 from hookgraph.runner import run
 from hookgraph.runs.writer import RunWriter
-from tests.runs import cfg
+from tests.runs import cfg, shard_digest
 
 HOOKS = {
     "acts": {"target": "conv", "action": "record"},
@@ -64,9 +63,9 @@ def test_the_summary_lists_what_was_written_and_a_whole_folder_reads_clean(writt
     manifest = json.loads((written / "summary.json").read_text())["manifest"]
     shards = sorted(manifest["shards"])
     assert shards == [f"records/step-{s:06d}.safetensors" for s in range(3)]
-    for name in shards:  # the digest is SHA-256 of the file's bytes, as hashlib computes it, tagged
+    for name in shards:  # the digest is XXH3-128 of the file's bytes, as xxhash computes it, tagged
         data = (written / name).read_bytes()
-        assert manifest["shards"][name] == {"entries": 1, "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+        assert manifest["shards"][name] == {"entries": 1, "digest": shard_digest(data)}
     assert manifest["tables"] == {
         "stats.csv": {"rows": 3, "bytes": (written / "stats.csv").stat().st_size},
         "trace.csv": {"rows": 3, "bytes": (written / "trace.csv").stat().st_size},

@@ -208,6 +208,7 @@ class _Hashing(threading.Thread):
         self.fd, self.size, self.recorded = fd, size, recorded
         self.digest: str | None = None
         self.error: OSError | None = None
+        self.hash = hasher(recorded)  # the kind the summary's digest was made with; here, so a refusal is raised here
         if size >= _THREADED:
             self.start()
         else:  # a small shard: hashed here, cheaper than starting a thread (~50 us)
@@ -218,7 +219,7 @@ class _Hashing(threading.Thread):
             super().join(timeout)
 
     def run(self) -> None:
-        h = hasher(self.recorded)  # the kind the summary's digest was made with
+        h = self.hash
         buf = bytearray(min(_CHUNK, self.size))
         view = memoryview(buf)
         offset = 0

@@ -17,8 +17,8 @@ step number only: nothing from a name becomes a path.
 
 The manifest (:meth:`RunWriter.manifest`, kept in ``summary.json`` under ``manifest``) says
 what the writer wrote: its run id (also in every shard's metadata, ``run``, so a shard of
-another run is told apart), per shard its entry count and a SHA-256 digest of its bytes
-(hashed from the buffer being written, not re-read), per table its rows and bytes. The
+another run is told apart), per shard its entry count and a digest of its bytes
+(XXH3-128, :data:`DIGEST_PREFIX`; hashed from the buffers being written, never re-read), per table its rows and bytes. The
 reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
 """
 
@@ -47,6 +47,11 @@ from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError, did_you_mean
 from hookgraph.runs import layout
 
+try:  # the fast content hash of new shards (see DIGEST_PREFIX); hashlib's SHA-256 without it
+    import xxhash as _xxhash
+except ImportError:  # hookgraph's dependency lists do not name it (yet): SHA-256 stands in
+    _xxhash = None
+
 __all__ = [
     "RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "tagged",
     "disk_full",
@@ -71,28 +76,44 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-# The manifest's shard digests are written as "sha256:<hex>": SHA-256 runs on the CPUs' SHA
-# instructions (x86 SHA-NI, ARMv8), 1.7x BLAKE2b's speed where measured, and the digest was
-# the one cost the record path had over a plain save_file (benchmarks/RESULTS.md, "Activation
-# caching"). A digest without a prefix is BLAKE2b-128, as runs before the change wrote them.
-DIGEST_PREFIX = "sha256:"
+# The manifest's shard digests. New shards get "xxh3_128:<hex>", XXH3-128 of the file's bytes
+# (the xxhash package): a content hash, not a cryptographic one, at ~11.6 GB/s here against
+# SHA-256's 0.6 and BLAKE2b's 0.3 (benchmarks/RESULTS.md, "The end of a run"). The digest
+# detects a shard damaged, cut, rewritten in place or swapped for another run's; it was never a
+# defence against a forger, who can rewrite summary.json beside the shard as easily. Where
+# xxhash is not installed, new shards get "sha256:<hex>" (hashlib, the CPUs' SHA instructions).
+# Older runs stay readable: "sha256:" as written from 2026-11-26, and an untagged digest is
+# BLAKE2b-128, as runs before that wrote them.
+XXH3_PREFIX = "xxh3_128:"
+SHA256_PREFIX = "sha256:"
+DIGEST_PREFIX = XXH3_PREFIX if _xxhash is not None else SHA256_PREFIX  # what new shards get
 
 
 def hasher(recorded: str | None = None) -> Any:
     """A fresh hash of the kind ``recorded`` (a manifest digest) was made with; None: the
-    kind new shards get, SHA-256 (the reader hashes a shard in chunks with it)."""
-    if recorded is None or recorded.startswith(DIGEST_PREFIX):
+    kind new shards get (:data:`DIGEST_PREFIX`). A digest of XXH3 read where xxhash is not
+    installed is a HookGraphError saying so, not a shard left unchecked."""
+    kind = DIGEST_PREFIX if recorded is None else recorded
+    if kind.startswith(XXH3_PREFIX):
+        if _xxhash is None:
+            raise HookGraphError(
+                "this run's shard digests are XXH3-128 (xxh3_128:...), which needs the xxhash package to check: "
+                "pip install xxhash"
+            )
+        return _xxhash.xxh3_128()
+    if kind.startswith(SHA256_PREFIX):
         return hashlib.sha256()
     return hashlib.blake2b(digest_size=16)
 
 
 def tagged(h: Any) -> str:
     """The manifest's form of a finished hash from :func:`hasher`."""
-    return (DIGEST_PREFIX if h.name == "sha256" else "") + h.hexdigest()
+    prefix = {"sha256": SHA256_PREFIX, "XXH3_128": XXH3_PREFIX}.get(h.name, "")
+    return prefix + h.hexdigest()
 
 
 def digest(data: bytes | memoryview) -> str:
-    """The content digest the manifest keeps for a new shard (``sha256:<hex>``)."""
+    """The content digest the manifest keeps for a new shard (:data:`DIGEST_PREFIX` + hex)."""
     h = hasher()
     h.update(data)
     return tagged(h)
