@@ -109,6 +109,70 @@ def test_big_shard_digest_threaded(tmp_path):
     assert next(iter(w.manifest()["shards"].values()))["digest"] == digest(path.read_bytes())
 
 
+def test_a_sample_reads_runs_spread_over_the_tensor_and_leaves_the_digest_to_the_read(tmp_path):
+    x = torch.arange(10_000, dtype=torch.float32).reshape(100, 100)
+    w = RunWriter(tmp_path / "run", fsync="never")
+    w.flush_records(_records(m=[x]), 0)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    shard = tmp_path / "run" / "records" / w.shards[0]
+    raw = bytearray(shard.read_bytes())
+    data = 8 + int.from_bytes(raw[:8], "little")  # safetensors: the header's length, the header, the data
+    raw[data + 100 * 4 + 3] ^= 0xFF  # value 100 damaged in place: between two runs of the sample
+    shard.write_bytes(bytes(raw))
+    targets = hg.load_run(tmp_path / "run").records["spec"]
+    s = targets.sample("m", 0, 0, elements=640)
+    assert (s.shape, s.dtype, s.numel, s.unchecked) == ((100, 100), torch.float32, 10_000, True)
+    runs = s.values.reshape(64, 10)  # 64 runs of 10 contiguous values, first to last of the tensor
+    assert torch.equal(runs - runs[:, :1], torch.arange(10.0).expand(64, 10))
+    assert runs[0, 0] == 0 and runs[-1, 0] == 9990 and bool((runs[:, 0].diff() > 0).all())
+    assert torch.equal(runs.flatten(), x.flatten()[runs.flatten().long()])
+    with pytest.raises(hg.HookGraphError, match="damaged.*digest"):  # reading the record checks it
+        targets.entry("m", 0, 0)
+
+
+def test_a_small_tensor_is_sampled_whole(tmp_path):
+    x = torch.randn(7, 3).to(torch.bfloat16)
+    w = RunWriter(tmp_path / "run", fsync="never")
+    w.flush_records(_records(m=[x]), 0)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    targets = hg.load_run(tmp_path / "run").records["spec"]
+    assert targets.entry("m", 0, 0).dtype == torch.bfloat16  # read (and checked) first
+    s = targets.sample("m", 0, 0, elements=1000)
+    assert torch.equal(s.values, x.flatten()) and not s.unchecked
+
+
+def test_the_end_of_a_run_hashes_no_shard_and_reads_only_a_sample(tmp_path, monkeypatch):
+    # The digests come from the bytes as written; the report page's histograms read at most
+    # LIMITS["hist_elements"] values per target, and no shard file is hashed back.
+    import hookgraph.report.page as page
+    import hookgraph.runs.reader as reader
+
+    monkeypatch.setitem(page.LIMITS, "hist_elements", 100)
+    hashed: list[int] = []
+    real_init = reader._Hashing.__init__
+
+    def counting_hash(self, fd, size, recorded):
+        hashed.append(size)
+        real_init(self, fd, size, recorded)
+
+    read: list[int] = []
+    real_preadv = os.preadv
+
+    def counting_read(fd, buffers, offset, *rest):
+        n = real_preadv(fd, buffers, offset, *rest)
+        read.append(n)
+        return n
+
+    monkeypatch.setattr(reader._Hashing, "__init__", counting_hash)
+    monkeypatch.setattr(os, "preadv", counting_read)
+    hg.runner.run(conv_cfg(runner={"steps": 3, "progress": False}), tmp_path / "run")
+    monkeypatch.undo()
+    assert hashed == [] and 0 < sum(read) <= 100 * 4  # one target, float32
+    assert "sampled" in (tmp_path / "run" / "report.html").read_text()
+    recorded = hg.load_run(tmp_path / "run").records["acts"]["conv"][-1]
+    assert recorded.numel() > 100  # so the page's read was a sample, not the whole record
+
+
 # -- record: dtype, positions, drop_padding, the tokens of each row ---------------------------
 
 class _Tokens(torch.nn.Module):

@@ -30,7 +30,7 @@ LIMITS = {
     "lines_per_plot": 40,     # targets drawn per statistics plot
     "points_per_line": 300,   # points per line after sampling
     "hist_targets": 12,       # record histograms per spec
-    "hist_elements": 1_000_000,  # elements read into one histogram (strided)
+    "hist_elements": 1_000_000,  # elements read into one histogram (a sample spread over the tensor)
     "figure_bytes": 8_000_000,   # PNG bytes inlined in total; later figures are linked
 }
 
@@ -124,21 +124,11 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _first_tensor(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    return None
-
-
 def _records(records: Any) -> list[dict]:
-    """Per record spec: targets, entries, and a histogram of each of the first targets' last call."""
+    """Per record spec: targets, entries, and a histogram of each of the first targets' last
+    call, drawn from a sample of at most ``hist_elements`` values spread over the tensor
+    (``Targets.sample``): the page reads megabytes of records however large a step was, and
+    does not hash the shards (their digests are checked when the records themselves are read)."""
     out = []
     for spec in records:
         targets = records[spec]
@@ -150,23 +140,24 @@ def _records(records: Any) -> list[dict]:
                 continue
             step, call = calls[-1]
             try:
-                t = _first_tensor(targets.entry(target, step, call))
+                sample = targets.sample(target, step, call, LIMITS["hist_elements"])
             except Exception as exc:  # a damaged shard: say so, keep the rest of the page
                 hists.append({"target": target, "error": str(exc)[:200]})
                 continue
-            if t is None:
+            if sample is None:
                 continue
             h = {
                 "target": target,
                 "step": step,
                 "call": call,
-                "shape": list(t.shape),
-                "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": list(sample.shape),
+                "dtype": str(sample.dtype).replace("torch.", ""),
+                "sampled": sample.values.numel() < sample.numel,
             }
-            if t.is_floating_point() or t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
-                x = t.detach().flatten()
-                stride = max(1, x.numel() // LIMITS["hist_elements"])
-                x = x[::stride].float()
+            if sample.dtype.is_floating_point or sample.dtype in (
+                torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8
+            ):
+                x = sample.values.float()
                 x = x[torch.isfinite(x)]
                 if x.numel():
                     lo, hi = float(x.min()), float(x.max())

@@ -162,6 +162,8 @@ def _records(p: dict) -> str:
         )
         for h in r["hists"]:
             caption = f"{esc(h['target'])} · step {h.get('step')} · {h.get('shape')} {esc(h.get('dtype', ''))}"
+            if h.get("sampled"):
+                caption += " · sampled"
             if "error" in h:
                 out.append(f'<div class="note">{esc(h["target"])}: {esc(h["error"])}</div>')
             elif "counts" in h:

@@ -251,6 +251,59 @@ def _check_digest(hashing: _Hashing, shard: _Shard) -> None:
     shard.digest = None  # checked: later reads of this shard skip the hash
 
 
+class Sample(NamedTuple):
+    """A bounded sample of one recorded tensor (:meth:`_Targets.sample`): ``values`` (1-d, at
+    most the elements asked for), the tensor's ``shape``, ``dtype`` and element count
+    ``numel``; ``unchecked``: the shard has a digest that no read has checked yet (a sample
+    never checks it)."""
+
+    values: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    numel: int
+    unchecked: bool
+
+
+_SAMPLE_BLOCKS = 64  # a sample is this many runs of contiguous elements, spread evenly over the tensor
+
+
+def _read_sample(shard: _Shard, t: _Tensor, elements: int) -> Sample:
+    """At most ``elements`` values of ``t``: all of it when it is that small, else
+    _SAMPLE_BLOCKS evenly spaced runs of contiguous elements, one positioned read each. The
+    rest of the shard is not read, so its digest is not checked (the file's identity, size
+    and time still are): a page that shows a histogram of a 10 GB step reads megabytes."""
+    if shard.damage is not None:
+        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
+    item = t.dtype.itemsize
+    numel = (t.end - t.begin) // item if item else 0
+    if numel <= elements:
+        ranges = [(t.begin, t.end)]
+    else:
+        run = max(1, elements // _SAMPLE_BLOCKS)
+        blocks = max(1, elements // run)
+        gap = (numel - run) / max(1, blocks - 1)
+        ranges = [(t.begin + round(i * gap) * item, t.begin + (round(i * gap) + run) * item) for i in range(blocks)]
+    values = torch.empty(sum(e - b for b, e in ranges) // item if item else 0, dtype=t.dtype)
+    out = (ctypes.c_char * (values.numel() * item)).from_address(values.data_ptr()) if values.numel() else None
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            damaged = f"{shard.name} is damaged ({{}}); its records cannot be read"
+            if _stamp(os.fstat(fd)) != shard.stamp:
+                raise HookGraphError(damaged.format("changed since it was indexed"))
+            at = 0
+            view = memoryview(out).cast("B") if out is not None else memoryview(b"")
+            for b, e in ranges:
+                if e > b and os.preadv(fd, [view[at : at + e - b]], b) != e - b:
+                    raise HookGraphError(damaged.format(f"ends inside tensor {t.key!r}"))
+                at += e - b
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
+    return Sample(values, tuple(t.shape), t.dtype, numel, unchecked=shard.digest is not None)
+
+
 def _load(entries: list[_Entry]) -> list:
     """Each entry's value, in the structure it was recorded with; one open per shard."""
     by_shard: dict[_Shard, list[_Tensor]] = {}
@@ -338,6 +391,17 @@ class _Targets(Mapping):
                 + self._missing()
             )
         return _load(picked[:1])[0]
+
+    def sample(self, target: str, step: int = 0, call: int = 0, elements: int = 1_000_000) -> Sample | None:
+        """At most ``elements`` values of one call's first tensor (in the order its structure
+        stores them), spread over the whole tensor, reading only those bytes: what a report
+        page needs for a histogram. None: the call holds no tensor. The shard's digest is not
+        checked by a sample (``Sample.unchecked``); reading the record itself checks it."""
+        picked = [e for e in self._entries(target) if e.step == step and e.call == call]
+        if not picked:
+            raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}")
+        tensors = picked[0].tensors
+        return _read_sample(picked[0].shard, tensors[0], max(1, elements)) if tensors else None
 
     def __contains__(self, target: object) -> bool:
         # Mapping's own version relies on KeyError; a missing name raises HookGraphError here.

@@ -17,9 +17,9 @@ step number only: nothing from a name becomes a path.
 
 The manifest (:meth:`RunWriter.manifest`, kept in ``summary.json`` under ``manifest``) says
 what the writer wrote: its run id (also in every shard's metadata, ``run``, so a shard of
-another run is told apart), per shard its entry count and a digest of its bytes
-(XXH3-128, :data:`DIGEST_PREFIX`; hashed from the buffers being written, never re-read), per table its rows and bytes. The
-reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
+another run is told apart), per shard its entry count and a digest of its bytes (XXH3-128,
+:data:`DIGEST_PREFIX`; hashed from the buffers being written, never re-read), per table its
+rows and bytes. The reader checks a folder against it (:func:`hookgraph.runs.load_run`, ``Run.missing``).
 """
 
 from __future__ import annotations
