@@ -4,6 +4,7 @@ path, record's dtype/positions/padding, the run's tokens, and activations as a d
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 import torch
@@ -22,13 +23,14 @@ def _records(**values: list) -> dict:
 
 # -- sink.fsync and the shard writer ---------------------------------------------------------
 
-def _count_fsyncs(monkeypatch) -> list[int]:
-    calls: list[int] = []
+def _count_fsyncs(monkeypatch) -> list[str]:
+    """Every os.fsync from now on, by the name of the thread that made it."""
+    calls: list[str] = []
     real = os.fsync
 
     def counting(fd: int) -> None:
-        calls.append(fd)
         real(fd)
+        calls.append(threading.current_thread().name)
 
     monkeypatch.setattr(os, "fsync", counting)
     return calls
@@ -36,19 +38,35 @@ def _count_fsyncs(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize(("mode", "per_step", "at_summary"), [("step", 2, 0), ("end", 0, 4), ("never", 0, 0)])
 def test_fsync_modes(tmp_path, monkeypatch, mode, per_step, at_summary):
-    # step: each shard and its folder as written; end: nothing per step, every shard and
-    # the folder before summary.json (which then is fsync'd itself as any file); never: none.
+    # step: each shard and its folder as written, before the step ends; end: each shard on
+    # the writer's sync thread as it is written (the step does not wait for it), all of them
+    # and the folder done before summary.json (which then is fsync'd itself as any file);
+    # never: none.
     w = RunWriter(tmp_path / "run", fsync=mode)
     calls = _count_fsyncs(monkeypatch)
     for step in range(3):
         w.flush_records(_records(a=[torch.randn(4, 3)]), step)
-    assert len(calls) == 3 * per_step
-    calls.clear()
+        assert calls.count("MainThread") == (step + 1) * per_step
     w.json("summary.json", {"status": "completed"})
-    assert len(calls) == at_summary + 1  # + summary.json's own fsync
+    assert len(calls) == 3 * per_step + at_summary + 1  # + summary.json's own fsync
+    background = [c for c in calls if c.startswith("hookgraph-fsync")]
+    assert len(background) == (3 if mode == "end" else 0)
     calls.clear()
     w.json("summary.json", {"status": "completed"})
     assert len(calls) == 1  # the shards are synced once
+
+
+def test_fsync_end_raises_a_failed_shard_sync_at_the_summary(tmp_path, monkeypatch):
+    w = RunWriter(tmp_path / "run", fsync="end")
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    w.flush_records(_records(a=[torch.randn(4, 3)]), 0)  # the step itself does not fail
+    with pytest.raises(OSError, match="Input/output error"):
+        w.json("summary.json", {"status": "completed"})
+    assert not (tmp_path / "run" / "summary.json").exists()  # no summary promises an unsynced shard
 
 
 def test_fsync_setting_refused_by_key(tmp_path):

@@ -36,6 +36,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,14 @@ def strict_json(obj: Any, found: list[str] | None = None, path: str = "") -> Any
     return obj
 
 
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class RunWriter:
     """Writes one run folder. ``max_bytes`` bounds the records written in total (per rank).
 
@@ -290,7 +299,10 @@ class RunWriter:
                 f"{fsync!r} is not a durability setting; {did_you_mean(str(fsync), FSYNC, 'valid values')}",
             )
         self.fsync = fsync
-        self._unsynced: list[Path] = []  # fsync=end: shards written, not yet on disk
+        # fsync=end: each shard's sync, started on one thread as the shard is written, so the
+        # disk writes it back while the next steps run; sync() waits for them all.
+        self._unsynced: list[Future] = []
+        self._syncer: ThreadPoolExecutor | None = None
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -345,19 +357,26 @@ class RunWriter:
             "tables": {k: dict(v) for k, v in self._tables.items()},
         }
 
+    def _start_sync(self, path: Path) -> None:
+        """``sink.fsync=end``: the shard's fsync, on the writer's one sync thread. The disk
+        writes the shard back while the run goes on (at the end only the last shards are
+        left to wait for: the sync at the end of a 5 GB run took 2 s when it did it all
+        there); one thread, so the syncs queue rather than compete for the disk."""
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookgraph-fsync")
+        self._unsynced.append(self._syncer.submit(_fsync_file, path))
+
     def sync(self) -> None:
-        """Put the shards written so far on disk (fsync each, then their folder, so the
-        renames last too). ``sink.fsync=end`` does it before every summary is written: the
-        summary's manifest promises the shards, so they reach the disk first."""
+        """Put the shards written so far on disk (wait for each one's fsync, then sync their
+        folder, so the renames last too). ``sink.fsync=end`` does it before every summary is
+        written: the summary's manifest promises the shards, so they reach the disk first.
+        A shard whose sync failed raises its OSError here."""
         if not self._unsynced:
             return
-        for path in self._unsynced:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        self._unsynced.clear()
+        pending, self._unsynced = self._unsynced, []
+        failed = [exc for exc in (f.exception() for f in pending) if exc is not None]  # waits for each
+        if failed:
+            raise failed[0]
         self._sync_folder()
 
     def _sync_folder(self) -> None:
@@ -487,7 +506,7 @@ class RunWriter:
             if worker is not None:
                 worker.join()
         if self.fsync == "end":
-            self._unsynced.append(path)
+            self._start_sync(path)
         elif self.fsync == "step":
             self._sync_folder()
         self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
