@@ -279,7 +279,31 @@ def part_paired(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
+def _save_files(out: Path, per_step: dict[str, torch.Tensor], steps: int, sync: bool) -> None:
+    """The peer: one ``save_file`` per step; ``sync``: and one ``os.fsync`` of each file after
+    it (the durability ``sink.fsync=end`` gives a run: every shard on disk when it ends)."""
+    import os
+
+    out.mkdir(parents=True)
+    for step in range(steps):
+        path = out / f"{step}.safetensors"
+        save_file(per_step, path)
+        if sync:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
 def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Whole jobs, paired per round in a shuffled order: the runner without hooks, with a
+    record spec under ``sink.fsync=end`` (the default) and ``never``, and the peers
+    ``save_file`` alone and ``save_file`` + one fsync per file. A record job's throughput is
+    bytes / (its time - the job without hooks); its ``end`` is the time after the last step
+    (summary, the wait for the shards' syncs, the report page)."""
+    import os
+
     from hookgraph.runner import run  # lazy: see runner()
 
     shape = [1024, 256]
@@ -287,36 +311,60 @@ def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
     cfg = {"model": {"_target_": "benchmarks.caching.membound"},
            "data": {"kind": "random", "shape": shape},
            "runner": {"steps": steps, "batch_size": 64, "backward": False, "progress": False, "device": "cpu"},
-           "sink": {"figures": False, "fsync": args.fsync}}
+           "sink": {"figures": False}}
     rec = {"all": {"target": "*", "action": "record"}}
     x = torch.randn(64, *shape)
     per_step = {str(i): x * 1.0 for i in range(4)}
     nbytes = 4 * x.numel() * 4 * steps
     rng = random.Random(1)
-    res: dict[str, list[float]] = {"none": [], "record": [], "save_file": []}
+    names = ["none", "record_end", "record_never", "save_file", "save_file_fsync"]
+    res: dict[str, list[float]] = {n: [] for n in names}
+    ends: dict[str, list[float]] = {"record_end": [], "record_never": []}
+    loads: list[float] = []
     for r in range(args.rounds):
-        order = list(res)
+        order = names[:]
         rng.shuffle(order)
+        loads.append(os.getloadavg()[0])
         for name in order:
             out = tmp / f"mb-{name}-{r}"
             t = time.perf_counter()
-            if name == "save_file":
-                out.mkdir(parents=True)
-                for step in range(steps):
-                    save_file(per_step, out / f"{step}.safetensors")
+            if name.startswith("save_file"):
+                _save_files(out, per_step, steps, sync=name == "save_file_fsync")
             else:
-                run({**cfg, "hooks": rec if name == "record" else {}}, out)
+                fsync = "never" if name == "record_never" else "end"
+                summary = run({**cfg, "sink": {**cfg["sink"], "fsync": fsync},
+                               "hooks": rec if name != "none" else {}}, out)
             res[name].append(time.perf_counter() - t)
-        print(f"membound round {r}: " + ", ".join(f"{n} {v[-1]:.2f}s" for n, v in res.items()), flush=True)
-    rec_gbs = [nbytes / (a - b) / 1e9 for a, b in zip(res["record"], res["none"], strict=True)]
-    sf_gbs = [nbytes / s / 1e9 for s in res["save_file"]]
-    ratios = [a / b for a, b in zip(rec_gbs, sf_gbs, strict=True)]
+            if name in ends:
+                ends[name].append(res[name][-1] - summary["timings"]["total_s"])
+            # Free the disk and the page cache's dirty pages between jobs: the next job must
+            # not pay for this one's writeback.
+            for f in sorted(out.rglob("*"), reverse=True):
+                f.unlink() if f.is_file() or f.is_symlink() else f.rmdir()
+            out.rmdir()
+            os.sync()
+        took = ", ".join(f"{n} {v[-1]:.2f}s" for n, v in res.items())
+        print(f"membound round {r} (load {loads[-1]:.1f}): {took}", flush=True)
+
+    def gbs(name: str) -> list[float]:
+        if name.startswith("save_file"):
+            return [nbytes / s / 1e9 for s in res[name]]
+        return [nbytes / max(a - b, 1e-9) / 1e9 for a, b in zip(res[name], res["none"], strict=True)]
+
+    def ratio(a: str, b: str) -> str:
+        rs = [x / y for x, y in zip(gbs(a), gbs(b), strict=True)]
+        return f"**{statistics.median(rs):.3f}** (rounds: {', '.join(f'{v:.3f}' for v in rs)})"
+
+    med = {n: statistics.median(gbs(n)) for n in names if n != "none"}
     return [
-        f"memory-bound (4 x `x * 1.0` on float32 [64, 1024, 256]), {steps} steps, {nbytes / 2**20:.0f} MiB, "
-        f"{args.rounds} rounds, sink.fsync={args.fsync}:",
-        f"- record throughput {statistics.median(rec_gbs):.2f} GB/s (run - run without hooks), "
-        f"save_file {statistics.median(sf_gbs):.2f} GB/s; ratio {statistics.median(ratios):.3f} "
-        f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})",
+        f"memory-bound whole jobs (4 x `x * 1.0` on float32 [64, 1024, 256]), {steps} steps, {nbytes / 2**20:.0f} MiB, "
+        f"{args.rounds} rounds paired, load average {min(loads):.1f}-{max(loads):.1f}:",
+        "- throughput (median GB/s): " + ", ".join(f"{n} {v:.2f}" for n, v in med.items()),
+        f"- sink.fsync=end / save_file + fsync per file (same durability): {ratio('record_end', 'save_file_fsync')}",
+        f"- sink.fsync=end / save_file alone: {ratio('record_end', 'save_file')}",
+        f"- sink.fsync=never / save_file alone (the same durability): {ratio('record_never', 'save_file')}",
+        f"- the end of the run (after the last step): fsync=end {statistics.median(ends['record_end']):.2f} s, "
+        f"fsync=never {statistics.median(ends['record_never']):.2f} s (medians)",
     ]
 
 

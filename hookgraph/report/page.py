@@ -30,7 +30,7 @@ LIMITS = {
     "lines_per_plot": 40,     # targets drawn per statistics plot
     "points_per_line": 300,   # points per line after sampling
     "hist_targets": 12,       # record histograms per spec
-    "hist_elements": 1_000_000,  # elements read into one histogram (a sample spread over the tensor)
+    "hist_elements": 100_000,  # values read into one histogram (a sample spread over the tensor; 30 bins)
     "figure_bytes": 8_000_000,   # PNG bytes inlined in total; later figures are linked
 }
 
