@@ -1,8 +1,8 @@
 """Activation caching: hookgraph's run folder against hand-written hooks + ``save_file``.
 
-    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part paired,gpt2,membound,dataset]
+    python -m benchmarks.caching [--steps 10] [--rounds 3] [--vocab 4096] [--part paired,gpt2,membound,dataset,library]
 
-Parts (``--part``, comma-separated, default all three):
+Parts (``--part``, comma-separated; default paired,gpt2,membound,dataset):
 
 - ``gpt2``: a GPT-2-shaped random model (4 blocks x 256 wide, 4 heads, ``--vocab`` tokens,
   batch 16 x 128 tokens, forward only), every block's output recorded. Four jobs, each
@@ -19,10 +19,13 @@ Parts (``--part``, comma-separated, default all three):
   the memory-bound one; ratios are medians of per-step ratios. Whole jobs (``gpt2``) take
   minutes, over which a shared machine's load swings by 2x: only this part resolves 5%.
 - ``dataset``: ``Run.dataset`` read back as a stream (GB/s, peak RSS), in order and shuffled.
+- ``library``: hookgraph's shard writer against safetensors' ``save_file`` of the same shard,
+  with and without the digest the manifest keeps (why the writer is hookgraph's own).
 - ``membound``: large activations, little compute: 4 x ``x * 1.0`` on a float32
-  [64, 1024, 256] input (64 MiB each), every output recorded; recording throughput
-  (bytes written / (recording run - the same run without hooks)) against ``save_file`` of the
-  same tensors.
+  [64, 1024, 256] input (64 MiB each), every output recorded; whole jobs, paired per round:
+  recording throughput (bytes written / (recording run - the same run without hooks)) under
+  ``sink.fsync=end`` and ``never``, against ``save_file`` of the same tensors, alone and with
+  one fsync per file, and against the same job written by hand; the end of the run timed.
 
 Timings on a shared machine are noisy: compare the paired ratios, not milliseconds.
 """
@@ -396,6 +399,64 @@ def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
     ]
 
 
+def part_library(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """hookgraph's shard writer against safetensors' own ``save_file`` for the same shard
+    (4 x float32 [64, 1024, 256], 256 MiB), each variant once per round in a shuffled order:
+    ``save_file`` (zero-copy from the tensors' memory since safetensors 0.6), ``save_file``
+    + the digest the manifest needs, read back from the file (``save_file`` writes the bytes
+    itself: there is no buffer in hand to hash), hookgraph's ``flush_records`` (its own
+    writer, the digest hashed from the buffers being written) and that writer's bytes
+    without a digest. Median seconds per shard, and GB/s."""
+    import os
+
+    import safetensors
+
+    from hookgraph.runs import writer as hw  # lazy: see runner()
+
+    w = hw.RunWriter(tmp / "hg", fsync="never")
+    (tmp / "sf").mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    rng = random.Random(2)
+    names = ["save_file", "save_file+digest", "hookgraph", "hookgraph_no_digest"]
+    res: dict[str, list[float]] = {n: [] for n in names}
+    nbytes = 4 * 64 * 1024 * 256 * 4
+    for r in range(args.mb_steps):
+        shard = {str(i): torch.randn(64, 1024, 256, generator=gen) for i in range(4)}
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            path = tmp / "sf" / f"{name}-{r}.safetensors"
+            t = time.perf_counter()
+            if name.startswith("save_file"):
+                save_file(shard, path)
+                if name == "save_file+digest":
+                    h = hw.hasher()
+                    with open(path, "rb", buffering=0) as f:
+                        buf = bytearray(1 << 20)
+                        while n := f.readinto(buf):
+                            h.update(memoryview(buf)[:n])
+                    hw.tagged(h)
+            elif name == "hookgraph":
+                w.flush_records({"a": {k: [v] for k, v in shard.items()}}, r)
+            else:
+                parts = hw._shard_parts(dict(shard), {"hookgraph": hw.FORMAT})
+                hw.atomic_write(path, parts, sync=False)
+            res[name].append(time.perf_counter() - t)
+        for f in [*(tmp / "sf").iterdir(), *(tmp / "hg" / "records").iterdir()]:
+            f.unlink()
+        os.sync()
+    out = [f"one 256 MiB shard (4 x float32 [64, 1024, 256]), safetensors {safetensors.__version__}, "
+           f"{args.mb_steps} rounds, digest {hw.DIGEST_PREFIX.rstrip(':')}, load average {os.getloadavg()[0]:.1f}:"]
+    for n in names:
+        m = statistics.median(res[n])
+        out.append(f"- {n}: {m * 1e3:.0f} ms ({nbytes / m / 1e9:.2f} GB/s)")
+    rs = [a / b for a, b in zip(res["save_file+digest"], res["hookgraph"], strict=True)]
+    out.append(f"- hookgraph's speed / save_file + digest read back, paired: {statistics.median(rs):.3f}")
+    rs = [a / b for a, b in zip(res["save_file"], res["hookgraph"], strict=True)]
+    out.append(f"- hookgraph's speed / save_file alone (no digest), paired: {statistics.median(rs):.3f}")
+    return out
+
+
 _READ_CHILD = r"""
 import json, sys, time
 import torch
@@ -480,7 +541,8 @@ def main() -> None:
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.part.split(","):
-            parts = {"gpt2": part_gpt2, "membound": part_membound, "dataset": part_dataset, "paired": part_paired}
+            parts = {"gpt2": part_gpt2, "membound": part_membound, "dataset": part_dataset, "paired": part_paired,
+                     "library": part_library}
             lines += parts[part](args, Path(tmp) / part)
             lines.append("")
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
