@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import hookgraph as hg
@@ -107,6 +108,10 @@ def test_shard_is_safetensors_and_shares_no_copy(tmp_path):
     loaded = load_file(path)  # safetensors' own reader accepts the file
     assert torch.equal(loaded["s/f32/0/1"], base[1:3])
     assert loaded["s/bf16/0/0"].dtype == torch.bfloat16
+    with safe_open(str(path), framework="pt") as f:  # and its lazy reader, metadata and slices
+        assert f.metadata()["hookgraph"] == "2" and set(f.keys()) == set(loaded)
+        assert torch.equal(f.get_slice("s/f32/0/0")[1:3], base[1:3])
+        assert torch.equal(f.get_tensor("s/i64/0/0"), torch.arange(5))
     facts = next(iter(w.manifest()["shards"].values()))
     assert facts["digest"] == digest(path.read_bytes())
     run = hg.load_run(tmp_path / "run", strict=False)

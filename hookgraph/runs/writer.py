@@ -172,8 +172,16 @@ def _shard_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> list
     """A safetensors file as ``[header, tensor bytes, ...]``: the 8-byte header length, the
     JSON header (padded with spaces to 8 bytes, as safetensors writes it), then every
     tensor's own memory in key order. Nothing is joined: the write and the digest read the
-    tensors where they lie (``safetensors.torch.save`` would build the whole shard as one
-    bytes object first, a copy of every record). None: a dtype outside ``_ST_DTYPES``."""
+    tensors where they lie. None: a dtype outside ``_ST_DTYPES``.
+
+    Why not safetensors' own writer (reviewed with safetensors 0.8.0, benchmarks/RESULTS.md,
+    "The end of a run"): ``safetensors.torch.save`` returns the whole shard as one bytes
+    object (a copy of every record); ``save_file``/``serialize_file`` write from the tensors'
+    memory without a copy, at the speed of this writer, but write the bytes themselves, so
+    the manifest's digest of those bytes would need the file read back (the cost this
+    writer exists to avoid), and they refuse tensors that share a storage (two slices of
+    one output), which would then be cloned. The format is the library's: its ``load_file``
+    and ``safe_open`` read these files (tests/test_caching.py)."""
     header: dict[str, Any] = {"__metadata__": meta}
     views: list[memoryview] = []
     offset = 0
