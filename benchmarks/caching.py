@@ -332,10 +332,12 @@ def part_membound(args: argparse.Namespace, tmp: Path) -> list[str]:
 
     shape = [1024, 256]
     steps = args.steps
-    cfg = {"model": {"_target_": "benchmarks.caching.membound"},
-           "data": {"kind": "random", "shape": shape},
-           "runner": {"steps": steps, "batch_size": 64, "backward": False, "progress": False, "device": "cpu"},
-           "sink": {"figures": False}}
+    cfg: dict[str, Any] = {
+        "model": {"_target_": "benchmarks.caching.membound"},
+        "data": {"kind": "random", "shape": shape},
+        "runner": {"steps": steps, "batch_size": 64, "backward": False, "progress": False, "device": "cpu"},
+        "sink": {"figures": False},
+    }
     rec = {"all": {"target": "*", "action": "record"}}
     x = torch.randn(64, *shape)
     per_step = {str(i): x * 1.0 for i in range(4)}
@@ -440,10 +442,11 @@ def part_library(args: argparse.Namespace, tmp: Path) -> list[str]:
                 w.flush_records({"a": {k: [v] for k, v in shard.items()}}, r)
             else:
                 parts = hw._shard_parts(dict(shard), {"hookgraph": hw.FORMAT})
+                assert parts is not None  # float32: a dtype the writer's table knows
                 hw.atomic_write(path, parts, sync=False)
             res[name].append(time.perf_counter() - t)
-        for f in [*(tmp / "sf").iterdir(), *(tmp / "hg" / "records").iterdir()]:
-            f.unlink()
+        for done in [*(tmp / "sf").iterdir(), *(tmp / "hg" / "records").iterdir()]:
+            done.unlink()
         os.sync()
     out = [f"one 256 MiB shard (4 x float32 [64, 1024, 256]), safetensors {safetensors.__version__}, "
            f"{args.mb_steps} rounds, digest {hw.DIGEST_PREFIX.rstrip(':')}, load average {os.getloadavg()[0]:.1f}:"]

@@ -48,6 +48,7 @@ from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError, did_you_mean
 from hookgraph.runs import layout
 
+_xxhash: Any
 try:  # the fast content hash of new shards (see DIGEST_PREFIX); hashlib's SHA-256 without it
     import xxhash as _xxhash
 except ImportError:  # hookgraph's dependency lists do not name it (yet): SHA-256 stands in
