@@ -411,7 +411,9 @@ class HookGraph:
             HookGraphError: the graph is attached already, PyTorch refused a hook, or the
                 model is a ``torch.compile(..., fullgraph=True)`` wrapper and a binding's hooks
                 would break the graph (the plan's ``compiled`` column says ``graph break``):
-                refused here, naming the specs, rather than by dynamo at the first call.
+                refused here, naming the specs, rather than by dynamo at the first call. Given
+                the bare model, compiled by the user with ``fullgraph=True``, the first traced
+                call raises the same refusal (a ``HookGraphError``).
 
         Examples:
             >>> import torch, hookgraph as hg
