@@ -226,7 +226,9 @@ def g2(use_peers: bool = True, backend: str = "inductor") -> Workload:
     )
     wl.notes.append(
         "hand: a tensor hook that appends a copy of the gradient to a list; dynamo cannot trace that side "
-        "effect into the backward, so it breaks the graph at each registration (torch 2.14)."
+        "effect into the backward, so it breaks the graph at each registration (torch 2.14), and dynamo then runs "
+        "its Sequential's forward eagerly with one compiled graph per layer; it runs on a Sequential subclass "
+        "with a forward of its own, so that this does not spread to the other variants (it did before 2026-11-26)."
     )
     return wl
 
