@@ -329,6 +329,62 @@ def test_fullgraph_attaches_traceable_specs():
     torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
 
 
+_BREAKING = {
+    "rec": {"target": "0", "action": "record"},
+    "tr": {"target": "*", "action": "trace", "types": ["Linear"]},
+    "mine": {"target": "2", "action": {"_target_": "tests.helpers_actions.add_offset"}},
+}
+
+
+@pytest.mark.parametrize("how", ["wrapper", "error_on_graph_break", "module_compile"])
+def test_fullgraph_on_a_bare_model_is_refused_by_name_at_the_first_call(how, fresh_dynamo):
+    # hookgraph is given the bare model and the user compiles it with fullgraph=True (after
+    # attach, so attach cannot see the option). Before: dynamo's Unsupported ("Skip calling
+    # `torch.compiler.disable()`d function"), not a HookGraphError, naming no spec.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, _BREAKING)
+    x = torch.ones(1, 4)
+    with graph.attach(compiled=True), pytest.raises(HookGraphError) as info:
+        if how == "wrapper":
+            torch.compile(model, backend="eager", fullgraph=True)(x)
+        elif how == "error_on_graph_break":
+            with torch._dynamo.error_on_graph_break(True):
+                torch.compile(model, backend="eager")(x)
+        else:
+            model.compile(backend="eager", fullgraph=True)
+            model(x)
+    message = str(info.value)
+    assert message.startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
+        "break the graph: 'tr' on 0, 2 (action 'trace' is not traceable); "
+        "'mine' on 2 (action 'tests.helpers_actions.add_offset' is not traceable). "
+    )
+    assert "Found at the first call: hookgraph was given the bare model" in message
+    assert "'rec'" not in message
+    assert graph.calls == {"rec": 0, "tr": 0, "mine": 0}  # refused before any hook ran
+
+
+def test_the_bare_model_refusal_leaves_graph_breaks_alone_without_fullgraph(fresh_dynamo):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, _BREAKING)
+    x = torch.ones(1, 4)
+    with graph.attach(compiled=True):
+        out = torch.compile(model, backend="eager")(x)  # graph breaks allowed: the specs run
+    torch.testing.assert_close(out, model(x).detach() + 1)  # 'mine' added its offset, eagerly
+    torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
+    assert graph.calls == {"rec": 1, "tr": 2, "mine": 1}
+
+
+def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, {"rec": _BREAKING["rec"]})
+    x = torch.ones(1, 4)
+    with graph.attach(compiled=True):
+        model.compile(backend="eager", fullgraph=True)
+        model(x)
+    torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
+
+
 # -- a full disk ----------------------------------------------------------------------------------
 
 

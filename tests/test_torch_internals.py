@@ -332,7 +332,7 @@ def _door_own_names() -> set[str]:
 
 def test_every_probe_finds_the_private_path_on_this_torch():
     found = ti.capabilities()
-    assert len(found) == 10
+    assert len(found) == 12
     assert [name for name, ok in found.items() if not ok] == []
 
 

@@ -23,7 +23,7 @@ from hookgraph.core.hooks import fsdp2
 from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.compiled import HookGuards, compiled_without_breaks, is_compiled
 from hookgraph.core.hooks.state import SpecState, Switch
-from hookgraph.core.hooks.traced import block_hooks
+from hookgraph.core.hooks.traced import block_hooks, refusal_hook
 from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
 from hookgraph.core.sequence import SequenceRecord, assemble, install_clock
 from hookgraph.core.store import Entries, ResultStore
@@ -90,6 +90,17 @@ class Plan(list):
         return json.dumps(list(self), indent=2)
 
 
+def _refusal(graph: HookGraph) -> Callable[[], str]:
+    """The text a compiled attachment's refusal hook raises under fullgraph=True (see
+    traced.refusal_hook), made when dynamo traces it (at most once per compiled frame)."""
+
+    def refusal() -> str:
+        message = graph._graph_break_message(bare=True)
+        return message or "a hookgraph hook would break a graph compiled with fullgraph=True"
+
+    return refusal
+
+
 class Attachment:
     """Hooks of one graph on its model. A context manager; ``remove()`` is idempotent.
 
@@ -128,8 +139,11 @@ class Attachment:
         self._clock: Callable[[], None] | None = None  # undoes install_clock
         graph._attachment = self
         try:
-            if compiled and any(b.traced for b in graph.bindings):
+            traced = [b.traced for b in graph.bindings] if compiled else []
+            if any(traced):
                 self._blocks = block_hooks(graph.model)
+            if not all(traced):  # some hooks break the graph: a fullgraph=True trace is refused by name
+                self._blocks.append(refusal_hook(graph.model, _refusal(graph)))
             graph.set_step(graph.step)  # registers the bindings live at the current step
             if not compiled:
                 self._clock = install_clock(graph.model, graph.store)
@@ -397,7 +411,9 @@ class HookGraph:
             HookGraphError: the graph is attached already, PyTorch refused a hook, or the
                 model is a ``torch.compile(..., fullgraph=True)`` wrapper and a binding's hooks
                 would break the graph (the plan's ``compiled`` column says ``graph break``):
-                refused here, naming the specs, rather than by dynamo at the first call.
+                refused here, naming the specs, rather than by dynamo at the first call. Given
+                the bare model, compiled by the user with ``fullgraph=True``, the first traced
+                call raises the same refusal (a ``HookGraphError``).
 
         Examples:
             >>> import torch, hookgraph as hg
@@ -419,6 +435,14 @@ class HookGraph:
 
     def _refuse_graph_breaks(self) -> None:
         """fullgraph=True allows no graph break: name every spec whose hooks would make one."""
+        message = self._graph_break_message()
+        if message is not None:
+            raise HookGraphError(message)
+
+    def _graph_break_message(self, *, bare: bool = False) -> str | None:
+        """The refusal of every spec whose hooks would break a graph compiled with
+        fullgraph=True, or None. ``bare``: said at the first call of a model compiled without
+        hookgraph's knowledge (attach was given the bare model), not at attach."""
         breaking: dict[str, tuple[str, list[str]]] = {}
         for b in self.bindings:
             mode = b.compiled_mode()
@@ -426,17 +450,22 @@ class HookGraph:
                 why = mode.removeprefix("graph break").strip(" ()")
                 breaking.setdefault(b.spec.name, (why, []))[1].append(b.target)
         if not breaking:
-            return
+            return None
         named = "; ".join(
             f"{spec!r} on {', '.join(targets[:3])}{' ...' if len(targets) > 3 else ''} ({why})"
             for spec, (why, targets) in breaking.items()
         )
-        raise HookGraphError(
+        where = (
+            " Found at the first call: hookgraph was given the bare model, so attach could not see the option "
+            "(give hg.compile the torch.compile wrapper to be told at attach)."
+            if bare else ""
+        )
+        return (
             f"the model was compiled with fullgraph=True, which allows no graph break, and these specs' "
             f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
             "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
             "clip_norm, patch; the full backward points: output_grad or input_grad instead), or mark your own "
-            "function {_target_: fn, traceable: true} if dynamo can trace it"
+            "function {_target_: fn, traceable: true} if dynamo can trace it" + ("." + where if bare else "")
         )
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import itertools
 import operator
 import re
@@ -31,6 +32,8 @@ import torch
 import torch.utils._pytree as _pytree  # torch has no public pytree module (2.1 to 2.14)
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
+
+from hookgraph.errors import HookGraphError
 
 # ---------------------------------------------------------------------------------------------
 # Module hooks: registration fast paths and the hook dicts (core/hooks).
@@ -317,6 +320,80 @@ def compiler_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
     import torch._dynamo as dynamo
 
     return dynamo.disable(fn)
+
+
+def fullgraph_refusal_hook(refusal: Callable[[], str]) -> Callable[[nn.Module, tuple], None]:
+    """A forward pre-hook that, where dynamo traces it in a frame that allows no graph break
+    (``torch.compile(fullgraph=True)`` or ``error_on_graph_break``), raises
+    :class:`HookGraphError` with the text ``refusal()`` returns, instead of dynamo's
+    ``Unsupported`` naming a disabled function at the first hook that breaks the graph.
+
+    The check runs while dynamo traces: ``refuse`` is a function dynamo calls and keeps the
+    result of (``assume_constant_result``), so a trace that allows graph breaks keeps
+    nothing of it, and the compiled code runs no hook of it. Run eagerly, the hook costs one
+    ``is_compiling()``.
+    """
+    is_compiling = torch.compiler.is_compiling
+
+    def refuse() -> bool:
+        if _tracing_without_breaks():
+            raise _refused_graph_break(refusal())
+        return False
+
+    mark_constant_result(refuse)
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if is_compiling():
+            refuse()
+
+    return hook
+
+
+def _tracing_without_breaks() -> bool:
+    """While dynamo traces: whether the frame it traces allows no graph break. Reads the
+    tracer of this thread (``InstructionTranslator.current_tx()``, its ``one_graph`` set by
+    ``fullgraph=True`` and its ``error_on_graph_break``, as of torch 2.14); False where these
+    moved (dynamo's own ``Unsupported`` then stands)."""
+    # lazy: only called while dynamo traces, so it is loaded
+    from torch._dynamo import symbolic_convert
+
+    translator = getattr(symbolic_convert, "InstructionTranslator", None)
+    current = getattr(translator, "current_tx", None)
+    if current is None:
+        return False
+    try:
+        tx = current()
+    except AttributeError:  # no tracer on this thread
+        return False
+    return bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
+
+
+@functools.cache
+def _refused_graph_break_type() -> type[Exception]:
+    """:class:`HookGraphError` that dynamo lets through as raised: it wraps any other exception
+    raised while it traces into an ``InternalTorchDynamoError`` (a torch bug, by its name), but
+    re-raises its ``UserError`` (an error valid in eager mode, its message the next step), adding
+    the user code's stack to the message."""
+    # lazy: only called while dynamo traces, so it is loaded
+    from torch._dynamo import exc
+
+    user_error: Any = getattr(exc, "UserError", None)
+    kind = getattr(getattr(exc, "UserErrorType", None), "ANTI_PATTERN", None)
+    if user_error is None or kind is None:
+        return HookGraphError
+
+    class FullGraphBreakError(HookGraphError, user_error):
+        """A hook that would break a graph compiled with ``fullgraph=True``."""
+
+        def __init__(self, message: str) -> None:
+            user_error.__init__(self, kind, message)
+
+    FullGraphBreakError.__qualname__ = "FullGraphBreakError"  # as tracebacks name it
+    return FullGraphBreakError
+
+
+def _refused_graph_break(message: str) -> Exception:
+    return _refused_graph_break_type()(message)
 
 
 # What torch.compiler.assume_constant_result sets on a function (as of torch 2.14), written
@@ -657,7 +734,21 @@ def capabilities() -> dict[str, bool]:
         "pytree namedtuple test": is_namedtuple is not _is_namedtuple,
         "pytree structseq test": is_structseq is not _is_structseq,
         "torch.load unsafe globals": hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"),
+        "dynamo tracer's fullgraph flag": _has_tracer_flags(),
+        "dynamo UserError passes through": _refused_graph_break_type() is not HookGraphError,
     }
+
+
+def _has_tracer_flags() -> bool:
+    """Whether dynamo's tracer is where _tracing_without_breaks reads it (``one_graph``, the
+    fullgraph flag, is a parameter of its constructor)."""
+    # lazy: dynamo costs seconds to import; only the probe needs it here
+    from torch._dynamo import symbolic_convert
+
+    translator = getattr(symbolic_convert, "InstructionTranslator", None)
+    if translator is None or not hasattr(translator, "current_tx"):
+        return False
+    return "one_graph" in inspect.signature(translator.__init__).parameters
 
 
 # (end of other)

@@ -125,14 +125,15 @@ _library: list[Any] = []  # the torch.library.Library that holds the operator, k
 
 def _keep(sink: int, form: str, kept: list[Tensor]) -> None:
     """The operator's kernel: link one call of sink number ``sink`` into the log."""
+    if form == "t":  # the common case (a record of the gradient): no list, no detach where none is needed
+        t = kept[0]
+        TRACE.add(sink, (t.detach() if t.requires_grad else t).clone())
+        return
     if form == "":  # a call that keeps nothing: ``kept`` is the gradient it depends on
         TRACE.add(sink, None)
         return
-    copies = [t.detach().clone() for t in kept]
-    if form == "t":
-        TRACE.add(sink, copies[0])
-    else:  # a dict of tensors: its keys, comma-separated
-        TRACE.add(sink, dict(zip(form.split(","), copies, strict=True)))
+    # a dict of tensors: its keys, comma-separated
+    TRACE.add(sink, dict(zip(form.split(","), [t.detach().clone() for t in kept], strict=True)))
 
 
 def _keep_fake(sink: int, form: str, kept: list[Tensor]) -> None:
