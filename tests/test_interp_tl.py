@@ -1,6 +1,6 @@
 """TransformerLens hook points by name: hookgraph's records equal run_with_cache, and a head
 ablation, a head patch and a steering vector equal run_with_hooks, on a seeded tiny GPT-2
-wrapped in a TransformerBridge (TransformerLens 4.x), built offline from a config."""
+wrapped in a TransformerBridge (TransformerLens 3.9+ and 4.x), built offline from a config."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import hookgraph as hg
 
 tl = pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
-if not hasattr(tl, "TransformerBridge"):  # 3.x: HookedTransformer names its hook points the same way
-    pytest.skip("this test builds a TransformerLens 4.x TransformerBridge", allow_module_level=True)
+# 4.x exports TransformerBridge at the top; 3.9+ (what sae-lens 6 allows) only from model_bridge.
+TransformerBridge = getattr(tl, "TransformerBridge", None) or pytest.importorskip(
+    "transformer_lens.model_bridge").TransformerBridge
 
 CLEAN = torch.tensor([[5, 9, 2, 7, 11, 3]])
 CORRUPT = torch.tensor([[5, 9, 2, 8, 11, 3]])
@@ -35,7 +36,7 @@ def bridge():
         tokenizer_object=tk, unk_token="t0", bos_token="t0", eos_token="t0", pad_token="t0", add_bos_token=True
     )
     tok.init_kwargs["name_or_path"] = "tiny"
-    return tl.TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok)
+    return TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok)
 
 
 def run(model, specs, ids):
