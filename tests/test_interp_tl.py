@@ -5,6 +5,7 @@ wrapped in a TransformerBridge (TransformerLens 3.9+ and 4.x), built offline fro
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -121,3 +122,38 @@ def test_list_targets_shows_the_hook_point_names(bridge):
         "blocks.0.hook_resid_post",
         "blocks.0.hook_resid_pre",
     ]
+
+
+@pytest.fixture(scope="module")
+def hooked():
+    """TransformerLens 3.x's HookedTransformer (removed in 4.0), seeded, from a config."""
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        pytest.skip("HookedTransformer is TransformerLens 3.x's (removed in 4.0)")
+    torch.manual_seed(0)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50, n_ctx=16,
+                                  act_fn="gelu_new", normalization_type="LN", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.x's own note that 4.0 removes it
+        return HookedTransformer(cfg).eval()
+
+
+def test_hooked_transformer_records_and_head_ablation_equal_run_with_cache_and_hooks(hooked):
+    _, cache = hooked.run_with_cache(CLEAN)
+    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_z",
+             "blocks.1.attn.hook_pattern"]
+    g, _ = run(hooked, {"cache": {"target": names}}, CLEAN)
+    for name in names:
+        torch.testing.assert_close(g.records["cache"][name][0], cache[name], atol=1e-6, rtol=0)
+    assert list(g.records["cache"]["blocks.0.attn.hook_z"][0].shape) == [1, 6, 4, 8]  # its own [b, s, head, d]
+
+    def ablate(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0.0
+        return z
+
+    ref = hooked.run_with_hooks(CLEAN, fwd_hooks=[("blocks.1.attn.hook_z", ablate)]).detach()
+    _, got = run(hooked, {"a": {"target": "blocks.1.attn.hook_z", "action": "head_mask", "args": {"heads": 2}}}, CLEAN)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (ref - hooked(CLEAN).detach()).abs().max() > 1e-3
