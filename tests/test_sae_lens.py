@@ -146,3 +146,29 @@ def test_saelens_folders_the_reader_cannot_follow_are_refused(gpt2, tmp_path):
     sae_lens.GatedSAE(sae_lens.GatedSAEConfig(d_in=D_IN, d_sae=D_SAE)).save_model(gated)
     with pytest.raises(hg.SpecError, match="architecture 'gated'"):
         hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(gated)}}})
+
+
+@pytest.mark.parametrize("error_term", [False, True])
+def test_on_saelens_own_hooked_sae_transformer_equal_run_with_saes(tmp_path, error_term):
+    """SAELens's own splice: ``HookedSAETransformer.run_with_cache_with_saes`` at
+    ``blocks.0.hook_resid_post``, against the action on that hook point of the same model."""
+    from transformer_lens import HookedTransformerConfig
+
+    torch.manual_seed(0)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=D_IN, n_heads=4, d_head=16, d_mlp=128, d_vocab=50, n_ctx=16,
+                                  act_fn="gelu_new", normalization_type="LN", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TransformerLens 3.x: HookedTransformer leaves in 4.0
+        model = sae_lens.HookedSAETransformer(cfg).eval()
+    folder, ref = _saved(tmp_path, "jumprelu")
+    hook = "blocks.0.hook_resid_post"
+    with torch.no_grad():
+        want, cache = model.run_with_cache_with_saes(IDS, saes=[ref], use_error_term=error_term)
+        clean = model(IDS)
+    graph = hg.compile(model, {"s": {"target": hook, "action": "sae",
+                                     "args": {"sae": str(folder), "error_term": error_term}}})
+    with graph.attach(), torch.no_grad():
+        got = model(IDS)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(_dense(graph.records["s"][hook][0]), cache[f"{hook}.hook_sae_acts_post"], atol=1e-6)
+    assert torch.allclose(got, clean, atol=1e-5) == error_term  # the bare splice changes the logits
