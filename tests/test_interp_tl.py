@@ -1,10 +1,11 @@
 """TransformerLens hook points by name: hookgraph's records equal run_with_cache, and a head
 ablation, a head patch and a steering vector equal run_with_hooks, on a seeded tiny GPT-2
-wrapped in a TransformerBridge (TransformerLens 4.x), built offline from a config."""
+wrapped in a TransformerBridge (TransformerLens 3.9+ and 4.x), built offline from a config."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -13,8 +14,9 @@ import hookgraph as hg
 
 tl = pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
-if not hasattr(tl, "TransformerBridge"):  # 3.x: HookedTransformer names its hook points the same way
-    pytest.skip("this test builds a TransformerLens 4.x TransformerBridge", allow_module_level=True)
+# 4.x exports TransformerBridge at the top; 3.9+ (what sae-lens 6 allows) only from model_bridge.
+TransformerBridge = getattr(tl, "TransformerBridge", None) or pytest.importorskip(
+    "transformer_lens.model_bridge").TransformerBridge
 
 CLEAN = torch.tensor([[5, 9, 2, 7, 11, 3]])
 CORRUPT = torch.tensor([[5, 9, 2, 8, 11, 3]])
@@ -35,7 +37,7 @@ def bridge():
         tokenizer_object=tk, unk_token="t0", bos_token="t0", eos_token="t0", pad_token="t0", add_bos_token=True
     )
     tok.init_kwargs["name_or_path"] = "tiny"
-    return tl.TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok)
+    return TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok)
 
 
 def run(model, specs, ids):
@@ -120,3 +122,38 @@ def test_list_targets_shows_the_hook_point_names(bridge):
         "blocks.0.hook_resid_post",
         "blocks.0.hook_resid_pre",
     ]
+
+
+@pytest.fixture(scope="module")
+def hooked():
+    """TransformerLens 3.x's HookedTransformer (removed in 4.0), seeded, from a config."""
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        pytest.skip("HookedTransformer is TransformerLens 3.x's (removed in 4.0)")
+    torch.manual_seed(0)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50, n_ctx=16,
+                                  act_fn="gelu_new", normalization_type="LN", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.x's own note that 4.0 removes it
+        return HookedTransformer(cfg).eval()
+
+
+def test_hooked_transformer_records_and_head_ablation_equal_run_with_cache_and_hooks(hooked):
+    _, cache = hooked.run_with_cache(CLEAN)
+    names = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_z",
+             "blocks.1.attn.hook_pattern"]
+    g, _ = run(hooked, {"cache": {"target": names}}, CLEAN)
+    for name in names:
+        torch.testing.assert_close(g.records["cache"][name][0], cache[name], atol=1e-6, rtol=0)
+    assert list(g.records["cache"]["blocks.0.attn.hook_z"][0].shape) == [1, 6, 4, 8]  # its own [b, s, head, d]
+
+    def ablate(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0.0
+        return z
+
+    ref = hooked.run_with_hooks(CLEAN, fwd_hooks=[("blocks.1.attn.hook_z", ablate)]).detach()
+    _, got = run(hooked, {"a": {"target": "blocks.1.attn.hook_z", "action": "head_mask", "args": {"heads": 2}}}, CLEAN)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (ref - hooked(CLEAN).detach()).abs().max() > 1e-3

@@ -1,8 +1,9 @@
-"""The ``sae`` action against SAELens's encode/decode applied by hand-written hooks.
+"""The ``sae`` action against a hand re-statement of SAELens's encode/decode, by hand-written hooks.
 
-sae-lens itself cannot be installed beside transformer-lens 4 (sae-lens 6 pins
-transformer-lens 3), so the reference here is an independent re-statement of SAELens's
-definitions (sae_lens/saes/standard_sae.py, jumprelu_sae.py, topk_sae.py and sae.py's
+The check against SAELens itself is tests/test_sae_lens.py (sae-lens 6, which pins
+transformer-lens below 4); this one also runs where sae-lens is absent. The reference here
+is an independent re-statement of SAELens's definitions (sae_lens/saes/standard_sae.py,
+jumprelu_sae.py, topk_sae.py and sae.py's
 process_sae_in): ``pre = (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc``, standard
 ``relu(pre)``, jumprelu ``relu(pre) * (pre > threshold)``, topk ``relu`` of the k largest,
 ``decode(f) = f @ W_dec + b_dec``; written in SAELens's saved format (cfg.json and

@@ -44,7 +44,9 @@ class SaeLensSAE(nn.Module):
     ``b_enc``, ``W_dec [d_sae, d_in]``, ``b_dec``, ``threshold`` for jumprelu):
     ``pre = (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc``; standard: ``relu(pre)``;
     jumprelu: ``relu(pre) * (pre > threshold)``; topk: ``relu`` of the ``k`` largest of ``pre``,
-    zero elsewhere. ``decode(f) = f @ W_dec + b_dec``."""
+    zero elsewhere. ``decode(f) = f @ W_dec + b_dec``. ``rescale_acts_by_decoder_norm`` (SAELens's
+    top-k option): ``pre`` is multiplied by each feature's decoder-row norm before the top k, and
+    ``f`` divided by it before decoding."""
 
     W_enc: Tensor
     b_enc: Tensor
@@ -53,19 +55,23 @@ class SaeLensSAE(nn.Module):
     threshold: Tensor
 
     def __init__(self, weights: Mapping[str, Tensor], architecture: str = "standard",
-                 apply_b_dec_to_input: bool = True, k: int | None = None) -> None:  # fmt: skip
+                 apply_b_dec_to_input: bool = True, k: int | None = None,
+                 rescale_acts_by_decoder_norm: bool = False) -> None:  # fmt: skip
         super().__init__()
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             self.register_buffer(name, weights[name].float())
         if architecture == "jumprelu":
             self.register_buffer("threshold", weights["threshold"].float())
         self.architecture, self.apply_b_dec_to_input, self.k = architecture, apply_b_dec_to_input, k
+        self.rescale = rescale_acts_by_decoder_norm
 
     def encode(self, x: Tensor) -> Tensor:
         sae_in = x.to(self.W_enc.dtype)
         if self.apply_b_dec_to_input:
             sae_in = sae_in - self.b_dec
         pre = sae_in @ self.W_enc + self.b_enc
+        if self.rescale:
+            pre = pre * self.W_dec.norm(dim=-1)
         if self.architecture == "jumprelu":
             return torch.relu(pre) * (pre > self.threshold)
         if self.architecture == "topk":
@@ -74,6 +80,8 @@ class SaeLensSAE(nn.Module):
         return torch.relu(pre)
 
     def decode(self, f: Tensor) -> Tensor:
+        if self.rescale:
+            f = f * (1 / self.W_dec.norm(dim=-1))
         return f @ self.W_dec + self.b_dec
 
 
@@ -113,7 +121,9 @@ def _from_folder(path: Path) -> SaeLensSAE:
     if missing:
         raise ValueError(f"sae: {str(weights_path)!r} lacks {missing}; it holds {sorted(weights)}")
     k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
-    return SaeLensSAE(weights, arch, bool(cfg.get("apply_b_dec_to_input", True)), k)
+    # SAELens 6's top-k option (cfg.json key): changes both which features win and their values.
+    rescale = bool(cfg.get("rescale_acts_by_decoder_norm", False))
+    return SaeLensSAE(weights, arch, bool(cfg.get("apply_b_dec_to_input", True)), k, rescale)
 
 
 def load_sae(sae: Any) -> Any:
