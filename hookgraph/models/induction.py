@@ -65,10 +65,11 @@ class PositionalQK(nn.Module):
     (the same ``weight`` ``[n_embd, 3 * n_embd]`` and ``bias``), the position embeddings added
     to its input for the queries and keys, not for the values."""
 
-    def __init__(self, conv: nn.Module, wpe: NoPositions) -> None:
+    def __init__(self, conv: Any, wpe: NoPositions) -> None:
         super().__init__()
         self.nf = conv.nf
-        self.weight, self.bias = conv.weight, conv.bias
+        self.weight: nn.Parameter = conv.weight
+        self.bias: nn.Parameter = conv.bias
         self._wpe = [wpe]  # a list: not a submodule (its weight is transformer.wpe's, saved once)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,13 +98,15 @@ def attn_only_gpt2(config: Any, weights: str | None = None, positions: str = "at
     if positions not in ("attention", "residual"):
         raise ConfigError("model.kwargs.positions", f"expected attention or residual, got {positions!r}")
     model = GPT2LMHeadModel(config)
-    if positions == "attention":
-        model.transformer.wpe = NoPositions(model.transformer.wpe)
+    wpe = NoPositions(model.transformer.wpe) if positions == "attention" else None
+    if wpe is not None:
+        model.transformer.wpe = wpe
+    block: Any
     for block in model.transformer.h:
         block.mlp = NoMLP()
         block.ln_2 = nn.Identity()
-        if positions == "attention":
-            block.attn.c_attn = PositionalQK(block.attn.c_attn, model.transformer.wpe)
+        if wpe is not None:
+            block.attn.c_attn = PositionalQK(block.attn.c_attn, wpe)
     if weights is not None:
         path = WEIGHTS if weights == "packaged" else Path(weights).expanduser()
         if path.suffix != ".safetensors":
