@@ -166,29 +166,32 @@ def test_on_the_trained_induction_model_the_estimate_ranks_sites_as_the_exact_sw
     assert sorted(keys) == sorted(table)
     exact = torch.tensor([table[k] - base for k in keys], dtype=torch.float64)
     estimate = torch.tensor([r["delta"] for r in rows], dtype=torch.float64)
-    # The trained model predicts the copy and the corruption removes it (0.24 left).
-    assert base == pytest.approx(0.24, abs=0.05)
-    assert table[("transformer.h.1", 23)] - base > 5
+    # The trained model predicts the copy (3.95) and the corruption removes it (0.72 left).
+    assert base == pytest.approx(0.72, abs=0.05)
+    assert table[("transformer.h.1", 23)] - base > 2.5
     # Both single out the same site: block 1's output at the last position.
     assert keys[int(exact.abs().argmax())] == keys[int(estimate.abs().argmax())] == ("transformer.h.1", 23)
     # Positions before the change (11) move in neither.
     early = torch.tensor([p < 11 for _, p in keys])
     assert exact[early].abs().max() < 1e-5 and estimate[early].abs().max() < 1e-5
-    # The four sites that restore the prediction (> 3 each: block 1 at 23; block 0 at 23, 22,
-    # 18) are the estimate's four largest too, though it underestimates them (1.44 against 5.84
-    # at the top: first order misses the attention's softmax saturating).
-    top = set(exact.abs().argsort(descending=True)[:4].tolist())
-    assert top == set(estimate.abs().argsort(descending=True)[:4].tolist())
-    assert all(exact[i] > 3 for i in top)
-    # Over all 48 sites the rank correlation is 0.999 (measured), but 40 sites change nothing in
-    # both and tie; over the 8 that move (> 1e-3 in either) it is 0.905 (measured; the squared rank
-    # differences sum to 8: the two smallest, both near 1e-3, swap, and the estimate
-    # ranks block 0 at 22 above 23 and 18). 0.8 (a sum up to 16) allows a few more swaps among
-    # near-ties on another BLAS, not a wrong ranking of the sites that matter (checked above).
+    # The two sites that restore the prediction (> 3 each: block 1 at 23, where the induction
+    # head writes; block 0 at 12, where the previous-token head writes) are the estimate's two
+    # largest too, though it underestimates them (2.73 against 3.23 at the top, 2.18 against
+    # 3.15 at block 0 at 12: first order misses the attention's softmax saturating).
+    top = set(exact.abs().argsort(descending=True)[:2].tolist())
+    assert top == set(estimate.abs().argsort(descending=True)[:2].tolist())
+    assert {keys[i] for i in top} == {("transformer.h.1", 23), ("transformer.h.0", 12)}
+    assert all(exact[i] > 2.5 for i in top)
+    # Over all 48 sites the rank correlation is 0.999 (measured), but 35 sites change nothing in
+    # both and tie; over the 13 that move (> 1e-3 in either) it is 0.978 (measured: below the top
+    # two, block 0 at 23 and 13 (0.25 each) and at 11 (0.14, which the estimate puts at -0.09: the
+    # wrong sign) keep their places, and the misorderings are among block 0's sites that move by
+    # 0.003 to 0.04). 0.9 allows a few more swaps among those on another BLAS, not a wrong
+    # ranking of the sites that matter (checked above).
     assert _spearman(exact.abs(), estimate.abs()) > 0.99
     moved = (exact.abs() > 1e-3) | (estimate.abs() > 1e-3)
-    assert int(moved.sum()) == 8
-    assert _spearman(exact[moved].abs(), estimate[moved].abs()) > 0.8
+    assert int(moved.sum()) == 13
+    assert _spearman(exact[moved].abs(), estimate[moved].abs()) > 0.9
 
 
 def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_path):
@@ -207,7 +210,7 @@ def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_pat
     summary = strict_json(tmp_path / "run" / "summary.json")
     assert summary["attribution_top"]["layer"] == "transformer.h.1"
     assert summary["attribution_top"]["position"] == 23
-    assert summary["metric"] == pytest.approx(0.236, abs=1e-3)  # the corrupted prompt's
+    assert summary["metric"] == pytest.approx(0.719, abs=1e-3)  # the corrupted prompt's
     assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
     # The run's page shows the heatmap among its figures, embedded.
     page = (tmp_path / "run" / "report.html").read_text()

@@ -112,6 +112,8 @@ def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
         ({"lr": -1.0, "optimizer": "sgd"}, "runner.lr", "finite number >= 0"),
         ({"lr": float("nan")}, "runner.lr", "finite number >= 0"),
         ({"dist_timeout_s": 0.0}, "runner.dist_timeout_s", "> 0"),
+        ({"weight_decay": -0.1, "optimizer": "adamw"}, "runner.weight_decay", "finite number >= 0"),
+        ({"weight_decay": 1.0}, "runner.weight_decay", "runner.optimizer is null: nothing would decay"),
     ],
 )
 def test_runner_ranges_are_checked_before_the_run(tmp_path, runner, key, text):

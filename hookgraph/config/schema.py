@@ -81,8 +81,10 @@ class RunnerConfig:
     target_class: int = 0  # the class whose score is the loss when loss=target_class
     # null, loss, {name: logit_diff, correct, wrong}, {name: logprob, token}, {_target_: fn}: summary.json's metric
     metric: Any = None
-    optimizer: str | None = None  # null, sgd or adam: step after each backward
+    optimizer: str | None = None  # null, sgd, adam or adamw: step after each backward
     lr: float = 0.01  # the optimizer's learning rate, finite and >= 0
+    # the optimizer's weight_decay: L2 in the gradient for sgd/adam, decoupled for adamw (0 here, not AdamW's 0.01)
+    weight_decay: float = 0.0
     progress: bool = True  # a progress bar over steps (tqdm; hidden when not a terminal)
     compile: bool = False  # run the model under torch.compile; traceable hooks are traced into it
     compile_backend: str = "inductor"  # torch.compile backend (inductor, aot_eager, ...): a registered one

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["OPTIMIZERS", "GRADCAM_KEYS", "MAX_COUNT", "Settings", "check_settings", "check_compiled"]
 
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 GRADCAM_KEYS = ("activations", "gradients", "target")
 MAX_COUNT = 2**31 - 1  # the most steps, or samples per batch, a run may ask for
 
@@ -92,6 +92,12 @@ def _check_runner(r: DictConfig) -> None:
         raise ConfigError("runner.batch_size", f"must be between 1 and {MAX_COUNT}, got {r.batch_size}")
     if not (math.isfinite(r.lr) and r.lr >= 0):
         raise ConfigError("runner.lr", f"must be a finite number >= 0 (the optimizer's learning rate), got {r.lr}")
+    if not (math.isfinite(r.weight_decay) and r.weight_decay >= 0):
+        raise ConfigError("runner.weight_decay", f"must be a finite number >= 0, got {r.weight_decay}")
+    if r.weight_decay and r.optimizer is None:
+        raise ConfigError(
+            "runner.weight_decay", f"is {r.weight_decay} but runner.optimizer is null: nothing would decay"
+        )
     if not (math.isfinite(r.dist_timeout_s) and r.dist_timeout_s > 0):
         raise ConfigError("runner.dist_timeout_s", f"must be a finite number of seconds > 0, got {r.dist_timeout_s}")
     if r.compile:

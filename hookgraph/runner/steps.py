@@ -158,7 +158,7 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     progress = live.progress
     data = iter(_data(job, parts))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = OPTIMIZERS[r.optimizer](params, lr=r.lr) if r.optimizer and params else None
+    opt = OPTIMIZERS[r.optimizer](params, lr=r.lr, weight_decay=r.weight_decay) if r.optimizer and params else None
     autocast = _autocast(r, parts.device)
     # Specs resolve against the bare model; the compiled wrapper shares its modules.
     forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
