@@ -300,6 +300,25 @@ def strict_json(obj: Any, found: list[str] | None = None, path: str = "") -> Any
     return obj
 
 
+def _json_rows(rows: list[dict]) -> list[bytes]:
+    """``json.dumps(strict_json(rows), indent=2) + "\\n"``, the same text, encoded a row at a
+    time into chunks of about a megabyte: the plan of 200,000 bindings as one cleaned copy,
+    one string and its bytes was ~500 MB at once beside its rows."""
+    out: list[bytes] = []
+    chunk: list[str] = []
+    size = 0
+    for i, row in enumerate(rows):
+        text = json.dumps(strict_json(row), indent=2, default=str, allow_nan=False).replace("\n", "\n  ")
+        chunk.append(("[\n  " if i == 0 else ",\n  ") + text)
+        size += len(text)
+        if size >= 1 << 20:
+            out.append("".join(chunk).encode())
+            chunk, size = [], 0
+    chunk.append("\n]\n")
+    out.append("".join(chunk).encode())
+    return out
+
+
 class RunWriter:
     """Writes one run folder. ``max_bytes`` bounds the records written in total (per rank).
 
@@ -412,11 +431,15 @@ class RunWriter:
         path = self.dir / name
         if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
             path.parent.mkdir(parents=True, exist_ok=True)
-        found: list[str] = []
-        clean = strict_json(obj, found)
-        if found and isinstance(clean, dict):
-            clean["non_finite"] = found
-        data = (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode()
+        data: bytes | list[bytes]
+        if isinstance(obj, list) and obj and all(isinstance(row, dict) for row in obj):
+            data = _json_rows(obj)  # a list of rows (plan.json): no copy of the whole at once
+        else:
+            found: list[str] = []
+            clean = strict_json(obj, found)
+            if found and isinstance(clean, dict):
+                clean["non_finite"] = found
+            data = (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode()
         try:
             atomic_write(path, data)
         except OSError as exc:
