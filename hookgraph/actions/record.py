@@ -569,7 +569,7 @@ def _appender(
     if last_only:
 
         def make_last(slot: Entries, target: str) -> Callable[[Any], None]:
-            keep_last, forget, one = slot.keep_last, slot._watched.clear, build_one(slot, target)
+            keep_last, forget, one = slot.keep_last, slot.forget, build_one(slot, target)
 
             def fn(value: Any) -> None:
                 forget()  # the entry it replaces needs no watching
@@ -600,8 +600,11 @@ def _appender(
 
             def fn(value: Any) -> None:
                 nonlocal one
-                if type(value) is Tensor and slot.fresh:
-                    append(value.detach())  # checked once per step instead (Entries.settle)
+                if type(value) is Tensor:
+                    if slot.fresh:
+                        append(value.detach())  # checked once per step instead (Entries.settle)
+                    else:  # what ``one`` does for a plain tensor, without building it per target
+                        slot.keep_tensor(value)
                 else:
                     if one is None:
                         one = build_one(slot, target)

@@ -90,9 +90,12 @@ class Entries(list):
         self.replicas = False  # filled by DataParallel replicas, one thread per device
         self.fresh = False  # alias, and outputs are fresh (version 0) when recorded
         self._fresh_from = 0  # entries from here on are fresh-path entries
-        self._probes: list[tuple[Tensor, int]] = []
-        self._watched: list[tuple[Tensor, int]] = []
-        self._parts: dict[tuple, list] = {}
+        # The probes, the watched entries and the per-device parts: an empty tuple (or None)
+        # until the first one, as most slots of a big model hold none for most of a run
+        # (three empty containers were ~180 bytes a slot, ~30,000 slots per big-model compile).
+        self._probes: list[tuple[Tensor, int]] | tuple[()] = ()
+        self._watched: list[tuple[Tensor, int]] | tuple[()] = ()
+        self._parts: dict[tuple, list] | None = None
         # (sequence, absolute token positions, dim) of each entry, where the record keeps them
         # (hookgraph.core.sequence): emptied with the entries, so the two stay in step.
         self.spans: list[tuple[int, tuple[int, ...], int]] | None = None
@@ -108,16 +111,33 @@ class Entries(list):
             if self._probes and not self.replicas:
                 self._decide()  # replicas decide at settle, when every device's thread is done
             if not self.alias and not self.copy_always:
-                self._probes.append((live, version(live)))
+                if self._probes:
+                    self._probes.append((live, version(live)))
+                else:
+                    self._probes = [(live, version(live))]
                 return True
         if self.copy_always:
             return True
-        self._watched.append((live, version(live)))
+        if self._watched:
+            self._watched.append((live, version(live)))
+        else:
+            self._watched = [(live, version(live))]
         return False
+
+    def keep_tensor(self, value: Tensor) -> None:
+        """Append one plain tensor (a module's output as the hook saw it), copied where the
+        slot needs it (:meth:`needs_copy`): what ``record`` does for a tensor with no
+        reductions, without building its per-target pipeline."""
+        t = value.detach()
+        self.append(t.clone() if self.needs_copy(t) else t)
+
+    def forget(self) -> None:
+        """Stop watching the entries held (``keep: last`` replaces them)."""
+        self._watched = ()
 
     def _decide(self) -> None:
         if self._probes:
-            probes, self._probes = self._probes, []
+            probes, self._probes = self._probes, ()
             if any(version(t) != v for t, v in probes):
                 self.copy_always = True
             else:
@@ -147,12 +167,15 @@ class Entries(list):
 
     def append_on_device(self, value: Any, device: torch.device) -> None:
         key = _device_key(device)
+        parts = self._parts
+        if parts is None:
+            parts = self._parts = {}
         if self.last_only:
-            self._parts[key] = [value]
+            parts[key] = [value]
             return
-        part = self._parts.get(key)
+        part = parts.get(key)
         if part is None:
-            part = self._parts.setdefault(key, [])
+            part = parts.setdefault(key, [])
         part.append(value)
 
     def gather(self) -> None:
@@ -162,13 +185,13 @@ class Entries(list):
                 self[:] = merged
             else:
                 self.extend(merged)
-            self._parts.clear()
+            self._parts = None
 
     def clear(self) -> None:
         super().clear()
         self._fresh_from = 0
-        self._watched.clear()
-        self._parts.clear()
+        self._watched = ()
+        self._parts = None
         if self.spans:
             self.spans.clear()
 

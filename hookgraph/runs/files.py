@@ -3,7 +3,7 @@ format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner'
 and the report pages.
 
 Public names: DamagedFileError, exists, not_regular, read_bytes, read_text, read_json, read_csv, read_config,
-read_overrides, number_or_text, read_plan, read_modules, summary_shape, read_jsonl.
+read_overrides, number_or_text, read_plan, check_plan, read_modules, summary_shape, read_jsonl.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
 or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "read_overrides",
     "number_or_text",
     "read_plan",
+    "check_plan",
     "read_modules",
     "summary_shape",
     "read_jsonl",
@@ -174,22 +176,90 @@ def _entries(path: Path, what: str, text_keys: tuple[str, ...]) -> list[dict] | 
     if value is None:
         return None
     for i, entry in enumerate(value):
-        if not isinstance(entry, dict):
-            raise DamagedFileError(path, f"entry {i} is a JSON {_json_kind(entry)}, expected an object ({what})")
-        for key in text_keys:
-            if key in entry and not isinstance(entry[key], str):
-                found = _json_kind(entry[key])
-                raise DamagedFileError(path, f"entry {i}: {key!r} is a JSON {found}, expected a string")
+        _check_entry(path, i, entry, what, text_keys)
     return value
 
 
+def _check_entry(path: Path, i: int, entry: Any, what: str, text_keys: tuple[str, ...]) -> None:
+    if not isinstance(entry, dict):
+        raise DamagedFileError(path, f"entry {i} is a JSON {_json_kind(entry)}, expected an object ({what})")
+    for key in text_keys:
+        if key in entry and not isinstance(entry[key], str):
+            found = _json_kind(entry[key])
+            raise DamagedFileError(path, f"entry {i}: {key!r} is a JSON {found}, expected a string")
+
+
+_PLAN_TEXT = ("spec", "target", "type", "at", "action")
+
+
+def _check_binding(path: Path, i: int, entry: Any) -> None:
+    _check_entry(path, i, entry, "a binding", _PLAN_TEXT)
+    if entry.get("when") is not None and not isinstance(entry["when"], dict):
+        raise DamagedFileError(path, f"entry {i}: 'when' is a JSON {_json_kind(entry['when'])}, expected an object")
+
+
 def read_plan(path: Path) -> list[dict] | None:
-    """plan.json: one object per binding (spec, target, type, at, action, order, when)."""
-    plan = _entries(path, "a binding", ("spec", "target", "type", "at", "action"))
+    """plan.json: one object per binding (spec, target, type, at, action, order, when).
+
+    Equal texts (a spec's name, a type, a point, an action, the compiled column, the mode)
+    are one string object for every binding: json makes a new one per value, and they were
+    ~300 of the ~1,000 bytes a binding of a 200,000-binding plan held."""
+    plan = _entries(path, "a binding", _PLAN_TEXT)
+    same: dict[str, str] = {}
     for i, entry in enumerate(plan or []):
-        if entry.get("when") is not None and not isinstance(entry["when"], dict):
-            raise DamagedFileError(path, f"entry {i}: 'when' is a JSON {_json_kind(entry['when'])}, expected an object")
+        _check_binding(path, i, entry)
+        for key in _SHARED:
+            value = entry.get(key)
+            if type(value) is str:
+                entry[key] = same.setdefault(value, value)
+        when = entry.get("when")
+        if when is not None and type(when.get("mode")) is str:
+            when["mode"] = same.setdefault(when["mode"], when["mode"])
     return plan
+
+
+_SHARED = ("spec", "type", "at", "action", "compiled")
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def check_plan(path: Path) -> bool:
+    """Whether there is a plan.json, checked as :func:`read_plan` checks it (the same
+    DamagedFileError for the same damage) while holding one binding at a time: ``load_run``
+    checks the plan at once and reads it on first use, as its 200,000 bindings' dicts are
+    ~1 KB each and a reader of records needs none of them."""
+    text = read_text(path)
+    if text is None:
+        return False
+    decoder = json.JSONDecoder()
+    try:
+        at = _SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+        if text[at:at + 1] != "[":
+            value = json.loads(text)  # not an array: json's own error, or the value's kind below
+            raise DamagedFileError(path, f"a JSON {type(value).__name__}, expected a JSON array")
+        at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+        i = 0
+        if text[at:at + 1] == "]":
+            at += 1
+        else:
+            while True:
+                entry, at = decoder.raw_decode(text, at)
+                _check_binding(path, i, entry)
+                i += 1
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+                sep = text[at:at + 1]
+                if sep == "]":
+                    at += 1
+                    break
+                if sep != ",":
+                    raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+        if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
+            raise json.JSONDecodeError("Extra data", text, at)
+    except ValueError as exc:
+        raise DamagedFileError(path, f"not JSON ({exc})") from None
+    return True
 
 
 def read_modules(path: Path) -> list[dict] | None:

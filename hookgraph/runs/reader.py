@@ -53,6 +53,7 @@ from hookgraph.runs.dataset import ActivationDataset, ActivationStream
 from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.files import (
     DamagedFileError,
+    check_plan,
     exists,
     not_regular,
     read_config,
@@ -808,7 +809,6 @@ class Run:
     records: Mapping
     stats: list = field(default_factory=list)
     trace: list = field(default_factory=list)
-    plan: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     config: Any | None = None
     damaged: list = field(default_factory=list)
@@ -818,11 +818,23 @@ class Run:
     missing: list = field(default_factory=list)  # strict=False: what the summary lists that is gone or another run's
     strict: bool = True
     _modules: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
+    _plan: Any = field(default=_UNREAD, repr=False, compare=False)  # load_run: [] when there is none
     _generations: Any = field(default=_UNREAD, init=False, repr=False, compare=False)
 
     @property
     def status(self) -> str:
         return str(self.summary.get("status", "unknown"))
+
+    @property
+    def plan(self) -> list:
+        """plan.json: one dict per binding (spec, target, type, at, action, order, when,
+        compiled), read on first use (``load_run`` checked it already: 200,000 bindings are
+        ~200 MB of dicts, which a reader of records does not need); [] without one."""
+        if self._plan is _UNREAD:
+            self._plan = (
+                _read(read_plan, self.path / layout.PLAN, strict=self.strict, problems=self.problems, empty=None) or []
+            )
+        return self._plan
 
     @property
     def modules(self) -> list | None:
@@ -1052,7 +1064,7 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
         records=records,
         stats=stats,
         trace=trace,
-        plan=read(read_plan, root / layout.PLAN) or [],
+        _plan=_UNREAD if read(check_plan, root / layout.PLAN, empty=False) else [],
         summary=summary,
         config=read(read_config, root / layout.CONFIG),
         damaged=list(records.damaged),

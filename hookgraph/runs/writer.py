@@ -35,7 +35,8 @@ import math
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -169,11 +170,22 @@ def _raw(t: torch.Tensor) -> memoryview:
     return t.reshape(-1).view(torch.uint8).numpy().data
 
 
-def _shard_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> list[Any] | None:
-    """A safetensors file as ``[header, tensor bytes, ...]``: the 8-byte header length, the
-    JSON header (padded with spaces to 8 bytes, as safetensors writes it), then every
-    tensor's own memory in key order. Nothing is joined: the write and the digest read the
-    tensors where they lie. None: a dtype outside ``_ST_DTYPES``.
+# A tensor under this many bytes is copied into a shared chunk of the shard instead of being
+# written from its own memory: the view that writes a tensor where it lies costs ~1.4 KB of
+# Python and torch objects (two tensors, a numpy array, a memoryview), more than the copy of a
+# small one, and a step of 200,000 tiny records held 200,000 of them at once.
+_SMALL = 1024
+_CHUNK = 1 << 20  # the bytes of small tensors gathered into one buffer before the next starts
+
+
+def _shard_parts(tensors: Iterable[tuple[str, torch.Tensor]], meta: dict[str, str]) -> list[Any]:
+    """A safetensors file as ``[header, data, ...]``: the 8-byte header length and the JSON
+    header (padded with spaces to 8 bytes, as safetensors writes it), then the tensors' bytes
+    in order: a large tensor's own memory, small ones copied together into chunks. Nothing
+    large is joined: the write and the digest read big tensors where they lie
+    (``safetensors.torch.save`` would build the whole shard as one bytes object first, a copy
+    of every record). The header is written as text as the tensors go, never as a dict per
+    tensor. Every tensor is a contiguous CPU one of a dtype in ``_ST_DTYPES``.
 
     Why not safetensors' own writer (reviewed with safetensors 0.8.0, benchmarks/RESULTS.md,
     "The end of a run"): ``safetensors.torch.save`` returns the whole shard as one bytes
@@ -183,20 +195,36 @@ def _shard_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> list
     writer exists to avoid), and they refuse tensors that share a storage (two slices of
     one output), which would then be cloned. The format is the library's: its ``load_file``
     and ``safe_open`` read these files (tests/test_caching.py)."""
-    header: dict[str, Any] = {"__metadata__": meta}
-    views: list[memoryview] = []
+    head = bytearray(b'{"__metadata__":')
+    head += json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
+    data: list[Any] = []
+    chunk = bytearray()
     offset = 0
-    for key, t in tensors.items():
-        name = _ST_DTYPES.get(t.dtype)
-        if name is None:
-            return None
-        view = _raw(t)
-        header[key] = {"dtype": name, "shape": list(t.shape), "data_offsets": [offset, offset + view.nbytes]}
-        offset += view.nbytes
-        views.append(view)
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    return [len(text).to_bytes(8, "little") + text, *views]
+    for key, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        shape = ",".join(map(str, t.shape))
+        head += (
+            f',{json.dumps(key, ensure_ascii=False)}:{{"dtype":"{_ST_DTYPES[t.dtype]}","shape":[{shape}],'
+            f'"data_offsets":[{offset},{offset + nbytes}]}}'
+        ).encode()
+        offset += nbytes
+        if not nbytes:
+            continue
+        if nbytes < _SMALL:
+            chunk += _raw(t)  # the view lives only for this copy
+            if len(chunk) >= _CHUNK:
+                data.append(chunk)
+                chunk = bytearray()
+        else:
+            if chunk:
+                data.append(chunk)
+                chunk = bytearray()
+            data.append(_raw(t))
+    if chunk:
+        data.append(chunk)
+    head += b"}"
+    head += b" " * (-len(head) % 8)
+    return [len(head).to_bytes(8, "little"), head, *data]
 
 
 def _escape(name: str) -> str:
@@ -210,6 +238,28 @@ def shard_key(spec: str, target: str, step: int, call: int, index: int | None = 
     return key if index is None else f"{key}/{index}"
 
 
+def _shard_tensors(
+    order: Sequence[tuple[str, str]], slots: Sequence[list], step: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, tensor)`` for every tensor of the slots, in the shard's order (``order[i]``
+    names ``slots[i]``); keys as :func:`shard_key` makes them."""
+    for (spec, target), slot in zip(order, slots, strict=True):
+        prefix = f"{_escape(spec)}/{_escape(target)}/{step}/"
+        for call, value in enumerate(slot):
+            if isinstance(value, torch.Tensor):
+                yield f"{prefix}{call}", value
+            else:
+                for i, t in enumerate(describe(value)[0]):
+                    yield f"{prefix}{call}/{i}", t
+
+
+def _entries_json(flat: array) -> str:
+    """The metadata's ``entries``, ``[[order index, call, structure index], ...]``, from the
+    flat triples, as ``json.dumps`` writes the nested lists compactly."""
+    it = iter(flat)
+    return "[" + ",".join(f"[{o},{c},{k}]" for o, c, k in zip(it, it, it, strict=True)) + "]"
+
+
 @functools.cache
 def _unstorable(dtype: torch.dtype) -> str | None:
     """Why safetensors cannot hold ``dtype`` (None: it can), asked of the library itself
@@ -221,45 +271,49 @@ def _unstorable(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _prepare(tensors: dict[str, torch.Tensor], *, shared_ok: bool = False) -> None:
-    """Make every tensor one safetensors can write, in place: detached, on the CPU,
-    contiguous and, unless ``shared_ok`` (hookgraph's own shard writer, which writes each
-    tensor's bytes where they lie), owning its storage: safetensors' serializer refuses
-    tensors whose storage overlaps (a view and its base, two slices of one output), so each
-    storage is written once and copies take the rest. A dtype it cannot hold is refused by
-    the record's name."""
+def _prepare(tensors: dict[str, torch.Tensor]) -> None:
+    """Make every tensor of ``tensors`` one safetensors' own serializer can write, in place
+    (see :func:`_writable`), each storage written once: the serializer refuses tensors whose
+    storage overlaps (a view and its base, two slices of one output), so copies take the rest."""
     seen: set[int] = set()
     cuda: set[torch.device] = set()
     for key, t in tensors.items():
-        why = _unstorable(t.dtype)
-        if why is not None:
-            raise HookGraphError(
-                f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard ({why}); "
-                "record it as another dtype (args.dtype)"
-            )
-        if t.is_cuda:
-            # Records kept on the GPU (no `to: cpu`): every copy starts at once into pinned
-            # host memory, without waiting, and the step waits once below, not per tensor.
-            src = t.detach().contiguous()
-            host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            host.copy_(src, non_blocking=True)
-            cuda.add(src.device)
-            tensors[key] = host  # a fresh buffer: owns its storage
-            seen.add(host.untyped_storage().data_ptr())
-            continue
-        if t.requires_grad or t.device.type != "cpu" or not t.is_contiguous():
-            # Only when needed: detach() makes a new tensor object every time (~400 bytes
-            # each, 200,000 of them for a step of 200k tiny records), and records are
-            # nearly always detached CPU tensors already.
-            t = t.detach().to("cpu").contiguous()
-        if shared_ok:
-            tensors[key] = t
-            continue
+        t = _writable(key, t, cuda)
         storage = t.untyped_storage().data_ptr()
         if storage in seen:
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         tensors[key] = t
+    _synchronize(cuda)
+
+
+def _writable(key: str, t: torch.Tensor, cuda: set[torch.device]) -> torch.Tensor:
+    """``t`` as a tensor whose bytes can be written where they lie: detached, on the CPU,
+    contiguous; ``t`` itself when it is one already (records nearly always are). A dtype
+    safetensors cannot hold is refused by the record's name. A CUDA tensor's copy starts
+    into pinned host memory without waiting: its device joins ``cuda``, and
+    :func:`_synchronize` waits once for all of them, not per tensor."""
+    why = _unstorable(t.dtype)
+    if why is not None:
+        raise HookGraphError(
+            f"record {key!r}: a {t.dtype} tensor cannot be stored in a safetensors shard ({why}); "
+            "record it as another dtype (args.dtype)"
+        )
+    if t.is_cuda:
+        src = t.detach().contiguous()
+        host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        host.copy_(src, non_blocking=True)
+        cuda.add(src.device)
+        return host
+    if t.requires_grad or t.device.type != "cpu" or not t.is_contiguous():
+        # Only when needed: detach() makes a new tensor object every time (~400 bytes
+        # each, 200,000 of them for a step of 200k tiny records), and records are
+        # nearly always detached CPU tensors already.
+        return t.detach().to("cpu").contiguous()
+    return t
+
+
+def _synchronize(cuda: set[torch.device]) -> None:
     for device in cuda:
         torch.cuda.synchronize(device)  # the pinned copies are complete before anything reads them
 
@@ -284,6 +338,25 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _json_rows(rows: list[dict]) -> list[bytes]:
+    """``json.dumps(strict_json(rows), indent=2) + "\\n"``, the same text, encoded a row at a
+    time into chunks of about a megabyte: the plan of 200,000 bindings as one cleaned copy,
+    one string and its bytes was ~500 MB at once beside its rows."""
+    out: list[bytes] = []
+    chunk: list[str] = []
+    size = 0
+    for i, row in enumerate(rows):
+        text = json.dumps(strict_json(row), indent=2, default=str, allow_nan=False).replace("\n", "\n  ")
+        chunk.append(("[\n  " if i == 0 else ",\n  ") + text)
+        size += len(text)
+        if size >= 1 << 20:
+            out.append("".join(chunk).encode())
+            chunk, size = [], 0
+    chunk.append("\n]\n")
+    out.append("".join(chunk).encode())
+    return out
 
 
 class RunWriter:
@@ -413,11 +486,15 @@ class RunWriter:
         path = self.dir / name
         if path.parent != self.dir:  # a rank's own folder; the run folder itself is never re-created
             path.parent.mkdir(parents=True, exist_ok=True)
-        found: list[str] = []
-        clean = strict_json(obj, found)
-        if found and isinstance(clean, dict):
-            clean["non_finite"] = found
-        data = (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode()
+        data: bytes | list[bytes]
+        if isinstance(obj, list) and obj and all(isinstance(row, dict) for row in obj):
+            data = _json_rows(obj)  # a list of rows (plan.json): no copy of the whole at once
+        else:
+            found: list[str] = []
+            clean = strict_json(obj, found)
+            if found and isinstance(clean, dict):
+                clean["non_finite"] = found
+            data = (json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n").encode()
         try:
             atomic_write(path, data)
         except OSError as exc:
@@ -451,11 +528,14 @@ class RunWriter:
 
     def flush_records(self, records: dict[str, Any], step: int) -> int:
         """Write what ``records`` (``records[spec][target]``: a list of values, one per call)
-        holds as one shard for ``step`` and empty the slots. Returns the bytes written."""
-        tensors: dict[str, torch.Tensor] = {}
-        order: list[list[str]] = []
+        holds as one shard for ``step`` and empty the slots. Returns the bytes written.
+
+        The slots are walked three times (structures, then the tensors to check, then to
+        write) rather than gathered into a dict of keys and tensors: at 200,000 tiny records
+        a step, what a shard's bookkeeping holds per tensor is most of its memory."""
+        order: list[tuple[str, str]] = []
         structures: dict[str, int] = {}  # a structure's JSON -> its index in this shard
-        entries: list[list[int]] = []
+        entries = array("q")  # (order index, call, structure index) per entry, flat
         slots: list[list] = []
         for spec, targets in records.items():
             if not isinstance(targets, dict):
@@ -464,27 +544,38 @@ class RunWriter:
                 if not slot:
                     continue
                 slots.append(slot)
-                order.append([spec, target])
+                order.append((spec, target))
                 for call, value in enumerate(slot):
                     if isinstance(value, torch.Tensor):  # most records: skip the walk
-                        tensors[shard_key(spec, target, step, call)] = value
                         text = _ONE_TENSOR
                     else:
-                        found, structure = describe(value)
-                        for i, t in enumerate(found):
-                            tensors[shard_key(spec, target, step, call, i)] = t
+                        structure = describe(value)[1]
                         text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
-                    entries.append([len(order) - 1, call, structures.setdefault(text, len(structures))])
+                    entries.extend((len(order) - 1, call, structures.setdefault(text, len(structures))))
         if not entries:
             return 0
-        _prepare(tensors, shared_ok=True)
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        # Tensors that cannot be written where they lie (on a GPU, not contiguous), by their
+        # place in the walk; nearly always none.
+        moved: dict[int, torch.Tensor] = {}
+        cuda: set[torch.device] = set()
+        size = 0
+        native = True  # every dtype is one _shard_parts writes itself
+        for i, (key, t) in enumerate(_shard_tensors(order, slots, step)):
+            ready = _writable(key, t, cuda)
+            if ready is not t:
+                moved[i] = ready
+            size += ready.numel() * ready.element_size()
+            native = native and ready.dtype in _ST_DTYPES
+        _synchronize(cuda)
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             raise RecordBudgetError(
                 f"records would reach {self.bytes_written + size:,} bytes at step {step}, over sink.max_bytes="
                 f"{self.max_bytes:,}; record less (types/target filters, when.every, args.keep=last, "
                 f"args.dtype=bf16) or raise sink.max_bytes. {len(self.shards)} shard(s) already written stay readable."
             )
+        prepared = (
+            (key, moved.get(i, t)) for i, (key, t) in enumerate(_shard_tensors(order, slots, step))
+        )
         if self.rank is not None:
             self.records_dir.parent.mkdir(exist_ok=True)  # records/, then records/rank-N
         self.records_dir.mkdir(exist_ok=True)
@@ -495,11 +586,13 @@ class RunWriter:
             "step": str(step),
             "order": json.dumps(order, **compact),
             "structures": "[" + ",".join(structures) + "]",
-            "entries": json.dumps(entries, **compact),
+            "entries": _entries_json(entries),
             RUN_ID: self.run_id,
         }
-        parts = _shard_parts(tensors, meta)
-        if parts is None:  # a dtype only safetensors' own serializer knows: its bytes, joined
+        if native:
+            parts = _shard_parts(prepared, meta)
+        else:  # a dtype only safetensors' own serializer knows: its bytes, joined
+            tensors = dict(prepared)
             _prepare(tensors)
             parts = [st_save(tensors, metadata=meta)]
         total = sum(memoryview(p).nbytes for p in parts)
@@ -524,7 +617,7 @@ class RunWriter:
         elif self.fsync == "step":
             self._sync_folder()
         self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
-            "entries": len(entries),
+            "entries": len(entries) // 3,
             "digest": hashed[0],
         }
         self.shards.append(name)
