@@ -1,7 +1,8 @@
 """Shared fixtures. The autouse ``no_hook_left`` fixture checks every model that any
 HookGraph was compiled for during a test: after the test its hook dictionaries must be
 exactly what they were when the graph was built. ``clamp_run``, ``resnet_run`` and
-``big_plan_folder`` are run folders the report tests share, built once per test module.
+``big_plan_folder`` are run folders the report tests share, built once per session: the tests
+only read them (a test that edits one copies it first).
 
 Helpers that tests import live in modules of their own (models.py, runs.py, ...), never in
 a test module: no test_*.py imports another (test_suite_layout.py checks it)."""
@@ -65,14 +66,14 @@ def seeded():
 # -- run folders of the report tests --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clamp_run(tmp_path_factory) -> Path:
     out = make_run(tmp_path_factory.mktemp("clamp"), "+experiment=clamp_conv", "runner.steps=3")
     write_report(out)
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def resnet_run(tmp_path_factory) -> Path:
     out = make_run(tmp_path_factory.mktemp("r18"), "model=resnet18", "hooks=[record_convs]", "runner.steps=2",
                    "sink.figures=false")
@@ -80,7 +81,7 @@ def resnet_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def big_plan_folder(tmp_path_factory) -> Path:
     """A copied dry-run folder of a 20,041-module model (40 blocks of 500 Linear layers):
     plan.json and modules.json only."""

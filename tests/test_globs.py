@@ -13,7 +13,6 @@ import difflib
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -62,58 +61,76 @@ def test_runs_of_stars_and_double_stars_keep_their_meaning():
 # -- pathological globs: each took the old matcher far longer than the timeout -----------
 
 
-def _run(code: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=20,  # the old matcher needs minutes for each case below
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
-
-
+# The three cases run in one subprocess (one interpreter start, not three), each printing its
+# result under a "== name" line as soon as it has it. A case the old matcher would hang on stops
+# the subprocess at the timeout: the cases before it still report, and the tests of that case and
+# of the ones after it fail, naming the timeout.
+CASES = {
+    "stars_over_resnet18": """
+import torchvision
+r18 = [n for n, _ in torchvision.models.resnet18().named_modules()]
+print(match_names(['*' * 40 + 'n1', '*' * 40 + 'x', '**.' + '*' * 40 + 'sample'], r18))
+""",
+    "double_stars_over_deep_names": """
+print(len(names), match_names(['**.**.**.**.**.**.nomatch'], names), len(match_names(['**.**.**.**.**.l40'], names)))
+print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
+""",
+    "stars_between_double_stars": """
+print(len(match_names(['**.l*3*.**.' + '*' * 30 + '0'], names)))
+long = ['a' * 40, 'm.' + 'a' * 39 + 'b', 'm.' + 'a' * 40]  # ten stars over 40 letters: ~10^9 regex paths
+print(match_names(['**.' + '*a' * 10 + '*b'], long))
+""",
+}
 DEEP_NAMES = """
 names = []
 for i in range(100):  # 4,100 names of up to 41 segments
     for d in range(1, 42):
         names.append(".".join([f"b{i}"] + [f"l{k}" for k in range(1, d)]))
 """
+TIMEOUT = 20 * len(CASES)  # 20 s a case, as each had alone; the old matcher needs minutes for each
+
+
+@pytest.fixture(scope="module")
+def pathological() -> dict[str, str]:
+    """Each case's output (its lines after "== name"), or a note that it did not finish."""
+    code = "from hookgraph.core.resolve import match_names\n" + DEEP_NAMES + "".join(
+        f"print('== {name}', flush=True)\n{case}" for name, case in CASES.items()
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+        out, err, finished = proc.stdout, proc.stderr, proc.returncode == 0
+    except subprocess.TimeoutExpired as exc:
+        out, err, finished = _text(exc.stdout), f"timed out after {TIMEOUT} s", False
+    blocks = dict.fromkeys(CASES, f"did not finish: {err}")
+    parts = out.split("== ")[1:]
+    for i, part in enumerate(parts):
+        name, _, lines = part.partition("\n")
+        if i < len(parts) - 1 or finished:  # the last block printed is complete only if the run was
+            blocks[name] = lines.strip()
+    return blocks
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode() if isinstance(output, bytes) else output or ""
 
 
 @pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
-def test_a_run_of_stars_in_one_segment_over_resnet18():
-    out = _run("""
-        import torchvision
-        from hookgraph.core.resolve import match_names
-        names = [n for n, _ in torchvision.models.resnet18().named_modules()]
-        print(match_names(['*' * 40 + 'n1', '*' * 40 + 'x', '**.' + '*' * 40 + 'sample'], names))
-    """)
+def test_a_run_of_stars_in_one_segment_over_resnet18(pathological):
+    out = pathological["stars_over_resnet18"]
     assert out == "['bn1', 'layer2.0.downsample', 'layer3.0.downsample', 'layer4.0.downsample']"
 
 
 @pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
-def test_many_double_stars_over_deep_names():
-    out = _run(DEEP_NAMES + """
-from hookgraph.core.resolve import match_names
-print(len(names), match_names(['**.**.**.**.**.**.nomatch'], names), len(match_names(['**.**.**.**.**.l40'], names)))
-print(match_names(['b7.**.l3.**.l9.**.l2*.**.l39.**.l40.**'], names))
-    """)
+def test_many_double_stars_over_deep_names(pathological):
+    out = pathological["double_stars_over_deep_names"]
     chain = ".".join(["b7"] + [f"l{k}" for k in range(1, 41)])
     assert out.splitlines() == ["4100 [] 100", f"['{chain}']"]
 
 
 @pytest.mark.slow  # a subprocess with a timeout (the old matcher hung)
-def test_many_stars_in_one_segment_between_double_stars():
-    out = _run(DEEP_NAMES + """
-from hookgraph.core.resolve import match_names
-print(len(match_names(['**.l*3*.**.' + '*' * 30 + '0'], names)))
-long = ['a' * 40, 'm.' + 'a' * 39 + 'b', 'm.' + 'a' * 40]  # ten stars over 40 letters: ~10^9 regex paths
-print(match_names(['**.' + '*a' * 10 + '*b'], long))
-    """)
+def test_many_stars_in_one_segment_between_double_stars(pathological):
+    out = pathological["stars_between_double_stars"]
     # A segment holding a 3 (l3 or later), then a last segment ending in 0: l10, l20, l30, l40.
     assert out.splitlines() == ["400", f"['m.{'a' * 39}b']"]
 

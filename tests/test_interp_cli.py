@@ -40,21 +40,21 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
     s = json.loads((tmp_path / "cache" / "summary.json").read_text())
     assert {k: v["records"] for k, v in s["specs"].items()} == {"embed": 1, "resid": 2, "attn": 2, "mlp": 2, "z": 2}
     assert isinstance(s["metric"], float)
+    # Both steering scales in one sweep: one interpreter start instead of two; each job is the
+    # run a single command writes (its own folder and summary.json), and the sweep exits 0 only
+    # when every job completed.
+    steer = tmp_path / "steer"
+    r = run_cli(["-m", "+experiment=gpt2_steering", "hooks.steer.args.scale=0,4", "runner.progress=false",
+                 f"hydra.sweep.dir={steer}"], cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
     metrics = {}
-    for scale in (0, 4):
-        d = tmp_path / f"steer{scale}"
-        r = run_cli(
-            [
-                "+experiment=gpt2_steering",
-                f"hooks.steer.args.scale={scale}",
-                "runner.progress=false",
-                f"hydra.run.dir={d}",
-            ],
-            cwd=tmp_path,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        metrics[scale] = json.loads((d / "summary.json").read_text())["metric"]
-    assert metrics[0] != metrics[4]
+    for job in ("0", "1"):
+        summary = json.loads((steer / job / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        overrides = (steer / job / ".hydra" / "overrides.yaml").read_text()
+        scale = next(s for s in (0, 4) if f"hooks.steer.args.scale={s}\n" in overrides)
+        metrics[scale] = summary["metric"]
+    assert sorted(metrics) == [0, 4] and metrics[0] != metrics[4]
     d = tmp_path / "ablate"
     r = run_cli(
         ["+experiment=gpt2_head_ablation", "hooks.ablate.args.heads=5", "runner.progress=false", f"hydra.run.dir={d}"],

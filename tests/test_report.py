@@ -19,7 +19,7 @@ from hookgraph.report.svg import line_plot, sample
 from hookgraph.runner import build_from_config
 from tests.runs import compose, conv_names_of, make_run
 
-# The shared run folders (module-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
+# The shared run folders (session-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
 
 
 def tree_json(html: str) -> dict:

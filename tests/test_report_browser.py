@@ -22,7 +22,7 @@ from hookgraph.report import write_sweep_report
 from tests.models import mlp
 from tests.runs import conv_names_of, make_run
 
-# The shared run folders (module-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
+# The shared run folders (session-scoped fixtures in conftest.py): clamp_run, resnet_run, big_plan_folder.
 
 pytestmark = pytest.mark.slow
 

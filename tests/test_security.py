@@ -295,40 +295,46 @@ def test_the_page_runs_only_its_own_script():
 # -- FIFOs and directories where files should be ----------------------------------------------
 
 
-# Each read runs in its own process, killed after a bound: a read that hangs on a FIFO fails
-# the test instead of blocking the suite (a thread blocked in open() cannot be stopped).
+# The reads of a folder run in a process of their own, killed after a bound: a read that hangs
+# on a FIFO fails the test instead of blocking the suite (a thread blocked in open() cannot be
+# stopped). Several reads of one folder share that process, one after another, each with its
+# own output and warnings.
 _CHILD = """
 import json, sys, warnings
 import hookgraph as hg
 from hookgraph.report import write_report
 from hookgraph.report.sweep import write_sweep_report
-what, folder = sys.argv[1], sys.argv[2]
-out = {}
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    try:
-        if what == "load":
-            run = hg.load_run(folder)
-            run.stats, run.plan, run.summary
-            out["damaged"] = run.damaged
-        elif what == "report":
-            out["html"] = write_report(folder).read_text()
-        else:
-            out["html"] = write_sweep_report(folder).read_text()
-    except hg.HookGraphError as exc:
-        out["error"] = str(exc)
-out["warnings"] = [str(w.message) for w in caught]
-print(json.dumps(out))
+folder, results = sys.argv[1], {}
+for what in sys.argv[2:]:
+    out = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if what == "load":
+                run = hg.load_run(folder)
+                run.stats, run.plan, run.summary
+                out["damaged"] = run.damaged
+            elif what == "report":
+                out["html"] = write_report(folder).read_text()
+            else:
+                out["html"] = write_sweep_report(folder).read_text()
+        except hg.HookGraphError as exc:
+            out["error"] = str(exc)
+    out["warnings"] = [str(w.message) for w in caught]
+    results[what] = out
+print(json.dumps(results))
 """
 
 
-def _bounded(what: str, folder: Path, seconds: float = 60.0) -> dict:
+def _bounded(folder: Path, *whats: str, seconds: float = 60.0) -> dict[str, dict]:
+    """The reads ``whats`` ("load", "report", "sweep") of ``folder``, in one process that must
+    finish within ``seconds``: each read's output under its name."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MPLBACKEND": "Agg"}
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, what, str(folder)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(folder), *whats], capture_output=True, text=True,
                               timeout=seconds, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{what} of {folder} hung for more than {seconds} s")
+        pytest.fail(f"{', '.join(whats)} of {folder} hung for more than {seconds} s")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -345,10 +351,11 @@ def _fifo(path: Path) -> Path:
 def test_a_fifo_in_place_of_a_file_is_named_not_read(tmp_path, name):
     run = _run_folder(tmp_path / "run")
     _fifo(run / name)
-    loaded = _bounded("load", run)
+    reads = _bounded(run, "load", "report")
+    loaded = reads["load"]
     assert str(run / name) in loaded["error"] and "a FIFO (named pipe), not a regular file" in loaded["error"]
     # The report page goes on and names it.
-    html = _bounded("report", run)["html"]
+    html = reads["report"]["html"]
     assert "a FIFO (named pipe), not a regular file" in html
 
 
@@ -356,7 +363,7 @@ def test_a_fifo_in_place_of_a_file_is_named_not_read(tmp_path, name):
 def test_a_fifo_in_place_of_a_shard_is_a_damaged_shard(tmp_path):
     run = _run_folder(tmp_path / "run")
     _fifo(run / "records" / "step-000000.safetensors")
-    loaded = _bounded("load", run)
+    loaded = _bounded(run, "load")["load"]
     assert loaded["damaged"] == ["records/step-000000.safetensors"]
     assert [w for w in loaded["warnings"] if "damaged shard skipped" in w and "a FIFO (named pipe)" in w]
 
@@ -366,7 +373,7 @@ def test_a_fifo_or_a_directory_named_like_a_figure_is_named(tmp_path):
     run = _run_folder(tmp_path / "run", {"ok.png": PNG})
     _fifo(run / "figures" / "x.png")
     (run / "figures" / "y.png").mkdir()
-    html = _bounded("report", run)["html"]
+    html = _bounded(run, "report")["report"]["html"]
     assert "figures/x.png: not embedded (a FIFO (named pipe), not a regular file)" in html
     assert "figures/y.png: not embedded (a directory, not a regular file)" in html
     assert html.count("data:image/png;base64,") == 1
@@ -377,6 +384,6 @@ def test_a_fifo_in_place_of_the_sweep_table_is_named(tmp_path):
     sweep = tmp_path / "sweep"
     _run_folder(sweep / "0")
     _fifo(sweep / "sweep.csv")
-    html = _bounded("sweep", sweep)["html"]
+    html = _bounded(sweep, "sweep")["sweep"]["html"]
     assert "sweep.csv" in html and "a FIFO (named pipe), not a regular file" in html
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
