@@ -1,7 +1,7 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
 Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, TanhSAE,
-HandHooks.
+logits_with_edit, logits_with_sae, HandHooks.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -90,6 +90,33 @@ class TanhSAE(nn.Module):
 
     def decode(self, f: torch.Tensor) -> torch.Tensor:
         return f @ self.dec
+
+
+def logits_with_edit(model: nn.Module, site: str, ids: torch.Tensor, edit) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits with ``edit(x)`` replacing ``site``'s output (a hand-written forward hook,
+    removed after), and the x it saw: the reference the SAE tests compare the action with."""
+    seen = {}
+
+    def hook(mod, args, out):
+        seen["x"] = out
+        return edit(out)
+
+    h = model.get_submodule(site).register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids).logits, seen["x"]
+    finally:
+        h.remove()
+
+
+def logits_with_sae(model: nn.Module, site: str, ids: torch.Tensor, args: dict):
+    """The logits with hookgraph's ``sae`` action at ``site`` (``args`` its args), and the graph."""
+    import hookgraph as hg  # lazy: the other builders here need only torch
+
+    graph = hg.compile(model, {"s": {"target": site, "action": "sae", "args": args}})
+    with graph.attach(), torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return logits, graph
 
 
 class HandHooks:

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 import hookgraph as hg
-from tests.models import TanhSAE, gpt2_tiny_lm
+from tests.models import TanhSAE, gpt2_tiny_lm, logits_with_edit, logits_with_sae
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,26 +67,11 @@ def _decode(w: dict, f: torch.Tensor) -> torch.Tensor:
 
 
 def _by_hand(model, edit):
-    """The logits with ``edit(x)`` replacing the block's output, and the x it saw."""
-    seen = {}
-
-    def hook(mod, args, out):
-        seen["x"] = out
-        return edit(out)
-
-    h = model.get_submodule(SITE).register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            return model(input_ids=IDS).logits, seen["x"]
-    finally:
-        h.remove()
+    return logits_with_edit(model, SITE, IDS, edit)
 
 
 def _with_action(model, args):
-    graph = hg.compile(model, {"s": {"target": SITE, "action": "sae", "args": args}})
-    with graph.attach(), torch.no_grad():
-        logits = model(input_ids=IDS).logits
-    return logits, graph
+    return logits_with_sae(model, SITE, IDS, args)
 
 
 @pytest.mark.parametrize("arch", ["standard", "jumprelu", "topk"])

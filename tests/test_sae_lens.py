@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hookgraph as hg
-from tests.models import gpt2_tiny_lm
+from tests.models import gpt2_tiny_lm, logits_with_edit, logits_with_sae
 
 transformers = pytest.importorskip("transformers")
 # sae-lens is in the test extra; a venv without it (sae-lens 6 pins transformer-lens < 4) skips here,
@@ -65,26 +65,11 @@ def _saved(tmp_path, arch: str, **cfg_extra):
 
 
 def _by_hand(model, edit):
-    """The logits with ``edit(x)`` replacing the block's output (a hand-written forward hook), and x."""
-    seen = {}
-
-    def hook(mod, args, out):
-        seen["x"] = out
-        return edit(out)
-
-    h = model.get_submodule(SITE).register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            return model(input_ids=IDS).logits, seen["x"]
-    finally:
-        h.remove()
+    return logits_with_edit(model, SITE, IDS, edit)
 
 
 def _with_action(model, args):
-    graph = hg.compile(model, {"s": {"target": SITE, "action": "sae", "args": args}})
-    with graph.attach(), torch.no_grad():
-        logits = model(input_ids=IDS).logits
-    return logits, graph
+    return logits_with_sae(model, SITE, IDS, args)
 
 
 def _dense(rec):
