@@ -75,4 +75,6 @@ def test_a_shard_changed_after_indexing_names_itself_when_read(tmp_path, change,
         run.records["r"]["a"]
     with pytest.raises(hg.HookGraphError, match=r"records/step-000001\.safetensors is damaged"):
         run.records["r"].entry("b", step=1)
+    with pytest.raises(hg.HookGraphError, match=r"records/step-000001\.safetensors is damaged \(" + words):
+        run.records["r"].sample("a", step=1)  # the report page's bounded read checks the same
     assert run.records["r"].entry("a", step=2).tolist() == [2.0] * 4  # the other shards still read

@@ -155,21 +155,10 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
     file and parses its whole header on every open (~1 ms for a 500-key shard), and a
     tensor from it keeps the map alive. Measured on 100,000 entries (benchmarks/RESULTS.md):
     1.1 ms per entry through safe_open (each target opens every shard), 15 us this way."""
-    if shard.damage is not None:
-        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     out: list[torch.Tensor] = []
-    hashing: _Hashing | None = None
-    try:
-        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    with _indexed_file(shard) as (fd, st):
+        hashing = _Hashing(fd, st.st_size, shard.digest) if shard.digest is not None else None
         try:
-            st = os.fstat(fd)
-            if _stamp(st) != shard.stamp:
-                size = shard.stamp[2] if shard.stamp else 0
-                what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
-                raise HookGraphError(
-                    f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
-                )
-            hashing = _Hashing(fd, st.st_size, shard.digest) if shard.digest is not None else None
             for t in items:
                 # One tensor per record, owning its bytes: a 1-d tensor is torch.frombuffer of
                 # the bytes read (~2 us); any other shape is read straight into torch.empty's
@@ -189,10 +178,31 @@ def _read_tensors(shard: _Shard, items: list[_Tensor]) -> list[torch.Tensor]:
         finally:
             if hashing is not None:
                 hashing.join()  # never close the fd under the hashing thread
+    return out
+
+
+@contextlib.contextmanager
+def _indexed_file(shard: _Shard) -> Iterator[tuple[int, os.stat_result]]:
+    """The shard's file descriptor and stat, opened once and checked against what indexing
+    saw (its damage, then its stamp: same file, size and time); closed after. Every read of
+    records goes through here, so a damaged, changed or unreadable shard is one message."""
+    if shard.damage is not None:
+        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if _stamp(st) != shard.stamp:
+                size = shard.stamp[2] if shard.stamp else 0
+                what = f"{st.st_size:,} bytes, {size:,} when indexed" if st.st_size != size else "rewritten or replaced"
+                raise HookGraphError(
+                    f"{shard.name} is damaged (changed since it was indexed: {what}); its records cannot be read"
+                )
+            yield fd, st
+        finally:
             os.close(fd)
     except OSError as exc:
         raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
-    return out
 
 
 _CHUNK = 1 << 20
@@ -273,8 +283,6 @@ def _read_sample(shard: _Shard, t: _Tensor, elements: int) -> Sample:
     _SAMPLE_BLOCKS evenly spaced runs of contiguous elements, one positioned read each. The
     rest of the shard is not read, so its digest is not checked (the file's identity, size
     and time still are): a page that shows a histogram of a 10 GB step reads megabytes."""
-    if shard.damage is not None:
-        raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     item = t.dtype.itemsize
     numel = (t.end - t.begin) // item if item else 0
     if numel <= elements:
@@ -286,22 +294,15 @@ def _read_sample(shard: _Shard, t: _Tensor, elements: int) -> Sample:
         ranges = [(t.begin + round(i * gap) * item, t.begin + (round(i * gap) + run) * item) for i in range(blocks)]
     values = torch.empty(sum(e - b for b, e in ranges) // item if item else 0, dtype=t.dtype)
     out = (ctypes.c_char * (values.numel() * item)).from_address(values.data_ptr()) if values.numel() else None
-    try:
-        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            damaged = f"{shard.name} is damaged ({{}}); its records cannot be read"
-            if _stamp(os.fstat(fd)) != shard.stamp:
-                raise HookGraphError(damaged.format("changed since it was indexed"))
-            at = 0
-            view = memoryview(out).cast("B") if out is not None else memoryview(b"")
-            for b, e in ranges:
-                if e > b and os.preadv(fd, [view[at : at + e - b]], b) != e - b:
-                    raise HookGraphError(damaged.format(f"ends inside tensor {t.key!r}"))
-                at += e - b
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise HookGraphError(f"{shard.name} cannot be read ({exc.strerror or exc})") from None
+    with _indexed_file(shard) as (fd, _):
+        at = 0
+        view = memoryview(out).cast("B") if out is not None else memoryview(b"")
+        for b, e in ranges:
+            if e > b and os.preadv(fd, [view[at : at + e - b]], b) != e - b:
+                raise HookGraphError(
+                    f"{shard.name} is damaged (ends inside tensor {t.key!r}); its records cannot be read"
+                )
+            at += e - b
     return Sample(values, tuple(t.shape), t.dtype, numel, unchecked=shard.digest is not None)
 
 
