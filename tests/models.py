@@ -1,7 +1,7 @@
 """The tiny models the tests share, the inputs they take, and a snapshot of a model's hooks.
 
-Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, TanhSAE,
-logits_with_edit, logits_with_sae, HandHooks.
+Public names: mlp, tiny, linear_relu, relu_mlp, gpt2_tiny_lm, x_in, hook_snapshot, same_records,
+TanhSAE, logits_with_edit, logits_with_sae, HandHooks.
 
 Each builder returns a fresh model; the seeded ones reset torch's global seed first, so a
 test that builds one gets the same weights whatever ran before it.
@@ -73,6 +73,20 @@ def hook_snapshot(model: nn.Module) -> dict:
         snap[(name, "_backward_hooks")] = list(p._backward_hooks or {})
         snap[(name, "_post_accumulate_grad_hooks")] = list(getattr(p, "_post_accumulate_grad_hooks", None) or {})
     return snap
+
+
+def same_records(expected, graph, **close) -> None:
+    """``graph`` made the calls and records ``expected`` made: the same specs, targets and
+    number of entries, each tensor equal (``close``: torch.testing.assert_close's
+    tolerances; its defaults by dtype otherwise). The compiled-graph tests' check against eager."""
+    assert graph.calls == expected.calls
+    assert graph.records.keys() == expected.records.keys()
+    for spec, targets in expected.records.items():
+        assert targets.keys() == graph.records[spec].keys(), spec
+        for target, entries in targets.items():
+            assert len(graph.records[spec][target]) == len(entries), (spec, target)
+            for a, b in zip(entries, graph.records[spec][target], strict=True):
+                torch.testing.assert_close(b, a, **close)
 
 
 class TanhSAE(nn.Module):

@@ -13,6 +13,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hookgraph as hg
+from tests.models import same_records
 from tests.runs import run_two_ranks
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -95,14 +96,7 @@ def assert_same(eager, compiled) -> None:
         assert a.keys() == b.keys()
         for name in a:
             torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
-    assert graph.calls == eager_graph.calls
-    assert graph.records.keys() == eager_graph.records.keys()
-    for spec, targets in eager_graph.records.items():
-        assert targets.keys() == graph.records[spec].keys(), spec
-        for target, entries in targets.items():
-            assert len(graph.records[spec][target]) == len(entries), (spec, target)
-            for a, b in zip(entries, graph.records[spec][target], strict=True):
-                torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    same_records(eager_graph, graph, rtol=0, atol=1e-6)
     # Rows come in execution order: parameter hooks run after the compiled backward, so rows
     # of different points interleave otherwise than in eager mode; each spec's are in order.
     def key(r: dict) -> tuple:

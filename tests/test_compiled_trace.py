@@ -12,7 +12,7 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hookgraph as hg
-from tests.models import relu_mlp
+from tests.models import relu_mlp, same_records
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -62,14 +62,7 @@ def assert_same(eager, compiled) -> None:
     (eager_outs, eager_graph, _), (outs, graph, _) = eager, compiled
     for a, b in zip(eager_outs, outs, strict=True):
         torch.testing.assert_close(b, a)
-    assert graph.calls == eager_graph.calls
-    assert graph.records.keys() == eager_graph.records.keys()
-    for spec, targets in eager_graph.records.items():
-        assert targets.keys() == graph.records[spec].keys(), spec
-        for target, entries in targets.items():
-            assert len(graph.records[spec][target]) == len(entries), (spec, target)
-            for a, b in zip(entries, graph.records[spec][target], strict=True):
-                torch.testing.assert_close(b, a)
+    same_records(eager_graph, graph)
     assert [(r["target"], r["step"], r["call"]) for r in graph.stats] == [
         (r["target"], r["step"], r["call"]) for r in eager_graph.stats
     ]
