@@ -456,7 +456,7 @@ class HookGraph:
             for spec, (why, targets) in breaking.items()
         )
         where = (
-            " Found at the first call: hookgraph was given the bare model, so attach could not see the option "
+            ". Found at the first call: hookgraph was given the bare model, so attach could not see the option "
             "(give hg.compile the torch.compile wrapper to be told at attach)."
             if bare else ""
         )
@@ -465,7 +465,7 @@ class HookGraph:
             f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
             "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
             "clip_norm, patch; the full backward points: output_grad or input_grad instead), or mark your own "
-            "function {_target_: fn, traceable: true} if dynamo can trace it" + ("." + where if bare else "")
+            "function {_target_: fn, traceable: true} if dynamo can trace it" + where
         )
 
     @property
