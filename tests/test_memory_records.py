@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import tracemalloc
+import weakref
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import hookgraph as hg
+from hookgraph.runner import outputs
 from hookgraph.runner import run as run_config
 from hookgraph.runs import files
 from hookgraph.runs.files import DamagedFileError, check_plan, read_plan
@@ -159,3 +161,38 @@ def test_load_run_reads_the_plan_on_first_use(tmp_path, monkeypatch):
     assert [r["target"] for r in run.plan] == ["layers.0", "layers.1", "layers.2"]
     assert run.plan is run.plan and len(reads) == 1
     assert run.plan == json.loads((tmp_path / "run" / "plan.json").read_text())
+
+
+def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
+    # The page reads the folder; at 200,000 bindings the graph still alive under it made the
+    # page the run's peak (+184 MiB over the step). open_run's graph stays the user's.
+    graphs: list = []
+    real_compile = hg.compile
+
+    def compile_and_watch(*args: Any, **kwargs: Any) -> Any:
+        graph = real_compile(*args, **kwargs)
+        graphs.append(weakref.ref(graph))
+        return graph
+
+    alive_at_page: list = []
+    real_page = outputs.write_report
+
+    def page(folder: Any) -> Any:
+        gc.collect()
+        alive_at_page.append([g() is not None for g in graphs])
+        return real_page(folder)
+
+    monkeypatch.setattr("hookgraph.runner.parts.compile_graph", compile_and_watch)
+    monkeypatch.setattr("hookgraph.runner.outputs.write_report", page)
+    summary = run_config(
+        {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},
+         "runner": {"steps": 2, "batch_size": 1, "progress": False}, "sink": {"figures": False},
+         "hooks": {"all": {"target": "layers.*", "action": "record"}}},
+        tmp_path / "run",
+    )
+    assert summary["status"] == "completed" and summary["specs"]["all"]["records"] == 6
+    assert alive_at_page == [[False]]
+    assert (tmp_path / "run" / "report.html").is_file()
+    with hg.open_run(tmp_path / "own", _Chain(2), {"all": {"target": "layers.*", "action": "record"}}) as live:
+        live.step()
+    assert live.graph.records is not None  # the user's graph, still theirs after close

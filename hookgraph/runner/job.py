@@ -139,6 +139,7 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
         compiled=cfg.runner.compile,
         handle_signals=False,  # run() holds them for the whole run, from the claim on
         gradcam=parts.gradcam,
+        keep_graph=False,  # nothing reads it after close(): freed before the run page
     )
     return parts, live
 

@@ -121,6 +121,7 @@ class LiveRun:
         config: Any = None,
         handle_signals: bool = True,
         gradcam: dict[str, str] | None = None,
+        keep_graph: bool = True,
     ):
         if (job is None) == (claim_job is None):
             raise ValueError("LiveRun needs a claimed job or a way to claim one, not both")  # internal misuse
@@ -135,6 +136,7 @@ class LiveRun:
         self._config = config
         self._handle_signals = handle_signals
         self._gradcam = gradcam
+        self._keep_graph = keep_graph
         self._attachment: Attachment | None = None
         self._signals: contextlib.ExitStack | None = None
         self._held: Any = None  # signals_as_interrupts' handle: hold() while a stopping run writes
@@ -250,6 +252,8 @@ class LiveRun:
         finally:
             try:
                 if job is not None:
+                    if not self._keep_graph:  # the runner's: close() then drops the graph before the page
+                        self.graph = None  # type: ignore[assignment]
                     close(job, progress, failing)
                     if self._claim_job is not None and job.world.main:  # the runner says its own
                         self._log_end()
