@@ -28,7 +28,7 @@ class SpecState:
     slot read per hooked call, as when these lived on the binding.
     """
 
-    __slots__ = ("first", "active", "calls", "recomputed", "log", "cells", "always", "sinks")
+    __slots__ = ("first", "active", "calls", "recomputed", "log", "cells", "always", "sinks", "maker")
 
     def __init__(self, first: Binding, log: TraceLog | None = None) -> None:
         self.first = first  # one of the spec's bindings: its schedule and config key
@@ -41,6 +41,7 @@ class SpecState:
         self.cells: list[Any] = []  # traced hooks' schedule: the closure cells of their ``on``
         self.always = False  # a traced hook without a schedule check (the spec acts at every step)
         self.sinks: list[Any] = []  # traced hooks' sinks, kept alive here (the log holds them weakly)
+        self.maker: Any = None  # an eager registrar's per-spec hook factory (eager.forward)
 
     def update(self, step: int) -> None:
         """Follow the schedule at ``step``: ``active``, and the traced hooks' cells."""

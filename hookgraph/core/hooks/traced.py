@@ -46,13 +46,21 @@ def _named(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
     return hook
 
 
+def _traced_pair(b: Binding) -> tuple[Callable[[Any], Any], Callable[[Any], None]] | None:
+    """The action's ``(pure, sink)`` for ``b``: its fn's ``traced`` attribute, which is the
+    pair itself or, where the sites of a spec share one attribute dict (record), a
+    function of the target that returns it (see ``actions.registry``)."""
+    traced = getattr(b.fn, "traced", None)
+    return traced(b.target) if callable(traced) else traced
+
+
 def _sink_id(b: Binding, st: SpecState) -> int:
     """The number ``b``'s traced hooks name their sink by: the sink counts the call and keeps
     what the action's ``pure`` returned, outside the trace."""
     log = st.log
     if log is None:
         raise HookGraphError(f"{b.key}: a traced hook outside a compiled attachment (an internal error)")
-    pair = getattr(b.fn, "traced", None)
+    pair = _traced_pair(b)
     keep = pair[1] if pair is not None else None
     if keep is not None and b.action.per_tensor:
         one = keep
@@ -74,7 +82,7 @@ def _traced_caller(b: Binding) -> tuple[Callable[..., Any], bool]:
     """For a traced hook: ``(fn, keeps)``. ``fn(value)`` returns what to keep when ``keeps``
     (a record-like action's ``pure``), else the new value or None (an edit). Built flat: every
     function and closure cell the hook reaches is one more guard dynamo checks per call."""
-    pair = getattr(b.fn, "traced", None)
+    pair = _traced_pair(b)
     if pair is None:  # an edit: what it returns replaces the value, nothing is kept
         # make_caller names a failing action as eager mode does (dynamo traces its try)
         call = make_caller(b)
@@ -230,7 +238,7 @@ def forward(b: Binding, st: SpecState) -> list[RemovableHandle]:
 def _grad_hook(b: Binding, st: SpecState) -> tuple[Callable[[Tensor], Tensor | None], bool]:
     """The tensor hook of a traced gradient point, and whether it keeps something (a keeping
     hook counts its own calls; an edit's are counted by the module hook that registers it)."""
-    pair = getattr(b.fn, "traced", None)
+    pair = _traced_pair(b)
     if pair is not None:
         # The operator copies what it keeps: a ``pure`` that only copies has a variant that
         # does not (record without reductions), saving the compiled backward a write per call.
