@@ -11,7 +11,11 @@ per step. Each phase runs in a fresh process and reports its peak RSS
 - ``baseline``: the same run without hooks (the process, torch and the model);
 - ``run``: the run recording every output;
 - ``import``: a process that only imports hookgraph (the floor of a reader);
-- ``load_run``: ``load_run`` of the folder, then every entry of every target read.
+- ``load_run``: ``load_run`` of the folder, then every entry of every target read;
+- ``bare`` and ``hand``: the model and steps without hookgraph, without hooks (``bare``) and
+  with the same recording written by hand (a forward hook per layer appending the detached
+  output, ``safetensors.torch.save_file`` once per step): the independent baseline, whose
+  overhead is ``hand`` over ``bare``.
 
 ``--profile`` adds tracemalloc's top allocation sites of each phase (slower).
 """
@@ -61,6 +65,29 @@ if phase in ("baseline", "run"):
            "hooks": {"all": {"target": "layers.*", "action": action}} if phase == "run" else {}}
     summary = run(cfg, out)
     facts["records_mb"] = summary.get("records_bytes", 0) / 2**20
+elif phase in ("hand", "bare"):
+    # The same recording written by hand: a forward hook per module appending the detached
+    # output, one safetensors file per step (what a careful user writes without hookgraph);
+    # "bare": the same model and steps without hooks or files, the hand-written floor.
+    import os
+    from safetensors.torch import save_file
+    from benchmarks.memory_records import Chain
+    model = Chain(modules).eval()
+    kept = {name: [] for name, _ in model.layers.named_children()}
+    handles = [layer.register_forward_hook(lambda m, a, o, slot=kept[name]: slot.append(o.detach()))
+               for name, layer in model.layers.named_children()] if phase == "hand" else []
+    os.makedirs(out, exist_ok=True)
+    with torch.no_grad():
+        for step in range(steps):
+            model(torch.randn(1, 4))
+            if handles:
+                tensors = {f"{name}/{step}": t for name, slot in kept.items() for t in slot}
+                save_file(tensors, f"{out}/{step}.safetensors")
+                del tensors
+            for slot in kept.values():
+                slot.clear()
+    for h in handles:
+        h.remove()
 elif phase == "load_run":
     import hookgraph as hg
     r = hg.load_run(out)
@@ -102,8 +129,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = {}
-        for phase in ("baseline", "run", "import", "load_run"):
-            out = Path(tmp) / ("base" if phase == "baseline" else "run")
+        for phase in ("baseline", "run", "import", "load_run", "bare", "hand"):
+            out = Path(tmp) / {"baseline": "base", "hand": "hand", "bare": "bare"}.get(phase, "run")
             rows[phase] = measure(phase, out, args.modules, args.steps, args.profile)
             if args.profile:
                 print(phase, json.dumps(rows[phase], indent=1))
@@ -118,6 +145,10 @@ def main() -> None:
     for phase, facts in rows.items():
         print(f"| {phase} | {facts['peak_rss_mb']:.0f} |")
     print(f"entries read back: {rows['load_run']['entries_read']:,}")
+    mb = {phase: facts["peak_rss_mb"] for phase, facts in rows.items()}
+    print(f"overhead: run {mb['run'] - mb['baseline']:+.0f} MiB over baseline, "
+          f"load_run {mb['load_run'] - mb['import']:+.0f} over import, "
+          f"by hand {mb['hand'] - mb['bare']:+.0f} over bare")
 
 
 if __name__ == "__main__":
