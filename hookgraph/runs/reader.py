@@ -33,6 +33,8 @@ import ctypes
 import json
 import math
 import os
+import re
+import stat
 import struct
 import threading
 import warnings
@@ -460,10 +462,14 @@ def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]], claim
     """Add the shard's entries to ``index``. Raises _Damaged, and then adds nothing, when
     safetensors cannot open it or its metadata is not hookgraph's; _Foreign, and then adds
     nothing, when ``claim`` (what the summary says of it) names another run or entry count."""
-    with _opened(shard) as f:
-        meta = f.metadata() or {}
-        keys = set(f.keys())
-    tensors = _locate(shard, meta, keys)
+    plain = _plain_header(shard)
+    if plain is None:  # outside the plain subset (or damaged): safetensors' own parse decides, and names why
+        with _opened(shard) as f:
+            meta = f.metadata() or {}
+            keys = set(f.keys())
+        tensors = _locate(shard, meta, keys)
+    else:
+        meta, tensors = plain
     found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
     if claim is not None:
         run = meta.get(RUN_ID)
@@ -586,6 +592,145 @@ def _locate(shard: _Shard, meta: dict, keys: set[str]) -> dict[str, _Tensor]:
         t.shape = shapes.setdefault(t.shape, t.shape)
         out[k] = t
     return out
+
+
+class _NotPlain(Exception):
+    """A header outside the subset :func:`_plain_header` vouches for."""
+
+
+# safetensors' bit width of each dtype it knows (safetensors/src/tensor.rs, Dtype::bitsize).
+_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+    "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+_INFO = frozenset(("dtype", "shape", "data_offsets"))
+_U64 = 1 << 64  # safetensors' sizes and offsets are usize: a 64-bit platform's
+_PLAIN_MAX = 100_000_000  # safetensors' MAX_HEADER_SIZE
+# JSON that Python's json reads and serde_json (safetensors) refuses, or may: a negative
+# number (serde refuses -0 as a size, Python reads it as 0) and a \\u escape of a surrogate
+# (serde refuses a lone one). Either sends the header to safetensors' own parse.
+_DOUBTFUL = re.compile(r"[\[,:]\s*-|\\u[dD][89a-fA-F]")
+
+
+def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
+    """The shard's metadata and where each tensor lies, parsed here without safetensors'
+    ``safe_open`` when the header is plain: valid UTF-8 JSON, one object of tensor entries
+    with exactly dtype, shape and data_offsets (sizes within 64 bits, a dtype torch has),
+    ``__metadata__`` null or an object of strings, no key twice, the tensors' bytes one
+    after the other up to the file's end. That is what safetensors' ``read_metadata``
+    accepts (checked against it, tests/test_memory_records.py), less what it would read
+    differently from Python's json; None for anything else, and for any file that cannot be
+    opened or is not a regular file: then ``safe_open`` decides and names the damage, as it
+    always did.
+
+    Why not ``safe_open``: for a 200,000-tensor shard it peaked at ~190 MB over the process
+    (serde buffers the whole header as generic JSON values before building its own map), and
+    the header it had just parsed was parsed again here to find the offsets, ~600 bytes a
+    tensor of Python dicts at the peak. Here each tensor's {dtype, shape, data_offsets} is
+    turned into its _Tensor as json parses it (``object_pairs_hook``), so the peak holds no
+    dict per tensor. Records the file's stamp."""
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 8:
+            return None
+        n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+        if n > _PLAIN_MAX or 8 + n > st.st_size:
+            return None
+        raw = os.pread(fd, n, 8)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) != n:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    del raw
+    if _DOUBTFUL.search(text) is not None:
+        return None
+    start, size = 8 + n, st.st_size
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> Any:
+        if len(items) == 3 and items[0][0] in _INFO:
+            info = dict(items)
+            if info.keys() == _INFO:
+                return _plain_tensor(info, start, size, shapes)
+        out = dict(items)
+        if len(out) != len(items):
+            raise _NotPlain  # a key twice: serde refuses it in places, keeps the last in others
+        return out
+
+    def constant(name: str) -> Any:
+        raise _NotPlain  # NaN, Infinity: not JSON, Python's json reads them
+
+    try:
+        header = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        del text
+        if type(header) is not dict:
+            return None
+        meta = header.pop("__metadata__", None)
+        if meta is None:
+            meta = {}
+        elif type(meta) is not dict or not all(type(v) is str for v in meta.values()):
+            return None
+        at, ordered = start, True
+        for key, t in header.items():
+            if type(t) is not _Tensor:
+                return None
+            t.key = key
+            if t.begin != at:
+                ordered = False
+            at = t.end
+        if not ordered:  # safetensors sorts by offsets before it checks they follow one another
+            at = start
+            for t in sorted(header.values(), key=lambda t: (t.begin, t.end)):
+                if t.begin != at:
+                    return None
+                at = t.end
+        if at != size:
+            return None
+    except (_NotPlain, ValueError, RecursionError):
+        return None
+    shard.stamp = _stamp(st)
+    return meta, header
+
+
+def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
+    """One tensor entry of a plain header, checked as safetensors' ``validate`` and
+    :func:`_tensor_info` check it (_NotPlain for anything either would refuse)."""
+    name, dims, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    bits = _BITS.get(name) if type(name) is str else None
+    found = _DTYPES.get(name) if bits is not None else None
+    if found is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
+        raise _NotPlain
+    b, e = offsets
+    if type(b) is not int or type(e) is not int or not 0 <= b <= e < _U64:
+        raise _NotPlain
+    count = 1
+    for d in dims:
+        if type(d) is not int or not 0 <= d < _U64:
+            raise _NotPlain
+        count *= d
+        if count >= _U64:
+            raise _NotPlain  # safetensors: ValidationOverflow, at any step
+    bits *= count
+    if bits >= _U64 or bits % 8 or bits // 8 != e - b or start + e > size:
+        raise _NotPlain
+    dtype, per = found
+    shape = tuple(dims)
+    if per > 1:
+        shape = (*shape[:-1], shape[-1] // per) if shape else shape
+    if math.prod(shape) * dtype.itemsize != e - b:
+        raise _NotPlain
+    return _Tensor("", dtype, shapes.setdefault(shape, shape), start + b, start + e)
 
 
 def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
