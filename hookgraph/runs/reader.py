@@ -38,6 +38,8 @@ import stat
 import struct
 import threading
 import warnings
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,12 +358,34 @@ def _not_read(damaged: list[str], missing: list[str]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+class _Calls(list):
+    """A target's recorded calls as read: a list, weakly referable (``_Targets`` keeps it
+    while its reader holds it)."""
+
+    __slots__ = ("__weakref__",)
+
+
+# What a _Targets keeps of the targets read last once their reader dropped them: the last
+# _KEEP targets, within _KEEP_BYTES (the last one always).
+_KEEP, _KEEP_BYTES = 8, 64 << 20
+_TENSOR_BYTES = 540  # a CPU tensor's own cost beside its data (RSS of 200,000 tiny tensors)
+
+
 class _Targets(Mapping):
-    """``records[spec]``: target -> the list of its recorded calls, read on first access."""
+    """``records[spec]``: target -> the list of its recorded calls, read on first access.
+
+    A target's list is the same object for as long as anyone holds it, and the targets read
+    last stay read (a few, within _KEEP_BYTES; always the last one), so ``records[s][t][i]`` in a
+    loop reads ``t`` once; a target read and dropped long ago is read again from its shard
+    when asked for. Not every target ever read, kept for the Run's life: reading every
+    entry of a run of 200,000 tiny records kept 200,000 tensors (~110 MB) that the reader
+    had dropped (benchmarks/RESULTS.md, "Reading 200k entries back")."""
 
     def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str], missing: list[str]):
         self._spec, self._index, self._damaged, self._gaps = spec, index, damaged, missing
-        self._cache: dict[str, list] = {}
+        self._held: weakref.WeakValueDictionary[str, _Calls] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[str, tuple[_Calls, int]] = OrderedDict()
+        self._recent_bytes = 0
 
     def _missing(self) -> str:
         return _not_read(self._damaged, self._gaps)
@@ -376,10 +400,26 @@ class _Targets(Mapping):
         return self._index[target]
 
     def __getitem__(self, target: str) -> list:
-        if target not in self._cache:
+        calls = self._held.get(target)
+        if calls is None:
+            entries = self._entries(target)
             with gc_paused():
-                self._cache[target] = _load(self._entries(target))
-        return self._cache[target]
+                calls = _Calls(_load(entries))
+            self._held[target] = calls
+        self._keep(target, calls)
+        return calls
+
+    def _keep(self, target: str, calls: _Calls) -> None:
+        """``target`` read last: kept, and the targets read longest ago let go past _KEEP of them or _KEEP_BYTES."""
+        if target in self._recent:
+            self._recent.move_to_end(target)
+            return
+        size = sum(t.end - t.begin + _TENSOR_BYTES for e in self._index[target] for t in e.tensors)
+        self._recent[target] = (calls, size)
+        self._recent_bytes += size
+        while len(self._recent) > _KEEP or (self._recent_bytes > _KEEP_BYTES and len(self._recent) > 1):
+            _, (_, gone) = self._recent.popitem(last=False)
+            self._recent_bytes -= gone
 
     def calls(self, target: str) -> list[tuple[int, int]]:
         """The (step, call) pairs recorded for ``target``, in order, without reading tensors."""
