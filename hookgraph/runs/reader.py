@@ -749,7 +749,7 @@ def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
     name, dims, offsets = info["dtype"], info["shape"], info["data_offsets"]
     bits = _BITS.get(name) if type(name) is str else None
     found = _DTYPES.get(name) if bits is not None else None
-    if found is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
+    if bits is None or found is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
         raise _NotPlain
     b, e = offsets
     if type(b) is not int or type(e) is not int or not 0 <= b <= e < _U64:
