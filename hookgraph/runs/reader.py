@@ -2,9 +2,11 @@
 
 Public names: Run, load_run, load_records, run_content, run_ranks.
 
-Each shard is indexed once: safetensors' ``safe_open`` validates it and gives its metadata
-and keys, and its header (the documented 8-byte length + JSON) gives where each tensor's
-bytes lie. A tensor is read when it is asked for, with one positioned read of its bytes
+Each shard is indexed once from its header (the documented 8-byte length + JSON), which
+gives its metadata and where each tensor's bytes lie: a plain header is parsed and checked
+here as safetensors checks it (:func:`_plain_header`, lean on memory), any other goes
+through safetensors' ``safe_open``, which validates it and names what is wrong. A tensor is
+read when it is asked for, with one positioned read of its bytes
 into memory the tensor owns, so looking at one target does not load the others and no
 memory map outlives a read (a run of any number of entries reads within the kernel's
 limit on maps, 65,530 per process).
