@@ -336,3 +336,35 @@ def test_shards_of_both_writers_are_plain_and_mutations_never_pass_where_safe_op
             assert not isinstance(full, Exception), f"mutation {k}: plain parse accepted what safe_open refuses: {full}"
             assert plain[0] == full[0] and _as_facts(plain[1]) == _as_facts(full[1])
     assert accepted > 20  # the mutations reach both sides of the line
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ", "[[1, 0, 0], [0, 0, 0]]", "[[0, 0, 0],]",
+     "[[0, 0, 0] [1, 0, 0]]", "[[0, 0, 0]] x", "[[0, 0", "", "{}", "7", '[[0, 0, 0], [1, "a", 0]]',
+     "[[0, 0, 0], [5, 0, 0]]", "[[0, 0, 0], [1, 0, 0], [1, 0, 0]] ]"],
+)
+def test_shard_entries_read_one_at_a_time_read_as_json_loads_reads_them(tmp_path, text):
+    # A shard's metadata (its order and entries) is decoded an item at a time, not 200,000
+    # lists at once: the same entries, and for damaged metadata the same words as json.loads
+    # of the whole text.
+    _one_shard_run(tmp_path / "run", 2)
+    path = next((tmp_path / "run" / "records").iterdir())
+    shard = reader._Shard(path, path.name)
+    plain = reader._plain_header(shard)
+    assert plain is not None
+    meta, tensors = plain
+    meta["entries"] = text
+
+    def read(fn: Any) -> Any:
+        try:
+            return [(s, t, e.step, e.call, e.tensors) for s, t, e in fn()]
+        except reader._Damaged as exc:
+            return str(exc)
+
+    whole = read(lambda: reader._entries_of(shard, dict(meta), tensors, json.loads))
+    assert read(lambda: reader._entries_v2(shard, dict(meta), tensors)) == whole
+    if not isinstance(whole, str):  # valid: the item at a time decoder alone gives it too
+        assert read(lambda: reader._entries_of(shard, dict(meta), tensors, reader._json_items)) == whole
+    assert isinstance(whole, str) == (text not in ("[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ",
+                                                    "[[1, 0, 0], [0, 0, 0]]", "{}"))

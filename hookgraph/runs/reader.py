@@ -714,9 +714,9 @@ def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
         raise _NotPlain  # NaN, Infinity: not JSON, Python's json reads them
 
     try:
-        header = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        header = _plain_object(text, json.JSONDecoder(object_pairs_hook=pairs, parse_constant=constant))
         del text
-        if type(header) is not dict:
+        if header is None:
             return None
         meta = header.pop("__metadata__", None)
         if meta is None:
@@ -743,6 +743,45 @@ def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
         return None
     shard.stamp = _stamp(st)
     return meta, header
+
+
+_SPACES = re.compile(r"[ \t\n\r]*")
+
+
+def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
+    """``json.loads(text)`` for a text that is one JSON object, parsed key by key: what
+    ``json.loads`` would give (the same string and value parsers, the same whitespace), but
+    its top-level object is built here instead of from a list of every (key, value) pair
+    with a memo of every key (~70 bytes a tensor at the peak). None when the text is not
+    one object or holds a key twice."""
+    at = _SPACES.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+    if text[at : at + 1] != "{":
+        return None
+    at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    out: dict = {}
+    if text[at : at + 1] == "}":
+        at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    else:
+        while True:
+            if text[at : at + 1] != '"':
+                return None
+            key, at = json.decoder.scanstring(text, at + 1, True)  # type: ignore[attr-defined]
+            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
+            if text[at : at + 1] != ":":
+                return None
+            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+            value, at = decoder.raw_decode(text, at)
+            if key in out:
+                return None
+            out[key] = value
+            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
+            sep = text[at : at + 1]
+            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+            if sep == "}":
+                break
+            if sep != ",":
+                return None
+    return out if at == len(text) else None
 
 
 def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
@@ -792,16 +831,58 @@ def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
 
 
 def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    try:
+        return _entries_of(shard, meta, tensors, _json_items)
+    except _Damaged:  # read again as a whole, for the words it always had (the first damage json finds)
+        return _entries_of(shard, meta, tensors, json.loads)
+
+
+def _json_items(text: str) -> Any:
+    """The items of the JSON array ``text``, decoded one at a time (json.loads of the
+    metadata's 200,000 entries held 200,000 lists of three at once, ~25 MB, and of its
+    order 200,000 lists of two names, ~40 MB); the same
+    decoder on the same characters, so the same values. Anything else is json.loads'."""
+    decoder = _DECODER
+    at = _SPACES.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+    if text[at : at + 1] != "[":
+        yield from json.loads(text)
+        return
+    at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    if text[at : at + 1] == "]":
+        at += 1
+    else:
+        while True:
+            item, at = decoder.raw_decode(text, at)
+            yield item
+            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
+            sep = text[at : at + 1]
+            if sep == "]":
+                at += 1
+                break
+            if sep != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    if _SPACES.match(text, at).end() != len(text):  # type: ignore[union-attr]
+        raise json.JSONDecodeError("Extra data", text, at)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _entries_of(shard: _Shard, meta: dict, tensors: dict[str, _Tensor], items: Any) -> list[tuple[str, str, _Entry]]:
     if meta.get("hookgraph") != FORMAT:
         raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
     try:
         step = int(meta["step"])
-        order = json.loads(meta["order"])
+        pairs = items(meta["order"])
         structures = json.loads(meta["structures"])
-        entries = json.loads(meta["entries"])
-        for pair in order:
+        entries = items(meta["entries"])
+        order: list[tuple[str, str]] = []
+        names: dict[str, str] = {}  # one string per spec name, not one per pair
+        for pair in pairs:
             if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)):
                 raise TypeError(f"order holds {pair!r}, not a [spec, target] pair of names")
+            order.append((names.setdefault(pair[0], pair[0]), pair[1]))
         # Per structure: None for one bare tensor (key without /<i>), else its tensor count.
         counts = [None if s == {"tensor": 0} else _count_tensors(s) for s in structures]
         out = []
