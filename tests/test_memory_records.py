@@ -179,7 +179,7 @@ def test_load_run_of_one_shard_of_tiny_records_and_reading_every_entry_stays_sma
     # Before: the shard's header parsed whole by json (a dict, two lists and strings per
     # tensor) after safe_open had parsed it (in Rust, not counted here), and every target
     # read kept by the Run after the reader dropped it: a peak of ~1,035 bytes an entry at
-    # 5,000 (and each kept tensor ~540 bytes of RSS beside what tracemalloc sees); now ~700.
+    # 5,000 (and each kept tensor ~540 bytes of RSS beside what tracemalloc sees); now ~620.
     n = 5_000
     values = _one_shard_run(tmp_path / "run", n)
     hg.load_run(_one_shard_run(tmp_path / "warm", 4) and tmp_path / "warm").records["s"]["layers.0"]  # imports
@@ -194,7 +194,7 @@ def test_load_run_of_one_shard_of_tiny_records_and_reading_every_entry_stays_sma
 
     _, peak = _traced(read_all)
     assert len(seen) == n and all(seen)
-    assert peak / n < 850, f"{peak / n:.0f} bytes an entry at the peak of load_run + reading every entry"
+    assert peak / n < 750, f"{peak / n:.0f} bytes an entry at the peak of load_run + reading every entry"
 
 
 def test_check_plan_streams_a_valid_plan(tmp_path, monkeypatch):
