@@ -695,7 +695,7 @@ def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
     except UnicodeDecodeError:
         return None
     del raw
-    if _DOUBTFUL.search(text) is not None:
+    if ("-" in text or "\\u" in text) and _DOUBTFUL.search(text) is not None:  # "in" first: a memchr
         return None
     start, size = 8 + n, st.st_size
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -748,39 +748,57 @@ def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
 _SPACES = re.compile(r"[ \t\n\r]*")
 
 
+def _skip(text: str, at: int) -> int:
+    """``at``, past any JSON whitespace there (most texts here have none: a quick look first)."""
+    return _SPACES.match(text, at).end() if text[at : at + 1] in _BLANKS else at  # type: ignore[union-attr]
+
+
+_BLANKS = " \t\n\r"
+
+
 def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
     """``json.loads(text)`` for a text that is one JSON object, parsed key by key: what
     ``json.loads`` would give (the same string and value parsers, the same whitespace), but
     its top-level object is built here instead of from a list of every (key, value) pair
     with a memo of every key (~70 bytes a tensor at the peak). None when the text is not
     one object or holds a key twice."""
-    at = _SPACES.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+    scan, string = decoder.scan_once, json.decoder.scanstring  # type: ignore[attr-defined]
+    at = _skip(text, 0)
     if text[at : at + 1] != "{":
         return None
-    at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    at = _skip(text, at + 1)
     out: dict = {}
-    if text[at : at + 1] == "}":
-        at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
-    else:
-        while True:
-            if text[at : at + 1] != '"':
-                return None
-            key, at = json.decoder.scanstring(text, at + 1, True)  # type: ignore[attr-defined]
-            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
-            if text[at : at + 1] != ":":
-                return None
-            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
-            value, at = decoder.raw_decode(text, at)
-            if key in out:
-                return None
-            out[key] = value
-            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
-            sep = text[at : at + 1]
-            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
-            if sep == "}":
-                break
-            if sep != ",":
-                return None
+    try:
+        if text[at : at + 1] == "}":
+            at = _skip(text, at + 1)
+        else:
+            while True:  # _skip inlined: this loop runs once a tensor
+                if text[at : at + 1] != '"':
+                    return None
+                key, at = string(text, at + 1, True)
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                if text[at : at + 1] != ":":
+                    return None
+                at += 1
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                value, at = scan(text, at)
+                if key in out:
+                    return None
+                out[key] = value
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                sep = text[at : at + 1]
+                at += 1
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                if sep == "}":
+                    break
+                if sep != ",":
+                    return None
+    except StopIteration:  # the scanner found no value there
+        return None
     return out if at == len(text) else None
 
 
@@ -842,27 +860,33 @@ def _json_items(text: str) -> Any:
     metadata's 200,000 entries held 200,000 lists of three at once, ~25 MB, and of its
     order 200,000 lists of two names, ~40 MB); the same
     decoder on the same characters, so the same values. Anything else is json.loads'."""
-    decoder = _DECODER
-    at = _SPACES.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
+    at = _skip(text, 0)
     if text[at : at + 1] != "[":
         yield from json.loads(text)
         return
-    at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
+    at = _skip(text, at + 1)
     if text[at : at + 1] == "]":
         at += 1
     else:
         while True:
-            item, at = decoder.raw_decode(text, at)
+            try:
+                item, at = scan(text, at)
+            except StopIteration as err:  # as raw_decode says it
+                raise json.JSONDecodeError("Expecting value", text, err.value) from None
             yield item
-            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
+            if text[at : at + 1] in _BLANKS:  # _skip inlined: this loop runs once an entry
+                at = _skip(text, at)
             sep = text[at : at + 1]
             if sep == "]":
                 at += 1
                 break
             if sep != ",":
                 raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at = _SPACES.match(text, at + 1).end()  # type: ignore[union-attr]
-    if _SPACES.match(text, at).end() != len(text):  # type: ignore[union-attr]
+            at += 1
+            if text[at : at + 1] in _BLANKS:
+                at = _skip(text, at)
+    if _skip(text, at) != len(text):
         raise json.JSONDecodeError("Extra data", text, at)
 
 
