@@ -368,3 +368,17 @@ def test_shard_entries_read_one_at_a_time_read_as_json_loads_reads_them(tmp_path
         assert read(lambda: reader._entries_of(shard, dict(meta), tensors, reader._json_items)) == whole
     assert isinstance(whole, str) == (text not in ("[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ",
                                                     "[[1, 0, 0], [0, 0, 0]]", "{}"))
+
+
+def test_shard_metadata_nested_past_the_stack_is_a_damaged_shard(tmp_path):
+    # Before: json's RecursionError came out of load_run as a traceback; now the shard is
+    # damaged, named, and the rest of the folder reads.
+    from safetensors.torch import save_file
+
+    (tmp_path / "records").mkdir()
+    meta = {"hookgraph": "2", "step": "0", "order": '[["s", "a"]]', "structures": '[{"tensor": 0}]',
+            "entries": "[" * 100_000 + "]" * 100_000}
+    save_file({"s/a/0/0": torch.ones(1)}, tmp_path / "records" / "step-000000.safetensors", metadata=meta)
+    with pytest.warns(UserWarning, match="damaged shard skipped .metadata is damaged: RecursionError"):
+        run = hg.load_run(tmp_path)
+    assert run.damaged == ["records/step-000000.safetensors"]

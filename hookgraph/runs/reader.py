@@ -922,7 +922,7 @@ def _entries_of(shard: _Shard, meta: dict, tensors: dict[str, _Tensor], items: A
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
     except KeyError as exc:
         raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
-    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+    except (ValueError, TypeError, IndexError, AttributeError, RecursionError) as exc:  # nested past the stack: damaged
         raise _Damaged(f"metadata is damaged: {type(exc).__name__}: {exc}") from None
     return out
 
@@ -949,7 +949,7 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             grouped.setdefault((spec, target, int(step_text), int(call_text)), []).append(
                 (parts[4] if len(parts) > 4 else "", key)
             )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
     for (spec, target, step, call), items in sorted(
