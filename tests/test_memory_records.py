@@ -21,7 +21,7 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.runner import outputs
 from hookgraph.runner import run as run_config
-from hookgraph.runs import files
+from hookgraph.runs import files, reader
 from hookgraph.runs.files import DamagedFileError, check_plan, read_plan
 from hookgraph.runs.writer import RunWriter, shard_key
 
@@ -130,9 +130,12 @@ _PLAN = [{"spec": "s", "target": "a", "type": "Linear", "at": "forward", "action
         "",
     ],
 )
-def test_check_plan_finds_what_read_plan_finds(tmp_path, text):
+@pytest.mark.parametrize("piece", [1 << 20, 3])
+def test_check_plan_finds_what_read_plan_finds(tmp_path, monkeypatch, text, piece):
     # load_run checks plan.json one binding at a time (check_plan) and reads it on first use
-    # (read_plan): the same file must pass or fail both, with the same damage named.
+    # (read_plan): the same file must pass or fail both, with the same damage named. Also
+    # read 3 bytes at a time: every binding, separator and space cut between pieces.
+    monkeypatch.setattr(files, "_PIECE", piece)
     path = tmp_path / "plan.json"
     path.write_text(text, encoding="utf-8")
     try:
@@ -197,3 +200,223 @@ def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
     with hg.open_run(tmp_path / "own", _Chain(2), {"all": {"target": "layers.*", "action": "record"}}) as live:
         live.step()
     assert live.graph.records is not None  # the user's graph, still theirs after close
+
+
+def _one_shard_run(path: Any, n: int) -> dict[str, torch.Tensor]:
+    """A run folder of ``n`` tiny records in one shard, with the summary's manifest (so the
+    shard's digest is checked when read); the values written, by target."""
+    torch.manual_seed(0)
+    values = {f"layers.{i}": torch.randn(1, 4) for i in range(n)}
+    writer = RunWriter(path, fsync="never")
+    writer.flush_records({"s": {k: [v] for k, v in values.items()}}, 0)
+    writer.json("summary.json", {"status": "completed", "manifest": writer.manifest()})
+    return values
+
+
+def test_load_run_of_one_shard_of_tiny_records_and_reading_every_entry_stays_small(tmp_path):
+    # Before: the shard's header parsed whole by json (a dict, two lists and strings per
+    # tensor) after safe_open had parsed it (in Rust, not counted here), and every target
+    # read kept by the Run after the reader dropped it: a peak of ~1,035 bytes an entry at
+    # 5,000 (and each kept tensor ~540 bytes of RSS beside what tracemalloc sees); now ~620.
+    n = 5_000
+    values = _one_shard_run(tmp_path / "run", n)
+    hg.load_run(_one_shard_run(tmp_path / "warm", 4) and tmp_path / "warm").records["s"]["layers.0"]  # imports
+    seen: list = []
+
+    def read_all() -> None:
+        run = hg.load_run(tmp_path / "run")
+        targets = run.records["s"]
+        for target in targets:
+            (value,) = targets[target]
+            seen.append(torch.equal(value, values[target]))
+
+    _, peak = _traced(read_all)
+    assert len(seen) == n and all(seen)
+    assert peak / n < 750, f"{peak / n:.0f} bytes an entry at the peak of load_run + reading every entry"
+
+
+def test_check_plan_streams_a_valid_plan(tmp_path, monkeypatch):
+    # A valid plan.json is checked a piece at a time, never read whole (its text was held
+    # twice, bytes and str: ~100 MB for 200,000 bindings); a damaged one is read whole for
+    # read_plan's words, naming the binding.
+    path = tmp_path / "plan.json"
+    plan = [dict(_PLAN[0], target=f"layers.{i}", order=i) for i in range(3000)]
+    path.write_text(json.dumps(plan, indent=1), encoding="utf-8")
+    monkeypatch.setattr(files, "_PIECE", 4096)
+    whole: list = []
+    real = files.read_text
+    monkeypatch.setattr(files, "read_text", lambda p: whole.append(p) or real(p))
+    assert check_plan(path) is True and whole == []
+    plan[2500]["target"] = 7
+    path.write_text(json.dumps(plan, indent=1), encoding="utf-8")
+    with pytest.raises(DamagedFileError, match="entry 2500: 'target' is a JSON number, expected a string"):
+        check_plan(path)
+    assert whole == [path]
+
+
+def test_a_target_read_and_dropped_is_not_kept_by_the_run(tmp_path):
+    # records[spec][target] is the same list while its reader holds it, and the last targets
+    # read stay read (a loop of records[s][t][i] reads t once); a target dropped long ago is
+    # read again from its shard, not kept for the Run's life (before: every target ever read).
+    values = _one_shard_run(tmp_path / "run", 40)
+    targets = hg.load_run(tmp_path / "run").records["s"]
+    held = targets["layers.0"]
+    assert targets["layers.0"] is held and torch.equal(held[0], values["layers.0"])
+    first = id(targets["layers.1"][0])
+    assert all(id(targets["layers.1"][0]) == first for _ in range(3))  # kept: not read again
+    for i in range(2, 40):
+        targets[f"layers.{i}"]
+    gc.collect()
+    assert set(targets._held) == {"layers.0", *(f"layers.{i}" for i in range(32, 40))}
+    assert targets["layers.0"] is held
+    again = targets["layers.1"]
+    assert torch.equal(again[0], values["layers.1"])
+
+
+def _both_reads(path: Any) -> tuple[Any, Any]:
+    """(the plain parse of the shard at ``path``, or None; what safe_open and the full check
+    read, or the damage they name)."""
+    shard = reader._Shard(path, path.name)
+    plain = reader._plain_header(shard)
+    try:
+        with reader._opened(shard) as f:
+            meta, keys = f.metadata() or {}, set(f.keys())
+        full: Any = (meta, reader._locate(reader._Shard(path, path.name), meta, keys))
+    except reader._Damaged as exc:
+        full = exc
+    return plain, full
+
+
+def _as_facts(tensors: dict) -> dict:
+    return {k: (t.key, t.dtype, t.shape, t.begin, t.end) for k, t in tensors.items()}
+
+
+_INFO = '"a":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]}'
+_OUT_OF_ORDER = ('{"a":{"dtype":"F32","shape":[1,2],"data_offsets":[8,16]},'
+                 '"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}')
+_PLAIN_HEADERS = {"{" + _INFO + "}", " {" + _INFO + "}  ", '{"__metadata__":null,' + _INFO + "}",
+                  '{"__metadata__":{"x":"1"},' + _INFO + "}", _OUT_OF_ORDER}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "{" + _INFO + "}", " {" + _INFO + "}  ", "{}", '{"__metadata__":null,' + _INFO + "}",
+        '{"__metadata__":{"x":"1"},' + _INFO + "}", '{"a\\ud83d\\ude00"' + _INFO[3:] + "}",
+        '{"a":{"dtype":"F32","shape":[-0,4],"data_offsets":[0,0]}}',
+        '{"a":{"dtype":"F32","shape":[1.0,4],"data_offsets":[0,16]}}',
+        '{"a":{"dtype":"F32","shape":[true,4],"data_offsets":[0,16]}}',
+        '{"a":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16],"x":1}}',
+        '{"a":{"dtype":"F32","shape":[1,4],"shape":[1,4],"data_offsets":[0,16]}}',
+        "{" + _INFO + "," + _INFO + "}", '{"__metadata__":{},"__metadata__":{},' + _INFO + "}",
+        '{"__metadata__":{"x":1},' + _INFO + "}", '{"__metadata__":{"dtype":"F32","shape":"x","data_offsets":"y"},'
+        + _INFO + "}", '{"a":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16,16]}}',
+        '{"a\\ud800"' + _INFO[3:] + "}", '{"a":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16],"x":NaN}}',
+        "\ufeff{" + _INFO + "}", '{"a":{"dtype":"f32","shape":[1,4],"data_offsets":[0,16]}}',
+        "{" + _INFO + "}\x00", '{"a":{"dtype":"F32","shape":[18446744073709551616,0],"data_offsets":[0,0]}}',
+        '{"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}',
+        '{"a\x01"' + _INFO[3:] + "}", "[1]", '{"__metadata__":{"x":{"y":"z"}},' + _INFO + "}",
+        '{"a":{"dtype":"F32","shape":[2,4],"data_offsets":[0,16]}}',
+        _OUT_OF_ORDER,
+        '{"a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}',
+        '{"a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]}}',
+        '{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}',
+        '{"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[0],"data_offsets":[1,1]}}',
+    ],
+)
+def test_a_plain_header_is_read_as_safe_open_reads_it(tmp_path, header):
+    # The shard header is parsed without safe_open (whose Rust parse peaked at ~190 MB for
+    # 200,000 tensors) only when it is plain: whatever that parse accepts, safe_open and the
+    # full check accept and read the same way (every other file goes to them, as before).
+    import struct
+
+    raw = header.encode("utf-8", "surrogatepass")
+    data = b"\0" * 16
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    plain, full = _both_reads(path)
+    if plain is not None:
+        assert not isinstance(full, Exception), f"plain parse accepted what safe_open refuses: {full}"
+        assert plain[0] == full[0] and _as_facts(plain[1]) == _as_facts(full[1])
+    if header in _PLAIN_HEADERS:  # and the plain parse does take the plain ones
+        assert plain is not None and not isinstance(full, Exception)
+
+
+def test_shards_of_both_writers_are_plain_and_mutations_never_pass_where_safe_open_refuses(tmp_path):
+    # hookgraph's writer and safetensors' own serializer (the writer's fallback) both write
+    # headers the plain parse takes; then 400 random one-byte changes of a header: each one
+    # the plain parse accepts, safe_open accepts and reads the same.
+    import random
+
+    from safetensors.torch import save_file
+
+    _one_shard_run(tmp_path / "run", 6)
+    ours = next((tmp_path / "run" / "records").iterdir())
+    theirs = tmp_path / "theirs.safetensors"
+    save_file({"s/a/0/0": torch.randn(2, 3), "s/b/0/0": torch.arange(5), "s/c/0/0": torch.ones(0)}, theirs,
+              metadata={"hookgraph": "x", "step": "0"})
+    for path in (ours, theirs):
+        plain, full = _both_reads(path)
+        assert plain is not None and plain[0] == full[0] and _as_facts(plain[1]) == _as_facts(full[1])
+    rng = random.Random(0)
+    base = ours.read_bytes()
+    n = int.from_bytes(base[:8], "little")
+    alphabet = b'{}[]",:0123456789-.eE \\uF3ad_'
+    accepted = 0
+    for k in range(400):
+        data = bytearray(base)
+        data[8 + rng.randrange(n)] = rng.choice(alphabet)
+        path = tmp_path / f"m{k}.safetensors"
+        path.write_bytes(bytes(data))
+        plain, full = _both_reads(path)
+        if plain is not None:
+            accepted += 1
+            assert not isinstance(full, Exception), f"mutation {k}: plain parse accepted what safe_open refuses: {full}"
+            assert plain[0] == full[0] and _as_facts(plain[1]) == _as_facts(full[1])
+    assert accepted > 20  # the mutations reach both sides of the line
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ", "[[1, 0, 0], [0, 0, 0]]", "[[0, 0, 0],]",
+     "[[0, 0, 0] [1, 0, 0]]", "[[0, 0, 0]] x", "[[0, 0", "", "{}", "7", '[[0, 0, 0], [1, "a", 0]]',
+     "[[0, 0, 0], [5, 0, 0]]", "[[0, 0, 0], [1, 0, 0], [1, 0, 0]] ]"],
+)
+def test_shard_entries_read_one_at_a_time_read_as_json_loads_reads_them(tmp_path, text):
+    # A shard's metadata (its order and entries) is decoded an item at a time, not 200,000
+    # lists at once: the same entries, and for damaged metadata the same words as json.loads
+    # of the whole text.
+    _one_shard_run(tmp_path / "run", 2)
+    path = next((tmp_path / "run" / "records").iterdir())
+    shard = reader._Shard(path, path.name)
+    plain = reader._plain_header(shard)
+    assert plain is not None
+    meta, tensors = plain
+    meta["entries"] = text
+
+    def read(fn: Any) -> Any:
+        try:
+            return [(s, t, e.step, e.call, e.tensors) for s, t, e in fn()]
+        except reader._Damaged as exc:
+            return str(exc)
+
+    whole = read(lambda: reader._entries_of(shard, dict(meta), tensors, json.loads))
+    assert read(lambda: reader._entries_v2(shard, dict(meta), tensors)) == whole
+    if not isinstance(whole, str):  # valid: the item at a time decoder alone gives it too
+        assert read(lambda: reader._entries_of(shard, dict(meta), tensors, reader._json_items)) == whole
+    assert isinstance(whole, str) == (text not in ("[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ",
+                                                    "[[1, 0, 0], [0, 0, 0]]", "{}"))
+
+
+def test_shard_metadata_nested_past_the_stack_is_a_damaged_shard(tmp_path):
+    # Before: json's RecursionError came out of load_run as a traceback; now the shard is
+    # damaged, named, and the rest of the folder reads.
+    from safetensors.torch import save_file
+
+    (tmp_path / "records").mkdir()
+    meta = {"hookgraph": "2", "step": "0", "order": '[["s", "a"]]', "structures": '[{"tensor": 0}]',
+            "entries": "[" * 100_000 + "]" * 100_000}
+    save_file({"s/a/0/0": torch.ones(1)}, tmp_path / "records" / "step-000000.safetensors", metadata=meta)
+    with pytest.warns(UserWarning, match="damaged shard skipped .metadata is damaged: RecursionError"):
+        run = hg.load_run(tmp_path)
+    assert run.damaged == ["records/step-000000.safetensors"]

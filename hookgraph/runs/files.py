@@ -12,6 +12,7 @@ report page, the sweep table) catches one type and says which file and why.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -228,7 +229,11 @@ def check_plan(path: Path) -> bool:
     """Whether there is a plan.json, checked as :func:`read_plan` checks it (the same
     DamagedFileError for the same damage) while holding one binding at a time: ``load_run``
     checks the plan at once and reads it on first use, as its 200,000 bindings' dicts are
-    ~1 KB each and a reader of records needs none of them."""
+    ~1 KB each and a reader of records needs none of them. A valid file is read 1 MiB at a
+    time (:func:`_plan_streams`); only a file that fails that read is read whole, here, for
+    read_plan's own words about its damage."""
+    if _plan_streams(path):
+        return True
     text = read_text(path)
     if text is None:
         return False
@@ -260,6 +265,90 @@ def check_plan(path: Path) -> bool:
     except ValueError as exc:
         raise DamagedFileError(path, f"not JSON ({exc})") from None
     return True
+
+
+_PIECE = 1 << 20
+
+
+def _plan_streams(path: Path) -> bool:
+    """Whether plan.json is a valid plan, read a piece at a time (the text of a 200,000-binding
+    plan is ~50 MB, held twice while read whole: its bytes and its str). False when it is
+    not, or cannot be opened, or is not a regular file: :func:`check_plan` then reads it
+    whole and names what is wrong as read_plan does. The same checks in the same order as
+    the whole read: each binding is decoded by the same decoder from the same characters."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        utf8 = codecs.getincrementaldecoder("utf-8")()
+        decoder = json.JSONDecoder()
+        text, at, eof, want = "", 0, False, _PIECE
+
+        def more() -> bool:
+            # The text not yet consumed, plus at least ``want`` more bytes; False at the end.
+            nonlocal text, at, eof
+            if eof:
+                return False
+            got = []
+            size = 0
+            while size < want:
+                chunk = os.read(fd, _PIECE)
+                if not chunk:
+                    eof = True
+                    break
+                got.append(utf8.decode(chunk))
+                size += len(chunk)
+            if eof:
+                got.append(utf8.decode(b"", final=True))
+            text, at = text[at:] + "".join(got), 0
+            return True
+
+        def space() -> str:
+            # Skip whitespace, reading on where it runs to the end; the next character ("" at the end).
+            nonlocal at
+            while True:
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string
+                if at < len(text) or not more():
+                    return text[at : at + 1]
+
+        if space() != "[":
+            return False
+        at += 1
+        i = 0
+        if space() == "]":
+            at += 1
+        else:
+            while True:
+                try:
+                    entry, end = decoder.raw_decode(text, at)
+                except ValueError:
+                    # Cut at the piece's end, or damaged: read on (twice as far each time a
+                    # binding is still cut, so a huge one is not decoded again per MiB).
+                    if not more():
+                        return False
+                    want *= 2
+                    continue
+                want = _PIECE
+                _check_binding(path, i, entry)
+                i += 1
+                at = end
+                sep = space()
+                if sep == "]":
+                    at += 1
+                    break
+                if sep != ",":
+                    return False
+                at += 1
+                if space() == "":
+                    return False
+        return space() == ""
+    except (OSError, ValueError, DamagedFileError):
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_modules(path: Path) -> list[dict] | None:

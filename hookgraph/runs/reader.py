@@ -2,9 +2,11 @@
 
 Public names: Run, load_run, load_records, run_content, run_ranks.
 
-Each shard is indexed once: safetensors' ``safe_open`` validates it and gives its metadata
-and keys, and its header (the documented 8-byte length + JSON) gives where each tensor's
-bytes lie. A tensor is read when it is asked for, with one positioned read of its bytes
+Each shard is indexed once from its header (the documented 8-byte length + JSON), which
+gives its metadata and where each tensor's bytes lie: a plain header is parsed and checked
+here as safetensors checks it (:func:`_plain_header`, lean on memory), any other goes
+through safetensors' ``safe_open``, which validates it and names what is wrong. A tensor is
+read when it is asked for, with one positioned read of its bytes
 into memory the tensor owns, so looking at one target does not load the others and no
 memory map outlives a read (a run of any number of entries reads within the kernel's
 limit on maps, 65,530 per process).
@@ -33,9 +35,13 @@ import ctypes
 import json
 import math
 import os
+import re
+import stat
 import struct
 import threading
 import warnings
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,12 +360,34 @@ def _not_read(damaged: list[str], missing: list[str]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+class _Calls(list):
+    """A target's recorded calls as read: a list, weakly referable (``_Targets`` keeps it
+    while its reader holds it)."""
+
+    __slots__ = ("__weakref__",)
+
+
+# What a _Targets keeps of the targets read last once their reader dropped them: the last
+# _KEEP targets, within _KEEP_BYTES (the last one always).
+_KEEP, _KEEP_BYTES = 8, 64 << 20
+_TENSOR_BYTES = 540  # a CPU tensor's own cost beside its data (RSS of 200,000 tiny tensors)
+
+
 class _Targets(Mapping):
-    """``records[spec]``: target -> the list of its recorded calls, read on first access."""
+    """``records[spec]``: target -> the list of its recorded calls, read on first access.
+
+    A target's list is the same object for as long as anyone holds it, and the targets read
+    last stay read (a few, within _KEEP_BYTES; always the last one), so ``records[s][t][i]`` in a
+    loop reads ``t`` once; a target read and dropped long ago is read again from its shard
+    when asked for. Not every target ever read, kept for the Run's life: reading every
+    entry of a run of 200,000 tiny records kept 200,000 tensors (~110 MB) that the reader
+    had dropped (benchmarks/RESULTS.md, "Reading 200k entries back")."""
 
     def __init__(self, spec: str, index: dict[str, list[_Entry]], damaged: list[str], missing: list[str]):
         self._spec, self._index, self._damaged, self._gaps = spec, index, damaged, missing
-        self._cache: dict[str, list] = {}
+        self._held: weakref.WeakValueDictionary[str, _Calls] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[str, tuple[_Calls, int]] = OrderedDict()
+        self._recent_bytes = 0
 
     def _missing(self) -> str:
         return _not_read(self._damaged, self._gaps)
@@ -374,10 +402,26 @@ class _Targets(Mapping):
         return self._index[target]
 
     def __getitem__(self, target: str) -> list:
-        if target not in self._cache:
+        calls = self._held.get(target)
+        if calls is None:
+            entries = self._entries(target)
             with gc_paused():
-                self._cache[target] = _load(self._entries(target))
-        return self._cache[target]
+                calls = _Calls(_load(entries))
+            self._held[target] = calls
+        self._keep(target, calls)
+        return calls
+
+    def _keep(self, target: str, calls: _Calls) -> None:
+        """``target`` read last: kept, and the targets read longest ago let go past _KEEP of them or _KEEP_BYTES."""
+        if target in self._recent:
+            self._recent.move_to_end(target)
+            return
+        size = sum(t.end - t.begin + _TENSOR_BYTES for e in self._index[target] for t in e.tensors)
+        self._recent[target] = (calls, size)
+        self._recent_bytes += size
+        while len(self._recent) > _KEEP or (self._recent_bytes > _KEEP_BYTES and len(self._recent) > 1):
+            _, (_, gone) = self._recent.popitem(last=False)
+            self._recent_bytes -= gone
 
     def calls(self, target: str) -> list[tuple[int, int]]:
         """The (step, call) pairs recorded for ``target``, in order, without reading tensors."""
@@ -460,10 +504,14 @@ def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]], claim
     """Add the shard's entries to ``index``. Raises _Damaged, and then adds nothing, when
     safetensors cannot open it or its metadata is not hookgraph's; _Foreign, and then adds
     nothing, when ``claim`` (what the summary says of it) names another run or entry count."""
-    with _opened(shard) as f:
-        meta = f.metadata() or {}
-        keys = set(f.keys())
-    tensors = _locate(shard, meta, keys)
+    plain = _plain_header(shard)
+    if plain is None:  # outside the plain subset (or damaged): safetensors' own parse decides, and names why
+        with _opened(shard) as f:
+            meta = f.metadata() or {}
+            keys = set(f.keys())
+        tensors = _locate(shard, meta, keys)
+    else:
+        meta, tensors = plain
     found = _entries_v2(shard, meta, tensors) if "hookgraph" in meta else _entries_v1(shard, meta, tensors)
     if claim is not None:
         run = meta.get(RUN_ID)
@@ -588,6 +636,202 @@ def _locate(shard: _Shard, meta: dict, keys: set[str]) -> dict[str, _Tensor]:
     return out
 
 
+class _NotPlain(Exception):
+    """A header outside the subset :func:`_plain_header` vouches for."""
+
+
+# safetensors' bit width of each dtype it knows (safetensors/src/tensor.rs, Dtype::bitsize).
+_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+    "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+_INFO = frozenset(("dtype", "shape", "data_offsets"))
+_U64 = 1 << 64  # safetensors' sizes and offsets are usize: a 64-bit platform's
+_PLAIN_MAX = 100_000_000  # safetensors' MAX_HEADER_SIZE
+# JSON that Python's json reads and serde_json (safetensors) refuses, or may: a negative
+# number (serde refuses -0 as a size, Python reads it as 0) and a \\u escape of a surrogate
+# (serde refuses a lone one). Either sends the header to safetensors' own parse.
+_DOUBTFUL = re.compile(r"[\[,:]\s*-|\\u[dD][89a-fA-F]")
+
+
+def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
+    """The shard's metadata and where each tensor lies, parsed here without safetensors'
+    ``safe_open`` when the header is plain: valid UTF-8 JSON, one object of tensor entries
+    with exactly dtype, shape and data_offsets (sizes within 64 bits, a dtype torch has),
+    ``__metadata__`` null or an object of strings, no key twice, the tensors' bytes one
+    after the other up to the file's end. That is what safetensors' ``read_metadata``
+    accepts (checked against it, tests/test_memory_records.py), less what it would read
+    differently from Python's json; None for anything else, and for any file that cannot be
+    opened or is not a regular file: then ``safe_open`` decides and names the damage, as it
+    always did.
+
+    Why not ``safe_open``: for a 200,000-tensor shard it peaked at ~190 MB over the process
+    (serde buffers the whole header as generic JSON values before building its own map), and
+    the header it had just parsed was parsed again here to find the offsets, ~600 bytes a
+    tensor of Python dicts at the peak. Here each tensor's {dtype, shape, data_offsets} is
+    turned into its _Tensor as json parses it (``object_pairs_hook``), so the peak holds no
+    dict per tensor. Records the file's stamp."""
+    try:
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 8:
+            return None
+        n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+        if n > _PLAIN_MAX or 8 + n > st.st_size:
+            return None
+        raw = os.pread(fd, n, 8)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) != n:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    del raw
+    if ("-" in text or "\\u" in text) and _DOUBTFUL.search(text) is not None:  # "in" first: a memchr
+        return None
+    start, size = 8 + n, st.st_size
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> Any:
+        if len(items) == 3 and items[0][0] in _INFO:
+            info = dict(items)
+            if info.keys() == _INFO:
+                return _plain_tensor(info, start, size, shapes)
+        out = dict(items)
+        if len(out) != len(items):
+            raise _NotPlain  # a key twice: serde refuses it in places, keeps the last in others
+        return out
+
+    def constant(name: str) -> Any:
+        raise _NotPlain  # NaN, Infinity: not JSON, Python's json reads them
+
+    try:
+        header = _plain_object(text, json.JSONDecoder(object_pairs_hook=pairs, parse_constant=constant))
+        del text
+        if header is None:
+            return None
+        meta = header.pop("__metadata__", None)
+        if meta is None:
+            meta = {}
+        elif type(meta) is not dict or not all(type(v) is str for v in meta.values()):
+            return None
+        at, ordered = start, True
+        for key, t in header.items():
+            if type(t) is not _Tensor:
+                return None
+            t.key = key
+            if t.begin != at:
+                ordered = False
+            at = t.end
+        if not ordered:  # safetensors sorts by offsets before it checks they follow one another
+            at = start
+            for t in sorted(header.values(), key=lambda t: (t.begin, t.end)):
+                if t.begin != at:
+                    return None
+                at = t.end
+        if at != size:
+            return None
+    except (_NotPlain, ValueError, RecursionError):
+        return None
+    shard.stamp = _stamp(st)
+    return meta, header
+
+
+_SPACES = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, at: int) -> int:
+    """``at``, past any JSON whitespace there (most texts here have none: a quick look first)."""
+    return _SPACES.match(text, at).end() if text[at : at + 1] in _BLANKS else at  # type: ignore[union-attr]
+
+
+_BLANKS = " \t\n\r"
+
+
+def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
+    """``json.loads(text)`` for a text that is one JSON object, parsed key by key: what
+    ``json.loads`` would give (the same string and value parsers, the same whitespace), but
+    its top-level object is built here instead of from a list of every (key, value) pair
+    with a memo of every key (~70 bytes a tensor at the peak). None when the text is not
+    one object or holds a key twice."""
+    scan, string = decoder.scan_once, json.decoder.scanstring  # type: ignore[attr-defined]
+    at = _skip(text, 0)
+    if text[at : at + 1] != "{":
+        return None
+    at = _skip(text, at + 1)
+    out: dict = {}
+    try:
+        if text[at : at + 1] == "}":
+            at = _skip(text, at + 1)
+        else:
+            while True:  # _skip inlined: this loop runs once a tensor
+                if text[at : at + 1] != '"':
+                    return None
+                key, at = string(text, at + 1, True)
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                if text[at : at + 1] != ":":
+                    return None
+                at += 1
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                value, at = scan(text, at)
+                if key in out:
+                    return None
+                out[key] = value
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                sep = text[at : at + 1]
+                at += 1
+                if text[at : at + 1] in _BLANKS:
+                    at = _skip(text, at)
+                if sep == "}":
+                    break
+                if sep != ",":
+                    return None
+    except StopIteration:  # the scanner found no value there
+        return None
+    return out if at == len(text) else None
+
+
+def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
+    """One tensor entry of a plain header, checked as safetensors' ``validate`` and
+    :func:`_tensor_info` check it (_NotPlain for anything either would refuse)."""
+    name, dims, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    bits = _BITS.get(name) if type(name) is str else None
+    found = _DTYPES.get(name) if bits is not None else None
+    if bits is None or found is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
+        raise _NotPlain
+    b, e = offsets
+    if type(b) is not int or type(e) is not int or not 0 <= b <= e < _U64:
+        raise _NotPlain
+    count = 1
+    for d in dims:
+        if type(d) is not int or not 0 <= d < _U64:
+            raise _NotPlain
+        count *= d
+        if count >= _U64:
+            raise _NotPlain  # safetensors: ValidationOverflow, at any step
+    bits *= count
+    if bits >= _U64 or bits % 8 or bits // 8 != e - b or start + e > size:
+        raise _NotPlain
+    dtype, per = found
+    shape = tuple(dims)
+    if per > 1:
+        shape = (*shape[:-1], shape[-1] // per) if shape else shape
+    if math.prod(shape) * dtype.itemsize != e - b:
+        raise _NotPlain
+    return _Tensor("", dtype, shapes.setdefault(shape, shape), start + b, start + e)
+
+
 def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
     try:
         dtype, per = _DTYPES[info["dtype"]]
@@ -605,16 +849,64 @@ def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
 
 
 def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[tuple[str, str, _Entry]]:
+    try:
+        return _entries_of(shard, meta, tensors, _json_items)
+    except _Damaged:  # read again as a whole, for the words it always had (the first damage json finds)
+        return _entries_of(shard, meta, tensors, json.loads)
+
+
+def _json_items(text: str) -> Any:
+    """The items of the JSON array ``text``, decoded one at a time (json.loads of the
+    metadata's 200,000 entries held 200,000 lists of three at once, ~25 MB, and of its
+    order 200,000 lists of two names, ~40 MB); the same
+    decoder on the same characters, so the same values. Anything else is json.loads'."""
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
+    at = _skip(text, 0)
+    if text[at : at + 1] != "[":
+        yield from json.loads(text)
+        return
+    at = _skip(text, at + 1)
+    if text[at : at + 1] == "]":
+        at += 1
+    else:
+        while True:
+            try:
+                item, at = scan(text, at)
+            except StopIteration as err:  # as raw_decode says it
+                raise json.JSONDecodeError("Expecting value", text, err.value) from None
+            yield item
+            if text[at : at + 1] in _BLANKS:  # _skip inlined: this loop runs once an entry
+                at = _skip(text, at)
+            sep = text[at : at + 1]
+            if sep == "]":
+                at += 1
+                break
+            if sep != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+            at += 1
+            if text[at : at + 1] in _BLANKS:
+                at = _skip(text, at)
+    if _skip(text, at) != len(text):
+        raise json.JSONDecodeError("Extra data", text, at)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _entries_of(shard: _Shard, meta: dict, tensors: dict[str, _Tensor], items: Any) -> list[tuple[str, str, _Entry]]:
     if meta.get("hookgraph") != FORMAT:
         raise _Damaged(f"shard format {meta.get('hookgraph')!r}, this hookgraph reads {FORMAT!r}")
     try:
         step = int(meta["step"])
-        order = json.loads(meta["order"])
+        pairs = items(meta["order"])
         structures = json.loads(meta["structures"])
-        entries = json.loads(meta["entries"])
-        for pair in order:
+        entries = items(meta["entries"])
+        order: list[tuple[str, str]] = []
+        names: dict[str, str] = {}  # one string per spec name, not one per pair
+        for pair in pairs:
             if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)):
                 raise TypeError(f"order holds {pair!r}, not a [spec, target] pair of names")
+            order.append((names.setdefault(pair[0], pair[0]), pair[1]))
         # Per structure: None for one bare tensor (key without /<i>), else its tensor count.
         counts = [None if s == {"tensor": 0} else _count_tensors(s) for s in structures]
         out = []
@@ -630,7 +922,7 @@ def _entries_v2(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             out.append((spec, target, _Entry(step, call, shard, found, structures[s])))
     except KeyError as exc:
         raise _Damaged(f"metadata names {exc} but the shard does not hold it") from None
-    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+    except (ValueError, TypeError, IndexError, AttributeError, RecursionError) as exc:  # nested past the stack: damaged
         raise _Damaged(f"metadata is damaged: {type(exc).__name__}: {exc}") from None
     return out
 
@@ -657,7 +949,7 @@ def _entries_v1(shard: _Shard, meta: dict, tensors: dict[str, _Tensor]) -> list[
             grouped.setdefault((spec, target, int(step_text), int(call_text)), []).append(
                 (parts[4] if len(parts) > 4 else "", key)
             )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise _Damaged(f"keys or metadata not in hookgraph's format: {exc}") from None
     out = []
     for (spec, target, step, call), items in sorted(
