@@ -116,7 +116,8 @@ class _Saved:
         for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
             if not isinstance(lg, logging.Logger):
                 continue
-            level, handlers, propagate, disabled, filters = self.loggers.get(name, (logging.NOTSET, [], True, False, []))
+            fresh = (logging.NOTSET, [], True, False, [])  # a logger the run made: as getLogger makes it
+            level, handlers, propagate, disabled, filters = self.loggers.get(name, fresh)
             for handler in lg.handlers:
                 if handler not in handlers:
                     with contextlib.suppress(Exception):
@@ -141,7 +142,9 @@ class _Saved:
         torch.set_rng_state(self.rng[2])
 
 
-def run_cli_here(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli_here(
+    args: list[str], cwd: Path, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """``python -m hookgraph ARGS`` run from ``cwd`` inside this process: the same entry point,
     its stdout and stderr captured and its exit code taken from SystemExit (an uncaught
     exception prints its traceback and is exit code 1, as in a process). Everything the run

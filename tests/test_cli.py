@@ -226,7 +226,9 @@ def test_user_config_dir_with_own_experiment_action_and_model(tmp_path):
             """
         )
     )
-    proc = run_cli_here(["--config-dir", str(conf), "+experiment=my_exp", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(
+        ["--config-dir", str(conf), "+experiment=my_exp", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = hg.load_run(tmp_path / "run")
     assert set(run.records) == {"seen_first", "watch_second"}
@@ -276,7 +278,9 @@ def test_bad_input_exits_nonzero_with_a_clear_message(tmp_path, override, expect
 
 
 def test_missing_image_folder(tmp_path):
-    proc = run_cli_here(["data=images", f"data.root={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(
+        ["data=images", f"data.root={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert "data.root" in proc.stderr
 
