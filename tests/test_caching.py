@@ -532,17 +532,14 @@ def _probe_run(path, steps=12, d=16, metric=False):
 
 @pytest.mark.slow
 def test_probe_from_yaml_and_steer(tmp_path):
-    import subprocess
-    import sys
-
     from hookgraph.actions.steer import steering_vector
+    from tests.cli_helpers import run_cli_here
 
     u = _probe_run(tmp_path / "run")
     cfg = tmp_path / "probe.yaml"
     cfg.write_text(f"run: {tmp_path / 'run'}\nspec: resid\nlabels: {{source: token}}\nepochs: 5\n"
                    f"batch_size: 64\nout: {tmp_path / 'p.safetensors'}\n")
-    out = subprocess.run([sys.executable, "-m", "hookgraph", "probe", str(cfg), "lr=0.05"], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    out = run_cli_here(["probe", str(cfg), "lr=0.05"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     import json
 

@@ -1,5 +1,7 @@
 """The command line end to end: every packaged experiment, sweeps, user config folders,
-bad input, dry runs and listings. Each CLI call runs in a subprocess from tmp_path."""
+bad input, dry runs and listings. Each CLI call runs from tmp_path: in this process
+(run_cli_here), except the sweep of every experiment and the joblib sweep, which start
+``python -m hookgraph`` as a user does (run_cli)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.runner import build_from_config
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, run_cli_here
 from tests.reference import resnet18_order, resnet34_conv_names
 
 pytestmark = pytest.mark.slow
@@ -130,7 +132,7 @@ def test_nan_hunt_run(all_experiments):
 
 
 def test_nan_hunt_stop_fails_naming_the_module(tmp_path):
-    proc = run_cli(
+    proc = run_cli_here(
         ["+experiment=nan_hunt", "hooks.nan_watch.args.stop=true", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
     )
     assert proc.returncode == 2
@@ -141,7 +143,7 @@ def test_nan_hunt_stop_fails_naming_the_module(tmp_path):
 
 def test_two_job_sweep_writes_one_table(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(
+    proc = run_cli_here(
         ["-m", "+experiment=clamp_conv", "hooks.clamp_grad.args.min=0,-0.1", f"hydra.sweep.dir={sweep}"], cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -224,7 +226,9 @@ def test_user_config_dir_with_own_experiment_action_and_model(tmp_path):
             """
         )
     )
-    proc = run_cli(["--config-dir", str(conf), "+experiment=my_exp", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(
+        ["--config-dir", str(conf), "+experiment=my_exp", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = hg.load_run(tmp_path / "run")
     assert set(run.records) == {"seen_first", "watch_second"}
@@ -263,7 +267,7 @@ def test_user_config_dir_with_own_experiment_action_and_model(tmp_path):
     ],
 )
 def test_bad_input_exits_nonzero_with_a_clear_message(tmp_path, override, expected):
-    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here([override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     for text in expected:
         assert text in proc.stderr, (text, proc.stderr[-2000:])
@@ -274,21 +278,23 @@ def test_bad_input_exits_nonzero_with_a_clear_message(tmp_path, override, expect
 
 
 def test_missing_image_folder(tmp_path):
-    proc = run_cli(["data=images", f"data.root={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(
+        ["data=images", f"data.root={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert "data.root" in proc.stderr
 
 
 def test_unknown_config_key_and_option_are_hydra_errors(tmp_path):
-    proc = run_cli(["runner.stpes=3", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(["runner.stpes=3", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode != 0 and "stpes" in proc.stderr
-    proc = run_cli(["+experiment=clamp_cnv", f"hydra.run.dir={tmp_path / 'run2'}"], cwd=tmp_path)
+    proc = run_cli_here(["+experiment=clamp_cnv", f"hydra.run.dir={tmp_path / 'run2'}"], cwd=tmp_path)
     assert proc.returncode != 0 and "clamp_conv" in proc.stderr  # Hydra lists the available options
 
 
 @pytest.mark.slow  # the command line in a subprocess
 def test_malformed_override_at_the_command_line(tmp_path):
-    proc = run_cli(["+hooks.bad={target: [conv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(["+hooks.bad={target: [conv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode != 0
     assert (
         "'{target: [conv'" in proc.stderr and "override_grammar" in proc.stderr
@@ -297,7 +303,7 @@ def test_malformed_override_at_the_command_line(tmp_path):
 
 
 def test_dry_run_prints_plan_without_running(tmp_path):
-    proc = run_cli(["+experiment=clamp_conv", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(["+experiment=clamp_conv", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "clamp_grad" in proc.stdout and "output_grad" in proc.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -306,12 +312,12 @@ def test_dry_run_prints_plan_without_running(tmp_path):
 
 
 def test_list_targets(tmp_path):
-    proc = run_cli(["model=resnet18", "list_targets=**.conv*", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(["model=resnet18", "list_targets=**.conv*", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].split()[:2] == ["name", "type"]
     assert len(lines) - 1 == 17  # conv1 + 16 block convolutions (downsample convs are ".0")
-    proc = run_cli(
+    proc = run_cli_here(
         ["model=conv_net", "list_targets=fc1.*", "list_params=true", f"hydra.run.dir={tmp_path / 'run2'}"], cwd=tmp_path
     )
     assert "fc1.bias" in proc.stdout and "[5]" in proc.stdout

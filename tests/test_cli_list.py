@@ -10,7 +10,7 @@ from hookgraph.actions.registry import ACTIONS
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.listing import main as list_main
 from hookgraph.config.searchpath import set_user_dirs
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 
 PACKAGED = Path(CONFIG_DIR)
 
@@ -80,7 +80,7 @@ def test_a_missing_folder_and_an_unknown_group_are_errors(tmp_path, capsys):
 def test_list_is_a_subcommand_of_the_cli(tmp_path):
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "conf" / "data" / "random.yaml").write_text("kind: random\nshape: [4]\n")
-    proc = run_cli(["list", "--config-dir", "conf", "data"], cwd=tmp_path)
+    proc = run_cli_here(["list", "--config-dir", "conf", "data"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = rows(proc.stdout, "data")
     assert "your folder" in data["random"][0] and "shadowed by" in data["random"][1]

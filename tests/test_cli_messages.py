@@ -15,7 +15,7 @@ import pytest
 import hookgraph as hg
 from hookgraph.runner import run
 from hookgraph.runner.messages import closing_lines
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 
 
 def test_closing_lines_name_unmatched_never_fired_and_the_first_non_finite_module():
@@ -72,7 +72,7 @@ def test_importing_hookgraph_changes_no_global_state():
 
 @pytest.mark.slow
 def test_nan_hunt_names_the_first_module_at_the_end(tmp_path):
-    proc = run_cli(["+experiment=nan_hunt", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(["+experiment=nan_hunt", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "hookgraph: warning: first non-finite values at module 'log' (forward, step 0, spec 'nan_watch'): "
@@ -83,7 +83,7 @@ def test_nan_hunt_names_the_first_module_at_the_end(tmp_path):
 
 @pytest.mark.slow
 def test_never_fired_specs_are_on_the_terminal(tmp_path):
-    proc = run_cli(
+    proc = run_cli_here(
         [
             "+hooks.x={target: conv, at: input_grad, action: record}",
             "sink.figures=false",
@@ -102,7 +102,7 @@ def test_a_yaml_syntax_error_in_the_users_config_is_one_line(tmp_path):
     conf = tmp_path / "conf" / "hooks"
     conf.mkdir(parents=True)
     (conf / "mine.yaml").write_text("mine:\n  target: conv\n  action: [record\n")
-    proc = run_cli(
+    proc = run_cli_here(
         ["--config-dir", str(tmp_path / "conf"), "hooks=[mine]", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
     )
     assert proc.returncode == 2
@@ -113,7 +113,7 @@ def test_a_yaml_syntax_error_in_the_users_config_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_sink_gradcam_is_settable_from_the_command_line(tmp_path):
-    proc = run_cli(
+    proc = run_cli_here(
         [
             "+experiment=gradcam",
             "data.shape=[3,64,64]",
@@ -125,7 +125,7 @@ def test_sink_gradcam_is_settable_from_the_command_line(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "figures/gradcam_layer4.png" in hg.load_run(tmp_path / "run").summary["figures"]
-    proc = run_cli(
+    proc = run_cli_here(
         ["sink.gradcam={activations: acts, gradients: grads, target: layer4}", f"hydra.run.dir={tmp_path / 'run2'}"],
         cwd=tmp_path,
     )
@@ -142,7 +142,7 @@ def test_sink_gradcam_is_settable_from_the_command_line(tmp_path):
     ],
 )
 def test_an_error_is_printed_once(tmp_path, override, text):
-    proc = run_cli([override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here([override, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 2
     assert (proc.stdout + proc.stderr).count(text) == 1, proc.stdout + proc.stderr
     assert "nope" not in proc.stdout  # hydra.utils' own log line is gone too

@@ -25,7 +25,7 @@ from hookgraph.report.sweep import read_sweep_page
 from hookgraph.runner import register_configs
 from hookgraph.runs.layout import JOB_RETURNS as RETURNS
 from hookgraph.runs.sweep import job_return_row, sweep_rows
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, run_cli_here
 
 SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
 
@@ -398,11 +398,11 @@ def test_a_sweep_with_override_named_job_folders_completes(tmp_path):
         "runner.steps=1,2",
         "sink.figures=false",
     ]
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli_here(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(sweep / "sweep.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["job"], r["status"], r["steps"]) for r in rows] == [("0", "completed", "1"), ("1", "completed", "2")]
     # The same folder again holds an earlier sweep: refused before any job runs.
-    again = run_cli(args, cwd=tmp_path)
+    again = run_cli_here(args, cwd=tmp_path)
     assert again.returncode == 2 and "holds an earlier sweep" in again.stderr

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_one_command_sweeps_patching_over_blocks_and_positions_and_draws_the_heatmap(tmp_path):
     out = tmp_path / "sweep"
-    r = run_cli(["-m", "+experiment=gpt2_patching", "hooks.patch.target=transformer.h.0,transformer.h.3",
+    r = run_cli_here(["-m", "+experiment=gpt2_patching", "hooks.patch.target=transformer.h.0,transformer.h.3",
                  "hooks.patch.args.positions=0,3,5", "runner.progress=false", f"hydra.sweep.dir={out}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = list(csv.DictReader((out / "patching.csv").open()))
@@ -33,7 +33,7 @@ def test_one_command_sweeps_patching_over_blocks_and_positions_and_draws_the_hea
 
 
 def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
-    r = run_cli(
+    r = run_cli_here(
         ["+experiment=gpt2_cache", "runner.progress=false", f"hydra.run.dir={tmp_path / 'cache'}"], cwd=tmp_path
     )
     assert r.returncode == 0, r.stderr[-2000:]
@@ -44,7 +44,7 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
     # run a single command writes (its own folder and summary.json), and the sweep exits 0 only
     # when every job completed.
     steer = tmp_path / "steer"
-    r = run_cli(["-m", "+experiment=gpt2_steering", "hooks.steer.args.scale=0,4", "runner.progress=false",
+    r = run_cli_here(["-m", "+experiment=gpt2_steering", "hooks.steer.args.scale=0,4", "runner.progress=false",
                  f"hydra.sweep.dir={steer}"], cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = {}
@@ -56,7 +56,7 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
         metrics[scale] = summary["metric"]
     assert sorted(metrics) == [0, 4] and metrics[0] != metrics[4]
     d = tmp_path / "ablate"
-    r = run_cli(
+    r = run_cli_here(
         ["+experiment=gpt2_head_ablation", "hooks.ablate.args.heads=5", "runner.progress=false", f"hydra.run.dir={d}"],
         cwd=tmp_path,
     )
@@ -65,8 +65,8 @@ def test_cache_steering_and_head_ablation_experiments_run(tmp_path):
 
 def test_steering_while_generating_sweep_shows_each_jobs_generation(tmp_path):
     out = tmp_path / "sweep"
-    r = run_cli(["-m", "+experiment=gpt2_steering_generate", "hooks.steer.args.scale=-8,0,8", "runner.progress=false",
-                 f"hydra.sweep.dir={out}"], cwd=tmp_path)
+    r = run_cli_here(["-m", "+experiment=gpt2_steering_generate", "hooks.steer.args.scale=-8,0,8",
+                      "runner.progress=false", f"hydra.sweep.dir={out}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     gens = [[json.loads(line) for line in (out / str(i) / "generations.jsonl").read_text().splitlines()]

@@ -24,7 +24,7 @@ from hookgraph.models.build import build_model
 from hookgraph.report.__main__ import main as report_main
 from hookgraph.runner import run
 from hookgraph.runs.files import DamagedFileError
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, run_cli_here
 from tests.runs import mlp_cfg, strict_json
 
 # -- a config nested too deep -------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_the_command_line_says_one_line_for_a_deep_primary_config(tmp_path):
     conf.mkdir()
     head = "defaults:\n  - config\n  - _self_\nhooks:\n  x:\n    target: fc1\n    action: record\n    args:"
     (conf / "deep.yaml").write_text(_block(400, head=head))
-    result = run_cli(["--config-dir", str(conf), "--config-name", "deep"], cwd=tmp_path, timeout=120)
+    result = run_cli_here(["--config-dir", str(conf), "--config-name", "deep"], cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"hookgraph: error: {conf / 'deep.yaml'}: nested more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
@@ -404,7 +404,9 @@ def small_disk(tmp_path):
 @pytest.mark.slow  # the command line in a subprocess, until the disk is full
 def test_a_full_disk_mid_run_is_said_once_and_the_summary_is_written(small_disk, tmp_path):
     out = small_disk / "run"
-    result = run_cli([f"hydra.run.dir={out}", "runner.steps=2000", "runner.progress=false"], cwd=tmp_path, timeout=240)
+    result = run_cli_here(
+        [f"hydra.run.dir={out}", "runner.steps=2000", "runner.progress=false"], cwd=tmp_path, timeout=240
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Logging error" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     said = [line for line in result.stderr.splitlines() if line.startswith("hookgraph:")]

@@ -17,7 +17,7 @@ from hookgraph.cli.plan import main as plan_main
 from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
 from hookgraph.runner import register_configs
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 
 # The trap from the issue: a repo's own hook set with a packaged set's name.
 MINE = "mine: {target: fc1, action: stats}\n"
@@ -127,7 +127,7 @@ def test_in_a_run_the_folders_searched_before_the_packaged_ones_are_yours(tmp_pa
 def test_the_trap_from_the_issue_runs_your_hook_set(tmp_path):
     # On main before issue 26 this compiled the packaged nan_watch (check_finite on every module).
     folder(tmp_path / "conf", {"hooks/nan_watch.yaml": MINE})
-    proc = run_cli(["--config-dir", "conf", "model=mlp", "hooks=[nan_watch]", "dry_run=true",
+    proc = run_cli_here(["--config-dir", "conf", "model=mlp", "hooks=[nan_watch]", "dry_run=true",
                     f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("mine", "nan_watch"))]
@@ -138,7 +138,7 @@ def test_the_trap_from_the_issue_runs_your_hook_set(tmp_path):
 def test_hydra_searchpath_on_the_command_line_also_comes_first(tmp_path):
     folder(tmp_path / "mine", {"model/mlp.yaml": "name: mlp\nkwargs: {hidden: [3]}\n",
                                "hooks/nan_watch.yaml": "mine: {target: 'fc*', action: stats}\n"})
-    proc = run_cli([f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "model=mlp", "hooks=[nan_watch]",
+    proc = run_cli_here([f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "model=mlp", "hooks=[nan_watch]",
                     "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("mine", "nan_watch"))]

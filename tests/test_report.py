@@ -354,10 +354,10 @@ def test_sweep_page_lists_every_job_links_its_report_and_draws_a_heatmap(tmp_pat
 
 @pytest.mark.slow
 def test_cli_sweep_and_report_command(tmp_path):
-    from tests.cli_helpers import run_cli
+    from tests.cli_helpers import run_cli_here
 
     sweep = tmp_path / "sweep"
-    r = run_cli(
+    r = run_cli_here(
         [
             "-m",
             "+experiment=clamp_conv",
@@ -369,7 +369,7 @@ def test_cli_sweep_and_report_command(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    r = run_cli(["report", str(sweep)], cwd=tmp_path)
+    r = run_cli_here(["report", str(sweep)], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(sweep / "report.html")
     html = (sweep / "report.html").read_text()
@@ -383,5 +383,5 @@ def test_cli_sweep_and_report_command(tmp_path):
     assert plot.count('<path class="series"') == 1 and plot.count("<circle") == 3
     for job in ("0", "1", "2"):
         assert 'id="status">completed<' in (sweep / job / "report.html").read_text()
-    r = run_cli(["report", str(tmp_path / "nowhere")], cwd=tmp_path)
+    r = run_cli_here(["report", str(tmp_path / "nowhere")], cwd=tmp_path)
     assert r.returncode == 2 and "not a hookgraph run folder" in r.stderr

@@ -22,7 +22,7 @@ from hookgraph.report.figures import _safe
 from hookgraph.runner import run
 from hookgraph.runner.lifecycle import MARKER, RunFolderError, RunInterrupted
 from hookgraph.runs.sweep import sweep_rows
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 from tests.runs import cfg, strict_json
 
 
@@ -354,11 +354,11 @@ def test_sigterm_from_outside_leaves_a_readable_interrupted_run(tmp_path):
 @pytest.mark.slow
 def test_a_refused_folder_is_left_byte_for_byte_as_it_was(tmp_path):
     out = tmp_path / "run"
-    first = run_cli(["hooks=[record_convs]", "sink.figures=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    first = run_cli_here(["hooks=[record_convs]", "sink.figures=false", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     before = _snapshot(out)
     assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "hookgraph.log"} <= set(before)
-    second = run_cli(["model=mlp", "runner.steps=3", f"hydra.run.dir={out}"], cwd=tmp_path)
+    second = run_cli_here(["model=mlp", "runner.steps=3", f"hydra.run.dir={out}"], cwd=tmp_path)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [
         f"hookgraph: error: hydra.run.dir: {out} holds an earlier run (.hookgraph, summary.json, plan.json, records, "
@@ -372,7 +372,7 @@ def test_a_killed_run_folder_without_summary_is_refused_too(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / MARKER).write_text("{}")  # what a run killed with SIGKILL at its start leaves
-    proc = run_cli([f"hydra.run.dir={out}"], cwd=tmp_path)
+    proc = run_cli_here([f"hydra.run.dir={out}"], cwd=tmp_path)
     assert proc.returncode == 2 and "holds an earlier run (.hookgraph)" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [MARKER]
 
@@ -380,7 +380,7 @@ def test_a_killed_run_folder_without_summary_is_refused_too(tmp_path):
 @pytest.mark.slow
 def test_one_failing_job_does_not_stop_the_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "model=nan_net,conv_net", "hooks=[nan_watch]", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    proc = run_cli_here(["-m", "model=nan_net,conv_net", "hooks=[nan_watch]", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "1 sweep job(s) did not complete: 0 (failed)" in proc.stderr.splitlines()[-1]
     import csv
@@ -397,17 +397,17 @@ def test_one_failing_job_does_not_stop_the_sweep(tmp_path):
 @pytest.mark.slow
 def test_runs_that_stop_before_the_first_step_leave_no_folder_under_runs(tmp_path):
     for args in (["runner.loss=cross_entropie"], ["dry_run=true"], ["list_targets=fc*"]):
-        proc = run_cli(args, cwd=tmp_path)
+        proc = run_cli_here(args, cwd=tmp_path)
         assert proc.returncode == (2 if "runner.loss" in args[0] else 0), proc.stderr[-2000:]
     assert "fc1" in proc.stdout  # the listing is on the terminal
     assert [p for p in (tmp_path / "runs").rglob("*")] == [] if (tmp_path / "runs").exists() else True
     # A completed run keeps its folder; a folder the user named keeps everything it held.
-    assert run_cli(["sink.figures=false"], cwd=tmp_path).returncode == 0
+    assert run_cli_here(["sink.figures=false"], cwd=tmp_path).returncode == 0
     assert len(list((tmp_path / "runs").rglob("summary.json"))) == 1
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    assert run_cli(["dry_run=true", f"hydra.run.dir={mine}"], cwd=tmp_path).returncode == 0
+    assert run_cli_here(["dry_run=true", f"hydra.run.dir={mine}"], cwd=tmp_path).returncode == 0
     assert (mine / "notes.txt").read_text() == "keep me" and (mine / "plan.json").is_file()
 
 
@@ -419,9 +419,9 @@ def test_a_run_folder_named_in_a_config_file_is_kept_on_a_config_error(tmp_path)
     (conf / "keep.yaml").write_text(
         f"# @package _global_\nhydra:\n  run:\n    dir: {mine}\nrunner:\n  loss: cross_entropie\n"
     )
-    proc = run_cli(["--config-dir", str(tmp_path / "conf"), "+experiment=keep"], cwd=tmp_path)
+    proc = run_cli_here(["--config-dir", str(tmp_path / "conf"), "+experiment=keep"], cwd=tmp_path)
     assert proc.returncode == 2 and "cross_entropie" in proc.stderr, proc.stderr[-2000:]
     assert mine.is_dir() and (mine / "summary.json").is_file()
     # The packaged default (runs/<date>/<time>) still leaves no folder on the same error.
-    assert run_cli(["runner.loss=cross_entropie"], cwd=tmp_path).returncode == 2
+    assert run_cli_here(["runner.loss=cross_entropie"], cwd=tmp_path).returncode == 2
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").rglob("*")) == []

@@ -16,7 +16,7 @@ from hookgraph.config.schema import HookgraphConfig, check_known_keys
 from hookgraph.errors import ConfigError, HookGraphError, SpecError
 from hookgraph.runner import run
 from hookgraph.runs import layout
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 
 
 def _cfg(**sections):
@@ -242,7 +242,7 @@ def test_an_unset_order_and_order_0_tie():
     ],
 )
 def test_the_command_line_refuses_silent_settings_in_one_message(tmp_path, args, text):
-    r = run_cli([*args, "runner.progress=false"], cwd=tmp_path)
+    r = run_cli_here([*args, "runner.progress=false"], cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "hookgraph: error: " in r.stderr and text in r.stderr
     assert "Traceback" not in r.stderr
@@ -251,7 +251,7 @@ def test_the_command_line_refuses_silent_settings_in_one_message(tmp_path, args,
 
 @pytest.mark.slow
 def test_hooks_list_clears_the_hook_sets(tmp_path):
-    r = run_cli(["hooks=[]", "+hooks.x={target: conv, action: record}", "runner.progress=false"], cwd=tmp_path)
+    r = run_cli_here(["hooks=[]", "+hooks.x={target: conv, action: record}", "runner.progress=false"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (summary,) = (tmp_path / "runs").rglob("summary.json")
     assert list(json.loads(summary.read_text())["specs"]) == ["x"]

@@ -13,7 +13,7 @@ import hookgraph as hg
 from hookgraph.config.hooksets import packaged_specs, require_matches_where_retargeted
 from hookgraph.models.seeds import MLP, ConvNet
 from hookgraph.runner import run
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 from tests.models import tiny
 
 
@@ -195,20 +195,22 @@ def test_user_specs_and_broken_interpolations_are_left_to_the_compiler():
 
 @pytest.mark.slow
 def test_cli_retargeted_packaged_spec_fails_and_the_default_run_passes(tmp_path):
-    proc = run_cli(["hooks.record_convs.target=cnv", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path)
+    proc = run_cli_here(["hooks.record_convs.target=cnv", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "hooks.record_convs.target: 'cnv' matched nothing; nearest names: conv" in proc.stderr
-    proc = run_cli(["runner.steps=1", f"hydra.run.dir={tmp_path / 'good'}"], cwd=tmp_path)
+    proc = run_cli_here(["runner.steps=1", f"hydra.run.dir={tmp_path / 'good'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "good" / "summary.json").read_text())["status"] == "completed"
-    proc = run_cli(["hooks.record_convs.target=cnv", "hooks.record_convs.expect.min=0", "runner.steps=1",
+    proc = run_cli_here(["hooks.record_convs.target=cnv", "hooks.record_convs.expect.min=0", "runner.steps=1",
                     f"hydra.run.dir={tmp_path / 'tolerant'}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
 def test_cli_list_targets_without_a_match_fails_with_the_nearest_names(tmp_path):
-    proc = run_cli(["model=resnet18", "list_targets=layer1.0.cnv*", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    proc = run_cli_here(
+        ["model=resnet18", "list_targets=layer1.0.cnv*", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "list_targets: no module name matches 'layer1.0.cnv*'; nearest names: layer1.0.conv1" in proc.stderr
 

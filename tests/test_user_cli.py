@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hookgraph as hg
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, run_cli_here
 from tests.user_helpers import GPT2_SMALL, LINES, train_tokenizer, write_mnist
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def user_folder(root: Path, files: dict[str, str]) -> Path:
 
 
 def cli(root: Path, *args: str) -> hg.Run:
-    proc = run_cli(["--config-dir", "conf", *args, "sink.figures=false", "runner.progress=false",
+    proc = run_cli_here(["--config-dir", "conf", *args, "sink.figures=false", "runner.progress=false",
                     "runner.device=cpu", f"hydra.run.dir={root / 'run'}"], cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return hg.load_run(root / "run")
