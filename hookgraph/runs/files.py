@@ -3,7 +3,7 @@ format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner'
 and the report pages.
 
 Public names: DamagedFileError, exists, not_regular, read_bytes, read_text, read_json, read_csv, read_config,
-read_overrides, number_or_text, read_plan, check_plan, read_modules, summary_shape, read_jsonl.
+read_overrides, number_or_text, read_plan, check_plan, array_items, read_modules, summary_shape, read_jsonl.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
 or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
@@ -19,6 +19,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "number_or_text",
     "read_plan",
     "check_plan",
+    "array_items",
     "read_modules",
     "summary_shape",
     "read_jsonl",
@@ -223,6 +225,39 @@ _SHARED = ("spec", "type", "at", "action", "compiled")
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")
+_BLANKS = " \t\n\r"
+_DECODER = json.JSONDecoder()
+
+
+def array_items(text: str, at: int) -> Iterator[Any]:
+    """The items of the JSON array that opens at ``text[at]`` (a ``[``), decoded one at a
+    time by the scanner json.loads runs, so with its values and its errors at the same
+    places, then the check that only whitespace follows. Its reader holds one item at a
+    time: json.loads of a 200,000-item array (a plan, a shard's entries) holds them all."""
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]  # json's C scanner
+    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    if text[at : at + 1] == "]":
+        at += 1
+    else:
+        while True:
+            try:
+                item, at = scan(text, at)
+            except StopIteration as err:  # as raw_decode says it
+                raise json.JSONDecodeError("Expecting value", text, err.value) from None
+            yield item
+            if text[at : at + 1] in _BLANKS:  # a look before the regex: this loop runs once an item
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            sep = text[at : at + 1]
+            if sep == "]":
+                at += 1
+                break
+            if sep != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+            at += 1
+            if text[at : at + 1] in _BLANKS:
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
+        raise json.JSONDecodeError("Extra data", text, at)
 
 
 def check_plan(path: Path) -> bool:
@@ -237,31 +272,13 @@ def check_plan(path: Path) -> bool:
     text = read_text(path)
     if text is None:
         return False
-    decoder = json.JSONDecoder()
     try:
         at = _SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
         if text[at:at + 1] != "[":
             value = json.loads(text)  # not an array: json's own error, or the value's kind below
             raise DamagedFileError(path, f"a JSON {type(value).__name__}, expected a JSON array")
-        at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-        i = 0
-        if text[at:at + 1] == "]":
-            at += 1
-        else:
-            while True:
-                entry, at = decoder.raw_decode(text, at)
-                _check_binding(path, i, entry)
-                i += 1
-                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-                sep = text[at:at + 1]
-                if sep == "]":
-                    at += 1
-                    break
-                if sep != ",":
-                    raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-        if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
-            raise json.JSONDecodeError("Extra data", text, at)
+        for i, entry in enumerate(array_items(text, at)):
+            _check_binding(path, i, entry)
     except ValueError as exc:
         raise DamagedFileError(path, f"not JSON ({exc})") from None
     return True

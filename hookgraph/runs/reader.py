@@ -59,6 +59,7 @@ from hookgraph.runs.dataset import ActivationDataset, ActivationStream
 from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.files import (
     DamagedFileError,
+    array_items,
     check_plan,
     exists,
     not_regular,
@@ -860,37 +861,13 @@ def _json_items(text: str) -> Any:
     metadata's 200,000 entries held 200,000 lists of three at once, ~25 MB, and of its
     order 200,000 lists of two names, ~40 MB); the same
     decoder on the same characters, so the same values. Anything else is json.loads'."""
-    scan = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
     at = _skip(text, 0)
     if text[at : at + 1] != "[":
         yield from json.loads(text)
         return
-    at = _skip(text, at + 1)
-    if text[at : at + 1] == "]":
-        at += 1
-    else:
-        while True:
-            try:
-                item, at = scan(text, at)
-            except StopIteration as err:  # as raw_decode says it
-                raise json.JSONDecodeError("Expecting value", text, err.value) from None
-            yield item
-            if text[at : at + 1] in _BLANKS:  # _skip inlined: this loop runs once an entry
-                at = _skip(text, at)
-            sep = text[at : at + 1]
-            if sep == "]":
-                at += 1
-                break
-            if sep != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at += 1
-            if text[at : at + 1] in _BLANKS:
-                at = _skip(text, at)
-    if _skip(text, at) != len(text):
-        raise json.JSONDecodeError("Extra data", text, at)
+    yield from array_items(text, at)
 
 
-_DECODER = json.JSONDecoder()
 
 
 def _entries_of(shard: _Shard, meta: dict, tensors: dict[str, _Tensor], items: Any) -> list[tuple[str, str, _Entry]]:
