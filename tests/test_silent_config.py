@@ -192,6 +192,23 @@ def test_a_feature_map_position_past_every_record_spec_is_refused(tmp_path):
     assert "position 99" in str(err.value) and "between -1 and 0" in str(err.value)
 
 
+def test_a_feature_map_position_past_the_4d_targets_is_a_warning(tmp_path):
+    # Two targets, so position 1 passes the check before the run; fc1's value is 2-D, so the
+    # spec has one 4-D target. Before: no figure, no word.
+    cfg = _quick(sink={"figures": True, "feature_maps": [1], "histograms": False})
+    cfg["hooks"] = {"acts": {"target": ["conv", "fc1"], "action": "record"}}
+    summary = run(cfg, tmp_path / "run")
+    assert summary["status"] == "completed" and summary["figures"] == []
+    assert summary["warnings"] == [
+        "sink.feature_maps: position 1 drew nothing: a feature-map position counts a record spec's 4-D "
+        "targets, and the most any spec has is 1 ('acts'), so a position is between -1 and 0"
+    ]
+    # Only 2-D records: the default [0] has nothing to draw, and says nothing.
+    cfg = _quick(sink={"figures": True, "histograms": False})
+    cfg["hooks"] = {"acts": {"target": "fc1", "action": "record"}}
+    assert run(cfg, tmp_path / "flat").get("warnings", []) == []
+
+
 def test_feature_map_positions_in_range_and_runs_without_records_pass(tmp_path):
     cfg = _quick(sink={"figures": True, "feature_maps": [-1], "histograms": False})
     cfg["hooks"] = {"acts": {"target": "conv", "action": "record"}}
