@@ -115,6 +115,10 @@ def _summary_with(base: Path, **fields) -> str:
         ("summary.json", "specs", "'specs' is a JSON array, expected an object"),
         ("summary.json", "fields", "'status' is a JSON array, expected a string; 'steps' is a JSON string, "
                                    "expected an integer; 'warnings' is a JSON number, expected an array"),
+        ("summary.json", "[1, 2]", "a JSON list, expected a JSON object"),
+        # A manifest the reader cannot use was skipped, and every check of the folder with it.
+        ("summary.json", "manifest", "'manifest' is not the writer's (run and records strings, shards and tables "
+                                     "objects of objects), so what the run wrote cannot be checked"),
         ("plan.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a binding)"),
         ("plan.json", '[{"spec": ["x"]}]', "entry 0: 'spec' is a JSON array, expected a string"),
         ("modules.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a module)"),
@@ -127,6 +131,8 @@ def test_a_file_of_the_wrong_shape_is_a_note_on_the_page(base_run, tmp_path, cap
         content = _summary_with(base_run, specs=[1, 2])
     elif content == "fields":
         content = _summary_with(base_run, status=[1], steps="x", warnings=3)
+    elif content == "manifest":
+        content = _summary_with(base_run, manifest={"run": 5, "records": "records", "shards": [1]})
     folder = _damaged(base_run, tmp_path, name, content)
     assert report_main([str(folder)]) == 0
     assert capsys.readouterr().err == ""
