@@ -23,6 +23,7 @@ from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
 from hookgraph.runner.distributed import rank_overrides
 from hookgraph.runner.ranks import merge_ranks, peer_message
+from tests.runs import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per torchrun launch; the process-group timeout below is far shorter
@@ -178,6 +179,29 @@ def test_the_rank_left_when_its_peer_dies_says_which_rank_in_one_line(tmp_path):
     assert "Error executing job" not in proc.stdout
     s = hg.load_run(out, strict=False).summary
     assert s["failed_ranks"] == [0, 1] and s["error"]["rank"] == 1, s
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_a_full_disk_under_ddp_is_said_once_a_rank_and_every_summary_is_written(small_disk):
+    # Before: 27 "--- Logging error ---" tracebacks and empty ranks/* folders.
+    out = small_disk / "ddp"
+    proc = torchrun(out, "runner.distributed=ddp", "sink.figures=false", "runner.steps=2000")
+    assert proc.returncode != 0
+    assert "Logging error" not in proc.stdout and "Error executing job" not in proc.stdout, proc.stdout[-4000:]
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph:")]
+    assert 1 <= len(said) <= 2, proc.stdout[-4000:]  # at most once a rank
+    assert set(said) == {"hookgraph: error: the disk is full: cannot write into the run folder "
+                         "([Errno 28] No space left on device)"}, said  # fmt: skip
+    # The room each rank kept took its summary, and rank 0's the job's: the folder reads back whole.
+    s = hg.load_run(out).summary
+    assert s["status"] == "failed" and s["failed_ranks"] == [0, 1] and 0 < s["steps"] < 2000, s
+    for rank in (0, 1):
+        r = hg.load_run(out, rank=rank)
+        own = strict_json(out / "ranks" / f"rank-{rank}" / "summary.json")
+        assert own["status"] == "failed" and own["error"]["type"] == "RunFolderError", own
+        assert r.missing == [] and r.records["acts"].calls("conv")[-1] == (own["steps"] - 1, 0)
 
 
 @pytest.mark.distributed

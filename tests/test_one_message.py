@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -392,19 +391,6 @@ def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
 
 
 # -- a full disk ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs: a disk that fills up mid-run (mounting needs root, as CI's container has)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 @pytest.mark.slow  # the command line in a subprocess, until the disk is full
