@@ -160,6 +160,12 @@ def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
     assert s["error"]["rank"] == 1 and "injected failure on rank 1" in s["error"]["message"], s
     rank1 = next(x for x in s["ranks"] if x["rank"] == 1)
     assert rank1["status"] == "failed" and "injected failure on rank 1" in rank1["error"]["message"]
+    # The rank left says so in one line naming rank 1's error, not Hydra's "Error executing job"
+    # with gloo's RuntimeError.
+    assert "Error executing job" not in proc.stdout and "pair.cc" not in proc.stdout, proc.stdout[-4000:]
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph: error: rank 1: ")]
+    assert len(said) == 1, proc.stdout[-4000:]
+    assert "injected failure on rank 1; rank 0 stopped with it, step 0" in said[0], said
 
 
 @pytest.mark.distributed
