@@ -58,6 +58,26 @@ def test_a_400_level_block_mapping_is_refused_before_hydra_recurses(tmp_path):
     assert app._yaml_syntax(["--config-dir", str(tmp_path)]) is None  # 20 levels are fine
 
 
+def test_an_override_nested_too_deep_is_refused_before_hydra_parses_it():
+    deep = "+hooks.x=" + "{a: " * 400 + "1" + "}" * 400
+    assert app._deep_override(["runner.steps=2", deep]) == (
+        f"+hooks.x: the override nests more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    )
+    fine = "+hooks.x=" + "{a: " * app.MAX_YAML_DEPTH + "1" + "}" * app.MAX_YAML_DEPTH
+    quoted = "+hooks.x={target: conv, action: record, args: {select: '" + "[" * 400 + "'}}"  # text, not nesting
+    assert app._deep_override([fine, quoted]) is None
+
+
+@pytest.mark.slow  # the command line in a subprocess
+def test_the_command_line_says_one_line_for_a_deep_override(tmp_path):
+    # Before: Hydra's override parser recursed until a RecursionError traceback.
+    result = run_cli(["+hooks.x=" + "{a: " * 400 + "1" + "}" * 400], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"hookgraph: error: +hooks.x: the override nests more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    )
+
+
 @pytest.mark.slow  # the command line in a subprocess
 def test_the_command_line_says_one_line_for_a_deep_primary_config(tmp_path):
     conf = tmp_path / "conf"

@@ -254,9 +254,36 @@ def _yaml_syntax(argv: list[str]) -> str | None:
     return None
 
 
+def _override_depth(arg: str) -> int:
+    """How deep a command-line override nests ``{...}`` and ``[...]`` (quoted text not counted)."""
+    depth = deepest = 0
+    quote = ""
+    for ch in arg:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "}]":
+            depth -= 1
+    return deepest
+
+
+def _deep_override(argv: list[str]) -> str | None:
+    """The first override nested deeper than a config file may be: Hydra's override parser
+    recurses once per level and fails with a bare RecursionError at a few hundred."""
+    for arg in argv:
+        if _override_depth(arg) > MAX_YAML_DEPTH:
+            key = arg.split("=", 1)[0]
+            return f"{key}: the override nests more than {MAX_YAML_DEPTH} levels deep; flatten it"
+    return None
+
+
 def main() -> None:
     register_configs()
-    bad = _yaml_syntax(sys.argv[1:])
+    bad = _deep_override(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)
