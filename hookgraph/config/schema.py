@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.errors import ConfigError, did_you_mean
@@ -160,22 +160,23 @@ def check_known_keys(cfg: Mapping[str, Any], *, skip: Collection[str] = ("data",
     # interpolation there (``data.shape=${data.shape}``, ``+model.kwargs.x=${model.kwargs.x}``)
     # is this one message, not OmegaConf's traceback from whichever builder reads it first.
     # ``hooks`` is left to the spec compiler, which names every bad spec field at once.
-    for name in list(cfg.keys()) if isinstance(cfg, DictConfig) else []:
-        if str(name) not in ("hydra", "hooks") and str(name) in HookgraphConfig.__dataclass_fields__:
-            _resolve_all(cfg, name, str(name))
+    if isinstance(cfg, DictConfig):
+        for name in list(cfg.keys()):
+            if str(name) not in ("hydra", "hooks") and str(name) in HookgraphConfig.__dataclass_fields__:
+                _resolve_all(cfg, name, str(name))
 
 
 def _unresolvable(node: Any, key: Any, full: str, exc: OmegaConfBaseException) -> ConfigError:
     """The ConfigError for ``node[key]`` whose interpolation does not resolve: its ``${...}`` text."""
     inner = node._get_node(key) if isinstance(node, (DictConfig, ListConfig)) else None
-    raw = inner._value() if inner is not None else None  # the ${...} text, unresolved
+    raw = inner._value() if isinstance(inner, Node) else None  # the ${...} text, unresolved
     return ConfigError(full, f"cannot resolve {raw!r}: {str(exc).splitlines()[0]}")
 
 
 def _resolve_all(node: DictConfig, key: Any, full: str) -> None:
     """Resolve ``node[key]`` and everything under it, walked without recursion; a value left
     ``???`` is skipped (the section's own check names it better)."""
-    stack = [(node, key, full)]
+    stack: list[tuple[DictConfig | ListConfig, Any, str]] = [(node, key, full)]
     while stack:
         parent, k, at = stack.pop()
         if OmegaConf.is_missing(parent, k):
@@ -185,7 +186,7 @@ def _resolve_all(node: DictConfig, key: Any, full: str) -> None:
         except OmegaConfBaseException as exc:
             raise _unresolvable(parent, k, at, exc) from exc
         if isinstance(child, DictConfig):
-            stack.extend((child, c, f"{at}.{c}") for c in child.keys())
+            stack.extend((child, c, f"{at}.{c!s}") for c in child.keys())
         elif isinstance(child, ListConfig):
             stack.extend((child, i, f"{at}[{i}]") for i in range(len(child)))
 
