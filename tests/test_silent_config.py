@@ -291,6 +291,8 @@ def test_an_unset_order_and_order_0_tie():
         (["+unknown_key=1"], "unknown_key: unknown key;"),
         (["+a=${b}", "+b=${a}"], "a: unknown key;"),
         (["+hooks.a=${hooks.b}", "+hooks.b=${hooks.a}"], "hooks.a: cannot resolve '${hooks.b}'"),
+        (["+hooks.record_convs.args.select=${hooks.record_convs.args.select}"],  # a spec arg pointing at itself
+         "hooks.record_convs.args.select: cannot resolve '${hooks.record_convs.args.select}'"),
         (["runner.steps=99999999999999999999999"], "runner.steps: must be between 0 and 2147483647"),
         (["runner.lr=-1"], "runner.lr: must be a finite number >= 0"),
         (["runner.compile=true", "runner.compile_backend=nosuch"], "runner.compile_backend: unknown torch.compile"),
