@@ -345,6 +345,24 @@ def test_fullgraph_refuses_graph_breaking_specs_at_attach(compiled):
     assert not graph.attached
 
 
+def test_fullgraph_refuses_patch_positions_at_attach():
+    # The issue's third example: patch_positions reads positions from the sequence clock.
+    model, wrapper = _fullgraph_model()
+    x = torch.ones(1, 3, 4)
+    source = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    with source.attach():
+        model(x)
+    graph = hg.compile(wrapper, {"pp": {"target": "0", "action": "patch_positions",
+                                        "args": {"run": source, "spec": "r", "positions": [1]}}})  # fmt: skip
+    with pytest.raises(HookGraphError) as info:
+        graph.attach(compiled=True)
+    assert str(info.value).startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
+        "break the graph: 'pp' on 0 (action 'patch_positions' is not traceable). "
+    )
+    assert not graph.attached
+
+
 def test_fullgraph_attaches_traceable_specs():
     model, wrapper = _fullgraph_model()
     graph = hg.compile(wrapper, {"rec": {"target": "0", "action": "record"}})
