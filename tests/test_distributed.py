@@ -23,6 +23,7 @@ from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
 from hookgraph.runner.distributed import rank_overrides
 from hookgraph.runner.ranks import merge_ranks, peer_message
+from tests.runs import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per torchrun launch; the process-group timeout below is far shorter
@@ -159,6 +160,19 @@ def test_a_rank_that_raises_is_named_and_no_process_is_left(tmp_path):
     assert s["error"]["rank"] == 1 and "injected failure on rank 1" in s["error"]["message"], s
     rank1 = next(x for x in s["ranks"] if x["rank"] == 1)
     assert rank1["status"] == "failed" and "injected failure on rank 1" in rank1["error"]["message"]
+    # The rank left says so in one line naming rank 1's error, not Hydra's "Error executing job"
+    # with gloo's RuntimeError.
+    assert "Error executing job" not in proc.stdout and "pair.cc" not in proc.stdout, proc.stdout[-4000:]
+    # Rank 0 says it in one line: rank 1's error when its collective broke first, or, when
+    # torchrun's SIGTERM reached it first, that it was interrupted (a race neither rank controls).
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph: error: ")]
+    own = "hookgraph: error: hooks.boom: action 'tests.helpers_actions.fail_on_rank' failed at 'fc1' (forward)"
+    rank0 = [line for line in said if not line.startswith(own)]
+    assert len(rank0) == 1, proc.stdout[-4000:]
+    named = "injected failure on rank 1; rank 0 stopped with it"
+    assert (rank0[0].startswith("hookgraph: error: rank 1: ") and named in rank0[0]) or rank0[0].startswith(
+        "hookgraph: error: interrupted (stopped by SIGTERM)"
+    ), said
 
 
 @pytest.mark.distributed
@@ -178,6 +192,34 @@ def test_the_rank_left_when_its_peer_dies_says_which_rank_in_one_line(tmp_path):
     assert "Error executing job" not in proc.stdout
     s = hg.load_run(out, strict=False).summary
     assert s["failed_ranks"] == [0, 1] and s["error"]["rank"] == 1, s
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_a_full_disk_under_ddp_is_said_once_a_rank_and_every_summary_is_written(small_disk):
+    # Before: 27 "--- Logging error ---" tracebacks and empty ranks/* folders.
+    out = small_disk / "ddp"
+    proc = torchrun(out, "runner.distributed=ddp", "sink.figures=false", "runner.steps=2000")
+    assert proc.returncode != 0
+    assert "Logging error" not in proc.stdout and "Error executing job" not in proc.stdout, proc.stdout[-4000:]
+    full = "hookgraph: error: the disk is full: cannot write into the run folder ([Errno 28] No space left on device)"
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph:")]
+    assert full in said and len(said) <= 2, proc.stdout[-4000:]  # at most once a rank
+    # A rank whose disk filled second may instead have stopped on its peer's exit: it says so, and
+    # names no log file (ranks other than 0 keep none).
+    others = [line for line in said if line != full]
+    assert all(line.startswith("hookgraph: error: rank 1 stopped, step ") for line in others), said
+    assert not any("the traceback is in" in line for line in others), said
+    # The room each rank kept took its summary, and rank 0's the job's: the folder reads back whole.
+    s = hg.load_run(out).summary
+    assert s["status"] == "failed" and s["failed_ranks"] == [0, 1] and 0 < s["steps"] < 2000, s
+    assert "the disk is full" in s["error"]["message"], s
+    for rank in (0, 1):
+        r = hg.load_run(out, rank=rank)
+        own = strict_json(out / "ranks" / f"rank-{rank}" / "summary.json")
+        assert own["status"] == "failed", own
+        assert r.missing == [] and r.records["acts"].calls("conv")[-1] == (own["steps"] - 1, 0)
 
 
 @pytest.mark.distributed

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -57,6 +56,26 @@ def test_a_400_level_block_mapping_is_refused_before_hydra_recurses(tmp_path):
     assert message == f"{tmp_path / 'deep.yaml'}: nested more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
     (tmp_path / "deep.yaml").unlink()
     assert app._yaml_syntax(["--config-dir", str(tmp_path)]) is None  # 20 levels are fine
+
+
+def test_an_override_nested_too_deep_is_refused_before_hydra_parses_it():
+    deep = "+hooks.x=" + "{a: " * 400 + "1" + "}" * 400
+    assert app._deep_override(["runner.steps=2", deep]) == (
+        f"+hooks.x: the override nests more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    )
+    fine = "+hooks.x=" + "{a: " * app.MAX_YAML_DEPTH + "1" + "}" * app.MAX_YAML_DEPTH
+    quoted = "+hooks.x={target: conv, action: record, args: {select: '" + "[" * 400 + "'}}"  # text, not nesting
+    assert app._deep_override([fine, quoted]) is None
+
+
+@pytest.mark.slow  # the command line in a subprocess
+def test_the_command_line_says_one_line_for_a_deep_override(tmp_path):
+    # Before: Hydra's override parser recursed until a RecursionError traceback.
+    result = run_cli(["+hooks.x=" + "{a: " * 400 + "1" + "}" * 400], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"hookgraph: error: +hooks.x: the override nests more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
+    )
 
 
 @pytest.mark.slow  # the command line in a subprocess
@@ -115,6 +134,10 @@ def _summary_with(base: Path, **fields) -> str:
         ("summary.json", "specs", "'specs' is a JSON array, expected an object"),
         ("summary.json", "fields", "'status' is a JSON array, expected a string; 'steps' is a JSON string, "
                                    "expected an integer; 'warnings' is a JSON number, expected an array"),
+        ("summary.json", "[1, 2]", "a JSON list, expected a JSON object"),
+        # A manifest the reader cannot use was skipped, and every check of the folder with it.
+        ("summary.json", "manifest", "'manifest' is not the writer's (run and records strings, shards and tables "
+                                     "objects of objects), so what the run wrote cannot be checked"),
         ("plan.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a binding)"),
         ("plan.json", '[{"spec": ["x"]}]', "entry 0: 'spec' is a JSON array, expected a string"),
         ("modules.json", "[1, 2]", "entry 0 is a JSON number, expected an object (a module)"),
@@ -127,6 +150,8 @@ def test_a_file_of_the_wrong_shape_is_a_note_on_the_page(base_run, tmp_path, cap
         content = _summary_with(base_run, specs=[1, 2])
     elif content == "fields":
         content = _summary_with(base_run, status=[1], steps="x", warnings=3)
+    elif content == "manifest":
+        content = _summary_with(base_run, manifest={"run": 5, "records": "records", "shards": [1]})
     folder = _damaged(base_run, tmp_path, name, content)
     assert report_main([str(folder)]) == 0
     assert capsys.readouterr().err == ""
@@ -320,6 +345,24 @@ def test_fullgraph_refuses_graph_breaking_specs_at_attach(compiled):
     assert not graph.attached
 
 
+def test_fullgraph_refuses_patch_positions_at_attach():
+    # The issue's third example: patch_positions reads positions from the sequence clock.
+    model, wrapper = _fullgraph_model()
+    x = torch.ones(1, 3, 4)
+    source = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    with source.attach():
+        model(x)
+    graph = hg.compile(wrapper, {"pp": {"target": "0", "action": "patch_positions",
+                                        "args": {"run": source, "spec": "r", "positions": [1]}}})  # fmt: skip
+    with pytest.raises(HookGraphError) as info:
+        graph.attach(compiled=True)
+    assert str(info.value).startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
+        "break the graph: 'pp' on 0 (action 'patch_positions' is not traceable). "
+    )
+    assert not graph.attached
+
+
 def test_fullgraph_attaches_traceable_specs():
     model, wrapper = _fullgraph_model()
     graph = hg.compile(wrapper, {"rec": {"target": "0", "action": "record"}})
@@ -386,19 +429,6 @@ def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
 
 
 # -- a full disk ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs: a disk that fills up mid-run (mounting needs root, as CI's container has)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 @pytest.mark.slow  # the command line in a subprocess, until the disk is full

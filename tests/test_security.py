@@ -184,7 +184,7 @@ class Net(nn.Module):
         self.fc = nn.Linear(2, 2)
 
 
-def test_types_do_not_import_a_module(tmp_path, monkeypatch):
+def test_types_do_not_import_a_module(tmp_path, monkeypatch, no_network):
     marker = tmp_path / "evilmod-ran"
     (tmp_path / "evilmod.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nimport torch.nn as nn\nclass Conv(nn.Conv2d):\n    pass\n"
@@ -192,7 +192,7 @@ def test_types_do_not_import_a_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(hg.SpecError) as err:
         hg.compile(Net(), {"x": {"target": "conv", "types": ["evilmod.Conv"], "action": "print"}})
-    assert not marker.exists() and "evilmod" not in sys.modules
+    assert not marker.exists() and "evilmod" not in sys.modules and no_network == []
     msg = str(err.value)
     assert "hooks.x.types: no module of type 'evilmod.Conv' in the model" in msg
     assert "Conv2d" in msg  # the nearest names are still offered
@@ -227,7 +227,7 @@ def _run_folder(path: Path, figures: dict[str, bytes] | None = None) -> Path:
     return path
 
 
-def test_report_writes_only_inside_the_sweep(tmp_path):
+def test_report_writes_only_inside_the_sweep(tmp_path, no_network):
     victim = _run_folder(tmp_path / "victim")
     sweep = tmp_path / "sweep"
     _run_folder(sweep / "0")
@@ -235,17 +235,18 @@ def test_report_writes_only_inside_the_sweep(tmp_path):
     before = sorted(p.name for p in victim.iterdir())
     page = write_sweep_report(sweep).read_text()
     assert sorted(p.name for p in victim.iterdir()) == before  # no report.html there
+    assert no_network == []
     assert (sweep / "0" / "report.html").is_file()
     assert "job 1: folder" in page and "is outside the sweep folder; not read" in page
 
 
-def test_report_does_not_follow_a_job_folder_link_out_of_the_sweep(tmp_path):
+def test_report_does_not_follow_a_job_folder_link_out_of_the_sweep(tmp_path, no_network):
     victim = _run_folder(tmp_path / "victim")
     sweep = tmp_path / "sweep"
     _run_folder(sweep / "0")
     (sweep / "1").symlink_to(victim, target_is_directory=True)
     write_sweep_report(sweep)
-    assert not (victim / "report.html").exists()
+    assert not (victim / "report.html").exists() and no_network == []
     # Without a sweep.csv the table is rebuilt from the folders: the link's run is not read as job 1.
     rows = sweep_rows(sweep)
     assert [r["status"] for r in rows] == ["completed", "unreadable"]
@@ -261,14 +262,16 @@ PNG = (  # a 1x1 PNG
 )
 
 
-def test_the_page_embeds_only_pngs_inside_the_run_folder(tmp_path):
+def test_the_page_embeds_only_pngs_inside_the_run_folder(tmp_path, no_network):
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"root:x:0:0:the secret:/root:/bin/bash\n" * 4)
     run = _run_folder(tmp_path / "run", {"ok.png": PNG, "fake.png": b"not an image at all"})
     (run / "figures" / "leak.png").symlink_to(secret)
     (run / "figures" / "etc.png").symlink_to("/etc/passwd")
     (run / "figures" / "inside.png").symlink_to("ok.png")  # a link within the folder is fine
+    outside = sorted(p for p in tmp_path.rglob("*") if run not in p.parents)
     html = write_report(run).read_text()
+    assert sorted(p for p in tmp_path.rglob("*") if run not in p.parents) == outside and no_network == []
     embedded = [base64.b64decode(m) for m in re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)]
     assert embedded == [PNG, PNG]  # inside.png and ok.png
     assert base64.b64encode(secret.read_bytes()).decode()[:40] not in html

@@ -92,6 +92,31 @@ def test_a_cyclic_interpolation_in_a_schema_key_names_the_key(tmp_path):
     assert "'${runner.batch_size}'" in str(err.value) and "Recursive interpolation" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("sections", "key", "raw"),
+    [
+        ({"data": {"shape": "${data.shape}"}}, "data.shape", "${data.shape}"),
+        ({"data": {"shape": [3, "${data.shape[1]}"]}}, "data.shape[1]", "${data.shape[1]}"),
+        ({"model": {"kwargs": {"width": "${model.kwargs.width}"}}}, "model.kwargs.width", "${model.kwargs.width}"),
+        ({"runner": {"metric": {"a": "${runner.metric.a}"}}}, "runner.metric.a", "${runner.metric.a}"),
+    ],
+)
+def test_a_cyclic_interpolation_in_data_or_an_open_section_names_the_key(tmp_path, sections, key, raw):
+    # Before: data and the open sections were not looked into, and OmegaConf's
+    # InterpolationResolutionError came out of the data or model builder as a traceback.
+    with pytest.raises(ConfigError) as err:
+        run(_cfg(**_quick(**sections)), tmp_path / "run")
+    assert err.value.key == key
+    assert str(err.value) == f"{key}: cannot resolve {raw!r}: Recursive interpolation detected"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_mandatory_value_is_left_to_its_sections_own_message(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        run(_cfg(**_quick(data={"kind": "custom", "_target_": "???"})), tmp_path / "run")
+    assert err.value.key == "data._target_" and "needs _target_" in str(err.value)
+
+
 def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
     spec = {"target": "conv", "action": "record", "args": {"select": "${hooks.x.args.select}"}}
     cfg = _cfg(**_quick(), hooks={"x": spec})
@@ -114,6 +139,8 @@ def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
         ({"dist_timeout_s": 0.0}, "runner.dist_timeout_s", "> 0"),
         ({"weight_decay": -0.1, "optimizer": "adamw"}, "runner.weight_decay", "finite number >= 0"),
         ({"weight_decay": 1.0}, "runner.weight_decay", "runner.optimizer is null: nothing would decay"),
+        # Before: OverflowError from torch.manual_seed, a traceback.
+        ({"seed": 2**64}, "runner.seed", "between -9223372036854775808 and 18446744073709551615"),
     ],
 )
 def test_runner_ranges_are_checked_before_the_run(tmp_path, runner, key, text):
@@ -122,6 +149,20 @@ def test_runner_ranges_are_checked_before_the_run(tmp_path, runner, key, text):
     assert err.value.key == key
     assert text in str(err.value)
     assert not (tmp_path / "run" / "records").exists()
+
+
+def test_a_data_seed_past_torchs_range_is_refused_before_the_first_batch(tmp_path):
+    # Before: "step 0, in the data ... OverflowError" from the generator the first batch seeds.
+    with pytest.raises(ConfigError) as err:
+        run(_quick(data={"kind": "random", "shape": [3, 8, 8], "seed": -(2**63) - 1}), tmp_path / "run")
+    assert str(err.value) == (
+        "data.seed: must be between -9223372036854775808 and 18446744073709551615 (torch.manual_seed's range), "
+        f"got {-(2**63) - 1}"
+    )
+    assert not (tmp_path / "run" / "records").exists()
+    out = run(_quick(data={"kind": "random", "shape": [3, 8, 8], "seed": 2**64 - 1}, runner={"seed": -(2**63)}),
+              tmp_path / "edges")  # fmt: skip
+    assert out["status"] == "completed"
 
 
 def test_an_unknown_compile_backend_is_refused_with_the_nearest_names(tmp_path):
@@ -149,6 +190,23 @@ def test_a_feature_map_position_past_every_record_spec_is_refused(tmp_path):
         run(cfg, tmp_path / "run")
     assert err.value.key == "sink.feature_maps"
     assert "position 99" in str(err.value) and "between -1 and 0" in str(err.value)
+
+
+def test_a_feature_map_position_past_the_4d_targets_is_a_warning(tmp_path):
+    # Two targets, so position 1 passes the check before the run; fc1's value is 2-D, so the
+    # spec has one 4-D target. Before: no figure, no word.
+    cfg = _quick(sink={"figures": True, "feature_maps": [1], "histograms": False})
+    cfg["hooks"] = {"acts": {"target": ["conv", "fc1"], "action": "record"}}
+    summary = run(cfg, tmp_path / "run")
+    assert summary["status"] == "completed" and summary["figures"] == []
+    assert summary["warnings"] == [
+        "sink.feature_maps: position 1 drew nothing: a feature-map position counts a record spec's 4-D "
+        "targets, and the most any spec has is 1 ('acts'), so a position is between -1 and 0"
+    ]
+    # Only 2-D records: the default [0] has nothing to draw, and says nothing.
+    cfg = _quick(sink={"figures": True, "histograms": False})
+    cfg["hooks"] = {"acts": {"target": "fc1", "action": "record"}}
+    assert run(cfg, tmp_path / "flat").get("warnings", []) == []
 
 
 def test_feature_map_positions_in_range_and_runs_without_records_pass(tmp_path):
@@ -233,6 +291,8 @@ def test_an_unset_order_and_order_0_tie():
         (["+unknown_key=1"], "unknown_key: unknown key;"),
         (["+a=${b}", "+b=${a}"], "a: unknown key;"),
         (["+hooks.a=${hooks.b}", "+hooks.b=${hooks.a}"], "hooks.a: cannot resolve '${hooks.b}'"),
+        (["+hooks.record_convs.args.select=${hooks.record_convs.args.select}"],  # a spec arg pointing at itself
+         "hooks.record_convs.args.select: cannot resolve '${hooks.record_convs.args.select}'"),
         (["runner.steps=99999999999999999999999"], "runner.steps: must be between 0 and 2147483647"),
         (["runner.lr=-1"], "runner.lr: must be a finite number >= 0"),
         (["runner.compile=true", "runner.compile_backend=nosuch"], "runner.compile_backend: unknown torch.compile"),

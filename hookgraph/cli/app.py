@@ -76,6 +76,11 @@ def _to_log_file(level: int, msg: str, exc_info: Any = None) -> None:
                 handler.handle(record)
 
 
+def _has_log_file() -> bool:
+    """Whether :func:`_to_log_file` writes anywhere: ranks other than 0 keep no log file."""
+    return any(isinstance(h, logging.FileHandler) for lg in (log, logging.getLogger()) for h in lg.handlers)
+
+
 def _say(level: int, msg: str) -> None:
     """Closing lines: warnings to stderr and the log file, information through the log."""
     if level >= logging.WARNING:
@@ -164,13 +169,14 @@ def _app(cfg: DictConfig) -> float | None:
                 raise  # a bug in hookgraph, or the user's code outside the steps: Hydra shows where
             _to_log_file(logging.ERROR, f"{where}{type(exc).__name__}", exc_info=sys.exc_info())
         kept = not _tidy(out_dir, summary, exc)
+        logged = kept and _has_log_file()  # only then is "the traceback is in" the log true
         world = world_from_env()
         peer = peer_message(summary, world.rank, exc, raised_at or "during the run") if world.ranked else None
         if peer is not None:  # this rank stopped because another did: name that one, not gloo's socket
-            _error(f"{where}{peer}" + (f"; the traceback is in {Path(out_dir) / layout.LOG}" if kept else ""))
+            _error(f"{where}{peer}" + (f"; the traceback is in {Path(out_dir) / layout.LOG}" if logged else ""))
         elif raised_at is not None:
             what = f"{raised_at}: {type(exc).__name__}: {_first_line(exc)}"
-            if kept:
+            if logged:
                 what += f"; the traceback is in {Path(out_dir) / layout.LOG}"
             _error(f"{where}{what}")
         else:
@@ -254,9 +260,36 @@ def _yaml_syntax(argv: list[str]) -> str | None:
     return None
 
 
+def _override_depth(arg: str) -> int:
+    """How deep a command-line override nests ``{...}`` and ``[...]`` (quoted text not counted)."""
+    depth = deepest = 0
+    quote = ""
+    for ch in arg:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "}]":
+            depth -= 1
+    return deepest
+
+
+def _deep_override(argv: list[str]) -> str | None:
+    """The first override nested deeper than a config file may be: Hydra's override parser
+    recurses once per level and fails with a bare RecursionError at a few hundred."""
+    for arg in argv:
+        if _override_depth(arg) > MAX_YAML_DEPTH:
+            key = arg.split("=", 1)[0]
+            return f"{key}: the override nests more than {MAX_YAML_DEPTH} levels deep; flatten it"
+    return None
+
+
 def main() -> None:
     register_configs()
-    bad = _yaml_syntax(sys.argv[1:])
+    bad = _deep_override(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.errors import ConfigError, did_you_mean
@@ -156,6 +156,39 @@ def check_known_keys(cfg: Mapping[str, Any], *, skip: Collection[str] = ("data",
     elsewhere (``data``: the data kind refuses a key no registered kind has, naming its own keys).
     """
     _check_keys(cfg, HookgraphConfig, "", frozenset(skip) | {"hydra"})
+    # The open sections and ``data`` (skipped above) are resolved here too, so that a cyclic
+    # interpolation there (``data.shape=${data.shape}``, ``+model.kwargs.x=${model.kwargs.x}``)
+    # is this one message, not OmegaConf's traceback from whichever builder reads it first.
+    # ``hooks`` is left to the spec compiler, which names every bad spec field at once.
+    if isinstance(cfg, DictConfig):
+        for name in list(cfg.keys()):
+            if str(name) not in ("hydra", "hooks") and str(name) in HookgraphConfig.__dataclass_fields__:
+                _resolve_all(cfg, name, str(name))
+
+
+def _unresolvable(node: Any, key: Any, full: str, exc: OmegaConfBaseException) -> ConfigError:
+    """The ConfigError for ``node[key]`` whose interpolation does not resolve: its ``${...}`` text."""
+    inner = node._get_node(key) if isinstance(node, (DictConfig, ListConfig)) else None
+    raw = inner._value() if isinstance(inner, Node) else None  # the ${...} text, unresolved
+    return ConfigError(full, f"cannot resolve {raw!r}: {str(exc).splitlines()[0]}")
+
+
+def _resolve_all(node: DictConfig, key: Any, full: str) -> None:
+    """Resolve ``node[key]`` and everything under it, walked without recursion; a value left
+    ``???`` is skipped (the section's own check names it better)."""
+    stack: list[tuple[DictConfig | ListConfig, Any, str]] = [(node, key, full)]
+    while stack:
+        parent, k, at = stack.pop()
+        if OmegaConf.is_missing(parent, k):
+            continue
+        try:
+            child = parent[k]
+        except OmegaConfBaseException as exc:
+            raise _unresolvable(parent, k, at, exc) from exc
+        if isinstance(child, DictConfig):
+            stack.extend((child, c, f"{at}.{c!s}") for c in child.keys())
+        elif isinstance(child, ListConfig):
+            stack.extend((child, i, f"{at}[{i}]") for i in range(len(child)))
 
 
 def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collection[str]) -> None:
@@ -172,9 +205,7 @@ def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collec
         try:
             child = node[key]  # resolves an interpolation here: a cyclic one is a ConfigError, not a traceback
         except OmegaConfBaseException as exc:
-            inner = node._get_node(key) if isinstance(node, DictConfig) else None
-            raw = inner._value() if inner is not None else None  # the ${...} text, unresolved
-            raise ConfigError(full, f"cannot resolve {raw!r}: {str(exc).splitlines()[0]}") from exc
+            raise _unresolvable(node, key, full, exc) from exc
         sub = hints[name]
         if dataclasses.is_dataclass(sub) and isinstance(sub, type) and isinstance(child, Mapping):
             _check_keys(child, sub, f"{full}.", skip)

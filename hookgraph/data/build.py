@@ -18,7 +18,7 @@ import hookgraph.data.kinds  # noqa: F401 - registers the built-in kinds
 from hookgraph.config.plain import to_plain
 from hookgraph.data.batches import Batches
 from hookgraph.data.registry import DataContext, data_kind, make_batches
-from hookgraph.data.values import positive_int
+from hookgraph.data.values import positive_int, seed
 from hookgraph.errors import ConfigError
 
 __all__ = ["build_data"]
@@ -67,9 +67,7 @@ def build_data(
     options = {name: to_plain(value) for name, value in options.items()}
     data_kind(kind, key)
     batch_size = positive_int(batch_size, f"{key}.batch_size")
-    seed = options.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"{key}.seed", f"must be an integer, got {seed!r}")
+    seed(options.get("seed", 0), f"{key}.seed")
     world_size = positive_int(world_size, "WORLD_SIZE")
     if not 0 <= rank < world_size:
         raise ConfigError("RANK", f"rank {rank} is not in a world of {world_size}")

@@ -1,6 +1,6 @@
 """Checks of the values data kinds share: counts, shapes, image sizes, normalisation.
 
-Public names: IMAGENET_MEAN, IMAGENET_STD, positive_int, shape, image_size, normalize.
+Public names: IMAGENET_MEAN, IMAGENET_STD, positive_int, seed, shape, image_size, normalize.
 
 Each takes the value as the config gave it and the full config key its ConfigError names.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from hookgraph.errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "positive_int", "shape", "image_size", "normalize"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "positive_int", "seed", "shape", "image_size", "normalize"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -25,6 +25,20 @@ def positive_int(value: Any, key: str) -> int:
     """``value`` if it is an integer >= 1 (a bool is not)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(key, f"must be a positive integer, got {value!r}")
+    return value
+
+
+# torch.manual_seed's documented range: a seed past it is an OverflowError ("Overflow when
+# unpacking long long") from inside the first generator seeded, mid-run.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def seed(value: Any, key: str) -> int:
+    """``value`` if it is an integer torch can seed a generator with (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise ConfigError(key, f"must be between {SEED_MIN} and {SEED_MAX} (torch.manual_seed's range), got {value}")
     return value
 
 

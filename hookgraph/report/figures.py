@@ -230,6 +230,8 @@ def write_figures(
 
     records = load_records(run_dir)
     picks = list(getattr(sink, "feature_maps", [0]) or [])
+    drawn: set[int] = set()
+    most_maps: tuple[int, str] = (0, "")  # the most 4-D targets of one spec, and that spec
     for spec in records:
         targets = records[spec]
         first = {}
@@ -249,8 +251,10 @@ def write_figures(
                 f"{spec}: values at the first call",
             )
         maps = [(t, v) for t, v in first.items() if v.dim() == 4]
+        most_maps = max(most_maps, (len(maps), spec))
         for i in picks:
             if -len(maps) <= i < len(maps):
+                drawn.add(i)
                 target, v = maps[i]
                 draw(
                     f"feature maps of {spec!r} {target!r}",
@@ -259,6 +263,20 @@ def write_figures(
                     out_dir / layout.fmap_figure(_safe(spec), i, _safe(target)),
                     f"{spec}: {target} (#{i})",
                 )
+    # The run checked each position against the record specs' targets; whether a target's value
+    # is 4-D shows only now. A position past every spec's 4-D targets drew nothing: say so (with
+    # no 4-D record at all, the default [0] has nothing to draw and nothing to say).
+    missed = [i for i in picks if i not in drawn]
+    if missed and most_maps[0]:
+        n, spec = most_maps
+        text = (
+            f"sink.feature_maps: position {missed[0]} drew nothing: a feature-map position counts a record "
+            f"spec's 4-D targets, and the most any spec has is {n} ({spec!r}), so a position is between "
+            f"{-n} and {n - 1}"
+        )
+        if warnings is None:
+            raise HookGraphError(text)
+        warnings.append(text)
     gradcam_cfg = gradcam if gradcam is not None else getattr(sink, "gradcam", None)
     if gradcam_cfg is not None:
         draw("gradcam", _gradcam_from_records, records, gradcam_cfg, image, out_dir)

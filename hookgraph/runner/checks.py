@@ -17,6 +17,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.config.schema import GradcamConfig
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
+from hookgraph.data.values import seed as check_seed
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.attribution import check_attribution
 from hookgraph.runner.batches import LOSSES
@@ -90,6 +91,7 @@ def _check_runner(r: DictConfig) -> None:
         raise ConfigError("runner.steps", f"must be between 0 and {MAX_COUNT}, got {r.steps}")
     if not 1 <= r.batch_size <= MAX_COUNT:
         raise ConfigError("runner.batch_size", f"must be between 1 and {MAX_COUNT}, got {r.batch_size}")
+    check_seed(r.seed, "runner.seed")
     if not (math.isfinite(r.lr) and r.lr >= 0):
         raise ConfigError("runner.lr", f"must be a finite number >= 0 (the optimizer's learning rate), got {r.lr}")
     if not (math.isfinite(r.weight_decay) and r.weight_decay >= 0):

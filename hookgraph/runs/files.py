@@ -405,6 +405,16 @@ _SUMMARY_SHAPES: dict[str, tuple[type, ...]] = {
 _SHAPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number"}
 
 
+def _manifest_shaped(m: dict) -> bool:
+    """Whether a summary's manifest has the shape RunWriter.manifest() writes."""
+    parts = (m.get("shards") or {}, m.get("tables") or {})
+    return (
+        isinstance(m.get("run"), str)
+        and isinstance(m.get("records"), str)
+        and all(isinstance(p, dict) and all(isinstance(v, dict) for v in p.values()) for p in parts)
+    )
+
+
 def summary_shape(summary: dict) -> tuple[dict, list[str]]:
     """The summary without the fields that hold the wrong JSON kind (``"specs": [1, 2]``), and
     one reason for each field dropped: a reader goes on with the rest and names them."""
@@ -414,6 +424,14 @@ def summary_shape(summary: dict) -> tuple[dict, list[str]]:
         bad = value is not None and not isinstance(value, kinds)
         if key == "specs" and isinstance(value, dict):  # spec -> {bindings, calls, records}
             bad = any(not isinstance(v, dict) for v in value.values())
+        if key == "manifest" and isinstance(value, dict) and not _manifest_shaped(value):
+            # The reader would skip it, and with it every check of what the run wrote.
+            reasons.append(
+                "'manifest' is not the writer's (run and records strings, shards and tables objects of "
+                "objects), so what the run wrote cannot be checked"
+            )
+            del kept[key]
+            continue
         if bad:
             expected = " or ".join(dict.fromkeys(_SHAPE_NAMES[k] for k in kinds))
             shown = "an object of other than objects" if isinstance(value, dict) else f"a JSON {_json_kind(value)}"
