@@ -218,3 +218,16 @@ def test_each_ranks_shards_and_tables_are_checked_against_its_own_summary(tmp_pa
         hg.load_run(path, rank=1)
     assert "records/rank-1/step-000001.safetensors: missing" in str(raised.value)
     assert "ranks/rank-1/stats.csv: missing (the summary says 1 rows)" in str(raised.value)
+
+
+def test_a_damaged_table_read_leniently_is_said_not_only_listed(folder):
+    # A row with a cell too many: a strict read raises; a lenient one reads the table as empty
+    # and, as for a missing piece, warns (before, it was only a line in run.problems).
+    with open(folder / "stats.csv", "a") as f:
+        f.write("x,y,z,1,2,3,4,5,6,7,8,9,10,11,12,13,14\n")
+    with pytest.raises(hg.HookGraphError, match="stats.csv"):
+        hg.load_run(folder)
+    loaded, warned = _lenient(folder)
+    assert loaded.stats == [] and len(loaded.trace) == 3
+    assert [p for p in loaded.problems if "stats.csv" in p] and not loaded.ok
+    assert any("read as empty" in w and "stats.csv" in w for w in warned), warned

@@ -1167,7 +1167,9 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        return self.status == "completed" and not self.damaged and not self.missing
+        """The run completed and reads whole: no damaged shard, no missing piece, no file read
+        as empty (``problems``, which a file read later, such as a damaged plan, adds to)."""
+        return self.status == "completed" and not self.damaged and not self.missing and not self.problems
 
     def dataset(
         self,
@@ -1329,14 +1331,19 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
             raise HookGraphError(_gaps_message(root, missing, strict=True))
         warnings.warn(_gaps_message(root, missing, strict=False), stacklevel=2)
         problems += missing
+    plan = _UNREAD if read(check_plan, root / layout.PLAN, empty=False) else []
+    config = read(read_config, root / layout.CONFIG)
+    damaged = [p for p in problems if p not in missing]
+    if damaged:  # reached only when not strict: said, as the missing pieces are, not only listed
+        warnings.warn(f"{root}: read as empty: " + "; ".join(damaged), stacklevel=2)
     return Run(
         path=root,
         records=records,
         stats=stats,
         trace=trace,
-        _plan=_UNREAD if read(check_plan, root / layout.PLAN, empty=False) else [],
+        _plan=plan,
         summary=summary,
-        config=read(read_config, root / layout.CONFIG),
+        config=config,
         damaged=list(records.damaged),
         ranks=ranks,
         rank=0 if rank is None else rank,
