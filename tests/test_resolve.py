@@ -222,6 +222,15 @@ def test_unknown_type_suggests_a_near_class_name():
     assert "did you mean 'Conv2d'" in type_problems[0].message
 
 
+def test_an_unknown_type_is_the_one_problem_when_the_target_did_match():
+    # Before, a second problem said "'**' matched nothing; nearest names: ..." of a target
+    # that matched: the unknown type had dropped every name. A misspelled target is still named.
+    _, problems = resolve(["conv1"], names=KIND_NAMES, types=["Conv2"], kinds=KINDS)
+    assert [p.key for p in problems] == ["hooks.s.types"]
+    _, problems = resolve(["cnv1"], names=KIND_NAMES, types=["Conv2"], kinds=KINDS)
+    assert [p.key for p in problems] == ["hooks.s.types", "hooks.s.target"]
+
+
 def test_far_unknown_type_lists_the_types_in_the_model():
     _, problems = resolve(["**"], names=KIND_NAMES, types=["Zzzzzzzz"], kinds=KINDS)
     msg = next(p.message for p in problems if p.key == "hooks.s.types")

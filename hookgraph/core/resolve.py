@@ -265,6 +265,7 @@ def resolve_names(
         dropped = set(index.match(excludes))
         matched = [n for n in matched if n not in dropped]
 
+    before_types = matched
     if types:
         for t in types:
             if t not in index.all_kinds and t not in known_types:
@@ -276,7 +277,6 @@ def resolve_names(
                 )
                 problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
         wanted = set(types)
-        before_types = matched
         matched = [n for n in matched if wanted.intersection(index.kinds.get(n, ()))]
         if before_types and not matched and expect_min > 0 and not problems:
             present = sorted({index.kinds[n][0] for n in before_types if index.kinds.get(n)})
@@ -292,7 +292,9 @@ def resolve_names(
     count = len(matched)
     if count < expect_min or (expect_max is not None and count > expect_max):
         shown = ", ".join(repr(p) for p in targets)
-        if count == 0:
+        if count == 0 and before_types and problems:
+            pass  # the target did match: a type named above that the model lacks dropped every name
+        elif count == 0:
             hint = no_match_hint(targets, index)
             problems.append(
                 Problem(
