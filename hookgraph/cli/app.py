@@ -47,7 +47,7 @@ from hookgraph.runner.distributed import rank_overrides, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted
 from hookgraph.runner.messages import closing_lines
 from hookgraph.runner.outputs import where_of
-from hookgraph.runner.ranks import peer_message
+from hookgraph.runner.ranks import peer_message, stopped_by_peer
 from hookgraph.runs import layout
 
 __all__ = ["main", "CONFIG_DIR"]
@@ -153,7 +153,12 @@ def _app(cfg: DictConfig) -> float | None:
         signum = exc.signum if isinstance(exc, RunInterrupted) else 2
         for level, line in closing_lines(summary):
             _say(level, line)
-        _error(f"{where}interrupted ({exc or 'SIGINT'}); what was recorded so far is in {out_dir}")
+        world = world_from_env()
+        peer = stopped_by_peer(summary, world.rank, str(exc or "SIGINT")) if world.ranked else None
+        if peer is not None:  # torchrun stopped this rank because another died or raised: name that one
+            _error(f"{where}{peer}; what was recorded so far is in {out_dir}")
+        else:
+            _error(f"{where}interrupted ({exc or 'SIGINT'}); what was recorded so far is in {out_dir}")
         if sweep and not callbacks.in_command_line_process():
             # A job in a process of its own (SLURM's scancel or a preemption, through submitit):
             # the signal was for this job. Exiting would cost the launcher its result and the

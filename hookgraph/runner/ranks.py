@@ -1,6 +1,6 @@
 """Rank 0 gathers the ranks of a run: their summaries into summary.json, their tables into one.
 
-Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables, peer_message.
+Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables, peer_message, stopped_by_peer.
 
 Every rank writes its own ``ranks/rank-N/summary.json`` (its status, error, steps, losses) when
 it ends, failed or not, and never waits on another rank to do so. Rank 0 reads them through the
@@ -21,7 +21,7 @@ from hookgraph.runs import layout
 from hookgraph.runs.files import read_csv, read_json
 from hookgraph.runs.writer import RunWriter
 
-__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables", "peer_message"]
+__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables", "peer_message", "stopped_by_peer"]
 
 
 class RankFailedError(HookGraphError):
@@ -130,6 +130,23 @@ def merge_tables(writer: RunWriter, size: int) -> None:
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 
+def _cause_elsewhere(summary: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """The gathered summary's error where a rank other than ``rank`` failed first, else None."""
+    err = summary.get("error") or {}
+    cause = err.get("rank")
+    return err if summary.get("failed_ranks") and cause is not None and cause != rank else None
+
+
+def stopped_by_peer(summary: dict[str, Any], rank: int, signal_text: str) -> str | None:
+    """The one line of a rank interrupted by a signal (torchrun's SIGTERM once a peer died or
+    raised) where rank 0 has gathered the summaries and another rank failed first: that rank,
+    not "interrupted", which is what the signal only looked like from here. None otherwise."""
+    err = _cause_elsewhere(summary, rank)
+    if err is None:
+        return None
+    return f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it (interrupted: {signal_text})"
+
+
 def peer_message(summary: dict[str, Any], rank: int, exc: BaseException, where: str) -> str | None:
     """The one line a rank prints when it stopped because another rank did (its collective
     broke: the peer died or raised), naming the rank that failed first where rank 0 has
@@ -139,10 +156,9 @@ def peer_message(summary: dict[str, Any], rank: int, exc: BaseException, where: 
     if not _collateral({"error": own}):
         return None
     said = f"{type(exc).__name__}: {_SOURCE_PREFIX.sub('', text)}"
-    err = summary.get("error") or {}
-    cause = err.get("rank")
-    if summary.get("failed_ranks") and cause is not None and cause != rank:
-        return f"{err.get('message', f'rank {cause} failed')}; rank {rank} stopped with it, {where} ({said})"
+    err = _cause_elsewhere(summary, rank)
+    if err is not None:
+        return f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it, {where} ({said})"
     return (
         f"rank {rank} stopped, {where}: another rank closed its connection ({said}); "
         f"each rank's own summary is under {layout.RANKS}/"
