@@ -308,6 +308,19 @@ def test_training_rows_place_the_copy_anywhere():
     assert torch.equal(data[3]["input_ids"], RepeatedTokens(200, 25, 50, seed=0)[3]["input_ids"])  # seeded
 
 
+def test_a_seed_past_the_generators_range_still_makes_rows():
+    # data.seed is checked against manual_seed's range, but a row's seed is seed * 1,000,003 + i:
+    # past ~1.8e13 it overflowed at the first row. In range, a row's seed is unchanged.
+    big = RepeatedTokens(4, 25, 50, half=12, seed=10**14)
+    ids, length = big.row(1)
+    assert length == 12 and torch.equal(ids[1:13], ids[13:25])
+    g = torch.Generator().manual_seed((10**14 * 1_000_003 + 1) % (1 << 64))
+    assert torch.equal(ids[1:13], torch.randint(1, 50, (25,), generator=g)[1:13])
+    g = torch.Generator().manual_seed(7 * 1_000_003 + 2)  # a seed in range: the rows it always made
+    assert torch.equal(RepeatedTokens(4, 25, 50, half=12, seed=7).row(2)[0][1:13],
+                       torch.randint(1, 50, (25,), generator=g)[1:13])  # fmt: skip
+
+
 def test_the_sae_experiments_run_on_it(tmp_path):
     s = _run(tmp_path, "sae", "+experiment=induction_sae")
     rec = hg.load_run(tmp_path / "sae").records["sae"]["transformer.h.0"][0]

@@ -72,7 +72,10 @@ class RepeatedTokens(Dataset):
     def row(self, i: int) -> tuple[torch.Tensor, int]:
         """Row ``i`` and its segment length: made from its own seeded generator, so that any
         row is the same whatever was read before it (a long training set costs no memory)."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        row_seed = self.seed * 1_000_003 + i
+        if not -(1 << 63) <= row_seed < 1 << 64:  # past manual_seed's range (a data.seed over ~1.8e13)
+            row_seed %= 1 << 64  # wrapped only there: every seed in range keeps its rows
+        g = torch.Generator().manual_seed(row_seed)
         n = self.seq_len
         most = (n - 1) // 2
         length = self.half if self.half is not None else int(torch.randint(self.min_half, most + 1, (1,), generator=g))
