@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from hookgraph.data.values import SEED_MAX, SEED_MIN
+
 __all__ = ["Prompts", "RepeatedTokens"]
 
 
@@ -73,8 +75,8 @@ class RepeatedTokens(Dataset):
         """Row ``i`` and its segment length: made from its own seeded generator, so that any
         row is the same whatever was read before it (a long training set costs no memory)."""
         row_seed = self.seed * 1_000_003 + i
-        if not -(1 << 63) <= row_seed < 1 << 64:  # past manual_seed's range (a data.seed over ~1.8e13)
-            row_seed %= 1 << 64  # wrapped only there: every seed in range keeps its rows
+        if not SEED_MIN <= row_seed <= SEED_MAX:  # past manual_seed's range (a data.seed over ~1.8e13)
+            row_seed %= SEED_MAX + 1  # wrapped only there: every seed in range keeps its rows
         g = torch.Generator().manual_seed(row_seed)
         n = self.seq_len
         most = (n - 1) // 2

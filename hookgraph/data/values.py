@@ -1,6 +1,6 @@
 """Checks of the values data kinds share: counts, shapes, image sizes, normalisation.
 
-Public names: IMAGENET_MEAN, IMAGENET_STD, positive_int, seed, shape, image_size, normalize.
+Public names: IMAGENET_MEAN, IMAGENET_STD, SEED_MIN, SEED_MAX, positive_int, seed, shape, image_size, normalize.
 
 Each takes the value as the config gave it and the full config key its ConfigError names.
 """
@@ -12,7 +12,9 @@ from typing import Any
 
 from hookgraph.errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "positive_int", "seed", "shape", "image_size", "normalize"]
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "SEED_MIN", "SEED_MAX", "positive_int", "seed", "shape", "image_size", "normalize",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
