@@ -3,7 +3,8 @@ format, shared by :func:`~hookgraph.runs.load_run`, the sweep table, the runner'
 and the report pages.
 
 Public names: DamagedFileError, exists, not_regular, read_bytes, read_text, read_json, read_csv, read_config,
-read_overrides, number_or_text, read_plan, check_plan, array_items, read_modules, summary_shape, read_jsonl.
+read_overrides, number_or_text, read_plan, check_plan, array_items, BLANKS,
+skip_blanks, read_modules, summary_shape, read_jsonl.
 
 A missing file reads as None (a table as no rows); a file that is there but cannot be read
 or parsed raises :class:`DamagedFileError` naming it, so a caller that must go on (the
@@ -44,6 +45,8 @@ __all__ = [
     "read_plan",
     "check_plan",
     "array_items",
+    "BLANKS",
+    "skip_blanks",
     "read_modules",
     "summary_shape",
     "read_jsonl",
@@ -225,8 +228,14 @@ _SHARED = ("spec", "type", "at", "action", "compiled")
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")
-_BLANKS = " \t\n\r"
+BLANKS = " \t\n\r"  # JSON's whitespace
 _DECODER = json.JSONDecoder()
+
+
+def skip_blanks(text: str, at: int) -> int:
+    """``at``, past any JSON whitespace there (a look before the regex: hookgraph's own JSON
+    files have none between items, and the streaming readers run this once an item)."""
+    return _SPACE.match(text, at).end() if text[at : at + 1] in BLANKS else at  # type: ignore[union-attr]
 
 
 def array_items(text: str, at: int) -> Iterator[Any]:
@@ -235,7 +244,7 @@ def array_items(text: str, at: int) -> Iterator[Any]:
     places, then the check that only whitespace follows. Its reader holds one item at a
     time: json.loads of a 200,000-item array (a plan, a shard's entries) holds them all."""
     scan = _DECODER.scan_once  # type: ignore[attr-defined]  # json's C scanner
-    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    at = skip_blanks(text, at + 1)
     if text[at : at + 1] == "]":
         at += 1
     else:
@@ -245,18 +254,15 @@ def array_items(text: str, at: int) -> Iterator[Any]:
             except StopIteration as err:  # as raw_decode says it
                 raise json.JSONDecodeError("Expecting value", text, err.value) from None
             yield item
-            if text[at : at + 1] in _BLANKS:  # a look before the regex: this loop runs once an item
-                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            at = skip_blanks(text, at)
             sep = text[at : at + 1]
             if sep == "]":
                 at += 1
                 break
             if sep != ",":
                 raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at += 1
-            if text[at : at + 1] in _BLANKS:
-                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
+            at = skip_blanks(text, at + 1)
+    if skip_blanks(text, at) != len(text):
         raise json.JSONDecodeError("Extra data", text, at)
 
 
@@ -273,7 +279,7 @@ def check_plan(path: Path) -> bool:
     if text is None:
         return False
     try:
-        at = _SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
+        at = skip_blanks(text, 0)
         if text[at:at + 1] != "[":
             value = json.loads(text)  # not an array: json's own error, or the value's kind below
             raise DamagedFileError(path, f"a JSON {type(value).__name__}, expected a JSON array")
@@ -327,7 +333,7 @@ def _plan_streams(path: Path) -> bool:
             # Skip whitespace, reading on where it runs to the end; the next character ("" at the end).
             nonlocal at
             while True:
-                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string
+                at = skip_blanks(text, at)
                 if at < len(text) or not more():
                     return text[at : at + 1]
 

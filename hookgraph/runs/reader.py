@@ -58,6 +58,7 @@ from hookgraph.runs import layout
 from hookgraph.runs.dataset import ActivationDataset, ActivationStream
 from hookgraph.runs.dataset import pieces as dataset_pieces
 from hookgraph.runs.files import (
+    BLANKS,
     DamagedFileError,
     array_items,
     check_plan,
@@ -69,6 +70,7 @@ from hookgraph.runs.files import (
     read_jsonl,
     read_modules,
     read_plan,
+    skip_blanks,
     summary_shape,
 )
 from hookgraph.runs.writer import FORMAT, RUN_ID, hasher, shard_key, tagged
@@ -746,17 +748,6 @@ def _plain_header(shard: _Shard) -> tuple[dict, dict[str, _Tensor]] | None:
     return meta, header
 
 
-_SPACES = re.compile(r"[ \t\n\r]*")
-
-
-def _skip(text: str, at: int) -> int:
-    """``at``, past any JSON whitespace there (most texts here have none: a quick look first)."""
-    return _SPACES.match(text, at).end() if text[at : at + 1] in _BLANKS else at  # type: ignore[union-attr]
-
-
-_BLANKS = " \t\n\r"
-
-
 def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
     """``json.loads(text)`` for a text that is one JSON object, parsed key by key: what
     ``json.loads`` would give (the same string and value parsers, the same whitespace), but
@@ -764,36 +755,36 @@ def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
     with a memo of every key (~70 bytes a tensor at the peak). None when the text is not
     one object or holds a key twice."""
     scan, string = decoder.scan_once, json.decoder.scanstring  # type: ignore[attr-defined]
-    at = _skip(text, 0)
+    at = skip_blanks(text, 0)
     if text[at : at + 1] != "{":
         return None
-    at = _skip(text, at + 1)
+    at = skip_blanks(text, at + 1)
     out: dict = {}
     try:
         if text[at : at + 1] == "}":
-            at = _skip(text, at + 1)
+            at = skip_blanks(text, at + 1)
         else:
-            while True:  # _skip inlined: this loop runs once a tensor
+            while True:  # skip_blanks's look inlined: this loop runs once a tensor
                 if text[at : at + 1] != '"':
                     return None
                 key, at = string(text, at + 1, True)
-                if text[at : at + 1] in _BLANKS:
-                    at = _skip(text, at)
+                if text[at : at + 1] in BLANKS:
+                    at = skip_blanks(text, at)
                 if text[at : at + 1] != ":":
                     return None
                 at += 1
-                if text[at : at + 1] in _BLANKS:
-                    at = _skip(text, at)
+                if text[at : at + 1] in BLANKS:
+                    at = skip_blanks(text, at)
                 value, at = scan(text, at)
                 if key in out:
                     return None
                 out[key] = value
-                if text[at : at + 1] in _BLANKS:
-                    at = _skip(text, at)
+                if text[at : at + 1] in BLANKS:
+                    at = skip_blanks(text, at)
                 sep = text[at : at + 1]
                 at += 1
-                if text[at : at + 1] in _BLANKS:
-                    at = _skip(text, at)
+                if text[at : at + 1] in BLANKS:
+                    at = skip_blanks(text, at)
                 if sep == "}":
                     break
                 if sep != ",":
@@ -861,7 +852,7 @@ def _json_items(text: str) -> Any:
     metadata's 200,000 entries held 200,000 lists of three at once, ~25 MB, and of its
     order 200,000 lists of two names, ~40 MB); the same
     decoder on the same characters, so the same values. Anything else is json.loads'."""
-    at = _skip(text, 0)
+    at = skip_blanks(text, 0)
     if text[at : at + 1] != "[":
         yield from json.loads(text)
         return
