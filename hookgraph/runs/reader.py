@@ -795,12 +795,11 @@ def _plain_object(text: str, decoder: json.JSONDecoder) -> dict | None:
 
 
 def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
-    """One tensor entry of a plain header, checked as safetensors' ``validate`` and
-    :func:`_tensor_info` check it (_NotPlain for anything either would refuse)."""
+    """One tensor entry of a plain header, checked as safetensors' ``validate`` checks it, then
+    by :func:`_tensor_info` (_NotPlain for anything either would refuse)."""
     name, dims, offsets = info["dtype"], info["shape"], info["data_offsets"]
     bits = _BITS.get(name) if type(name) is str else None
-    found = _DTYPES.get(name) if bits is not None else None
-    if bits is None or found is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
+    if bits is None or type(dims) is not list or type(offsets) is not list or len(offsets) != 2:
         raise _NotPlain
     b, e = offsets
     if type(b) is not int or type(e) is not int or not 0 <= b <= e < _U64:
@@ -813,15 +812,14 @@ def _plain_tensor(info: dict, start: int, size: int, shapes: dict) -> _Tensor:
         if count >= _U64:
             raise _NotPlain  # safetensors: ValidationOverflow, at any step
     bits *= count
-    if bits >= _U64 or bits % 8 or bits // 8 != e - b or start + e > size:
+    if bits >= _U64 or bits % 8 or bits // 8 != e - b:
         raise _NotPlain
-    dtype, per = found
-    shape = tuple(dims)
-    if per > 1:
-        shape = (*shape[:-1], shape[-1] // per) if shape else shape
-    if math.prod(shape) * dtype.itemsize != e - b:
-        raise _NotPlain
-    return _Tensor("", dtype, shapes.setdefault(shape, shape), start + b, start + e)
+    try:  # then what any header's tensor entry must be here (a dtype this torch has, offsets in the file)
+        t = _tensor_info("", info, start, size)
+    except _Damaged:
+        raise _NotPlain from None
+    t.shape = shapes.setdefault(t.shape, t.shape)
+    return t
 
 
 def _tensor_info(key: str, info: Any, start: int, size: int) -> _Tensor:
@@ -857,8 +855,6 @@ def _json_items(text: str) -> Any:
         yield from json.loads(text)
         return
     yield from array_items(text, at)
-
-
 
 
 def _entries_of(shard: _Shard, meta: dict, tensors: dict[str, _Tensor], items: Any) -> list[tuple[str, str, _Entry]]:
