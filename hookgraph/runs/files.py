@@ -307,7 +307,6 @@ def _plan_streams(path: Path) -> bool:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False
         utf8 = codecs.getincrementaldecoder("utf-8")()
-        decoder = json.JSONDecoder()
         text, at, eof, want = "", 0, False, _PIECE
 
         def more() -> bool:
@@ -346,7 +345,7 @@ def _plan_streams(path: Path) -> bool:
         else:
             while True:
                 try:
-                    entry, end = decoder.raw_decode(text, at)
+                    entry, end = _DECODER.raw_decode(text, at)
                 except ValueError:
                     # Cut at the piece's end, or damaged: read on (twice as far each time a
                     # binding is still cut, so a huge one is not decoded again per MiB).
