@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hookgraph.actions.registry import ACTIONS, load_action_libraries
+from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.config import searchpath
 
 TRIPLE = '''\

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hookgraph.actions.registry import ACTIONS
+from hookgraph.core.registry import ACTIONS
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.listing import main as list_main
 from hookgraph.config.searchpath import set_user_dirs

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["hookgraph.core.compiler", "hookgraph.core.graph", "hookgraph.core.discovery", "hookgraph.actions.registry"]
+MODULES = ["hookgraph.core.compiler", "hookgraph.core.graph", "hookgraph.core.discovery", "hookgraph.core.registry"]
 
 
 @pytest.mark.parametrize("name", MODULES)

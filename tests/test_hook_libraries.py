@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import hookgraph as hg
-from hookgraph.actions.registry import ACTIONS, load_action_libraries
+from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.listing import main as list_main
 from hookgraph.config import searchpath
@@ -108,7 +108,7 @@ def test_bad_libraries_are_one_line_each_and_the_rest_works(site, capsys):
     assert "lab/grad_watch" not in " ".join(cfg.keys())
     with pytest.raises(Exception, match=r"ok-hooks \(hookgraph.conf: ok\).*bad.yaml"):
         composed(["model=mlp", "hooks=[ok/bad]"])
-    _, problems_of_spec = hg.actions.registry.resolve_action("brk.anything", "hooks.x.action")
+    _, problems_of_spec = hg.core.registry.resolve_action("brk.anything", "hooks.x.action")
     assert "broken-actions" in problems_of_spec[0].message and "not_installed_anywhere" in problems_of_spec[0].message
     capsys.readouterr()
 

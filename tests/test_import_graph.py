@@ -14,15 +14,16 @@ The layers, lowest first; a module may import its own layer and the ones below i
    ``core.torch_internals``, ``core.dtensors`` (helpers with no notion of a spec);
 3. runs: ``hookgraph.runs`` (the run folder: its layout, writer and reader);
 4. config: ``hookgraph.config`` (schema, resolvers, plain values, instantiate, hook sets);
-5. engine: the rest of ``hookgraph.core`` (spec, points, resolve, compiler, graph, store,
-   discovery, hooks/) and ``hookgraph.actions``: actions and the engine are one layer, since
-   the compiler resolves actions and actions read the engine's points and store;
-6. inputs: ``hookgraph.data`` and ``hookgraph.models``;
-7. report: ``hookgraph.report`` (pages and figures of finished runs);
-8. runner: ``hookgraph.runner`` (a config in, a run folder out);
-9. integrations: ``hookgraph.integrations`` (callbacks of other trainers driving a run folder);
-10. cli: ``hookgraph.cli``;
-11. top: ``hookgraph`` itself and ``hookgraph.__main__``.
+5. engine: the rest of ``hookgraph.core`` (spec, points, resolve, registry, compiler, graph,
+   store, discovery, hooks/): what an action is, and how it is resolved and bound, is the
+   engine's; it never imports an action;
+6. actions: ``hookgraph.actions``, the built-in actions, registered into the engine's registry;
+7. inputs: ``hookgraph.data`` and ``hookgraph.models``;
+8. report: ``hookgraph.report`` (pages and figures of finished runs);
+9. runner: ``hookgraph.runner`` (a config in, a run folder out);
+10. integrations: ``hookgraph.integrations`` (callbacks of other trainers driving a run folder);
+11. cli: ``hookgraph.cli``;
+12. top: ``hookgraph`` itself and ``hookgraph.__main__``.
 
 Circles are looked for over every import, at module level and inside functions alike (an
 import inside a function hides a circle from Python, not from the reader); imports under
@@ -56,7 +57,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("runs", ("hookgraph.runs",)),
     ("config", ("hookgraph.config",)),
-    ("engine", ("hookgraph.core", "hookgraph.actions")),
+    ("engine", ("hookgraph.core",)),
+    ("actions", ("hookgraph.actions",)),
     ("inputs", ("hookgraph.data", "hookgraph.models")),
     ("report", ("hookgraph.report",)),
     ("runner", ("hookgraph.runner",)),

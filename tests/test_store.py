@@ -62,15 +62,15 @@ def test_graph_is_built_complete():
 
 @pytest.mark.slow  # a fresh interpreter in a subprocess
 def test_no_import_circle_between_graph_sites_and_actions():
-    # graph -> sites -> actions.registry must not need graph back: importing the graph
-    # module first, in a fresh interpreter, works, and nothing under actions imports graph.
+    # graph -> sites -> core.registry must not need graph back: importing the graph
+    # module first, in a fresh interpreter, works, and the registry holds no graph.
     code = (
         "import hookgraph.core.graph, sys; "
-        "print(sorted(m for m in sys.modules if m.startswith('hookgraph.actions')))"
+        "print(sorted(m for m in sys.modules if m.startswith('hookgraph.core.registry')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "hookgraph.actions.registry" in out
-    from hookgraph.actions import registry
+    assert "hookgraph.core.registry" in out
+    from hookgraph.core import registry
 
     assert "HookGraph" not in vars(registry) and "graph" not in registry.ActionContext.__dataclass_fields__
 

@@ -10,6 +10,6 @@ from hookgraph.actions import patch_slices as _patching  # noqa: F401 - register
 from hookgraph.actions import record as _record  # noqa: F401 - registers record
 from hookgraph.actions import sae as _sae  # noqa: F401 - registers sae
 from hookgraph.actions import steer as _steer  # noqa: F401 - registers steer
-from hookgraph.actions.registry import ACTIONS, ActionContext, ActionDef, register_action
+from hookgraph.core.registry import ACTIONS, ActionContext, ActionDef, register_action
 
 __all__ = ["ACTIONS", "ActionContext", "ActionDef", "register_action"]

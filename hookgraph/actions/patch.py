@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from hookgraph.actions.recorded import check_source_model, recorded_value, source_label
-from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.tree import positions, tensors_with_paths, tree_map
 from hookgraph.errors import HookGraphError
 

@@ -17,7 +17,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
-from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
 from hookgraph.core.points import POINTS

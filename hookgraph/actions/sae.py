@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.config.instantiate import instantiate_nested
 from hookgraph.errors import HookGraphError, did_you_mean
 

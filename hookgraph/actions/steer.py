@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions
-from hookgraph.actions.registry import ActionContext, register_action
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
 
 __all__ = ["steering_vector", "known_width"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookgraph.actions.registry import ActionContext, ActionDef, check_args, resolve_action
+from hookgraph.core.registry import ActionContext, ActionDef, check_args, resolve_action
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hookgraph.actions.registry import resolve_action
+from hookgraph.core.registry import resolve_action
 from hookgraph.config.plain import to_plain
 from hookgraph.core.points import POINTS
 from hookgraph.core.spec import check_specs

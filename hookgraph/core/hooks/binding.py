@@ -17,7 +17,7 @@ from typing import Any, TypeVar, dataclass_transform
 
 from torch import nn
 
-from hookgraph.actions.registry import ActionDef
+from hookgraph.core.registry import ActionDef
 from hookgraph.core.points import POINTS, TRACED_REGISTRARS, HookPoint
 from hookgraph.core.spec import HookSpec
 

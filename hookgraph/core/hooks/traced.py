@@ -49,7 +49,7 @@ def _named(b: Binding, hook: Callable[..., Any]) -> Callable[..., Any]:
 def _traced_pair(b: Binding) -> tuple[Callable[[Any], Any], Callable[[Any], None]] | None:
     """The action's ``(pure, sink)`` for ``b``: its fn's ``traced`` attribute, which is the
     pair itself or, where the sites of a spec share one attribute dict (record), a
-    function of the target that returns it (see ``actions.registry``)."""
+    function of the target that returns it (see ``core.registry``)."""
     traced = getattr(b.fn, "traced", None)
     return traced(b.target) if callable(traced) else traced
 
