@@ -8,8 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.config import searchpath
+from hookgraph.core.registry import ACTIONS, load_action_libraries
 
 TRIPLE = '''\
 import hookgraph as hg

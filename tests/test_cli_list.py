@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hookgraph.core.registry import ACTIONS
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.listing import main as list_main
 from hookgraph.config.searchpath import set_user_dirs
+from hookgraph.core.registry import ACTIONS
 from tests.cli_helpers import run_cli_here
 
 PACKAGED = Path(CONFIG_DIR)

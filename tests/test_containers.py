@@ -11,8 +11,8 @@ from torch import nn
 
 import hookgraph as hg
 from hookgraph.actions.patch import _replacer
-from hookgraph.core.registry import ActionContext
 from hookgraph.core.points import HookPoint
+from hookgraph.core.registry import ActionContext
 from hookgraph.core.store import ResultStore
 from hookgraph.core.tree import describe, rebuild
 

@@ -18,10 +18,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import hookgraph as hg
-from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.listing import main as list_main
 from hookgraph.config import searchpath
+from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.runner import register_configs
 from tests.cli_helpers import run_cli
 from tests.libraries import LAB_ENTRY_POINTS, LAB_FILES, TRIPLE, forget, refresh, write_library

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.dtensors import is_dtensor
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.tree import to_plain
 from hookgraph.errors import NonFiniteError
 

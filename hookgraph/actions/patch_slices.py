@@ -29,8 +29,8 @@ from hookgraph.actions.recorded import (
     resolve_positions,
     source_label,
 )
-from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.points import POINTS
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.sequence import parse_positions
 from hookgraph.errors import HookGraphError, Problem, SpecError
 

@@ -17,10 +17,10 @@ from typing import Any, TypeGuard
 import torch
 from torch import Tensor
 
-from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
 from hookgraph.core.points import POINTS
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.store import Entries
 from hookgraph.core.tree import tensors, tree_map
 from hookgraph.errors import HookGraphError

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.config.instantiate import instantiate_nested
+from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
 
 __all__ = ["SaeLensSAE", "load_sae", "random_sae"]

@@ -18,9 +18,9 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.config.searchpath import LIBRARY_SCHEME, USER_SCHEME, set_user_dirs
+from hookgraph.core.registry import ACTIONS, load_action_libraries
 from hookgraph.runner import register_configs
 
 __all__ = ["main", "GROUPS"]

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookgraph.core.registry import ActionContext, ActionDef, check_args, resolve_action
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2
 from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.points import POINTS
+from hookgraph.core.registry import ActionContext, ActionDef, check_args, resolve_action
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
 from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hookgraph.core.registry import resolve_action
 from hookgraph.config.plain import to_plain
 from hookgraph.core.points import POINTS
+from hookgraph.core.registry import resolve_action
 from hookgraph.core.spec import check_specs
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.device import resolve_device

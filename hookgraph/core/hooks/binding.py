@@ -17,8 +17,8 @@ from typing import Any, TypeVar, dataclass_transform
 
 from torch import nn
 
-from hookgraph.core.registry import ActionDef
 from hookgraph.core.points import POINTS, TRACED_REGISTRARS, HookPoint
+from hookgraph.core.registry import ActionDef
 from hookgraph.core.spec import HookSpec
 
 __all__ = ["Binding", "AUTOGRAD_TRACEABLE"]
