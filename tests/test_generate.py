@@ -553,3 +553,66 @@ def test_a_run_without_generate_refuses_positions_generated(tmp_path):
     with pytest.raises(ConfigError, match="names no token of a plain forward pass") as err:
         run(job, tmp_path / "run")
     assert err.value.key == "hooks.s.args.positions"
+
+
+# -- beam search (issue 36 item 1) ---------------------------------------------------------
+def _teacher_forced_h1(model, tokens):
+    """transformer.h.1's output over ``tokens`` in one plain forward, by a hand-written hook."""
+    out = {}
+    h = model.transformer.h[1].register_forward_hook(lambda m, a, o: out.setdefault("v", o.detach().clone()))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        h.remove()
+    return out["v"]
+
+
+@pytest.mark.parametrize(("seed", "beams", "prompt"), [
+    (0, 3, PROMPT[:1]), (1, 3, PROMPT), (2, 2, PROMPT[1:]), (3, 4, torch.tensor([[1, 2, 3, 4, 5, 6, 7]])),
+], ids=["b3", "b3-batch2", "b2", "b4-long"])
+def test_beam_search_records_follow_the_beams_with_and_without_cache(seed, beams, prompt):
+    """Under beam search each generated step reorders the cache's rows (generate's beam indices);
+    a record read back as a sequence follows them: every row is one beam's history, equal to a
+    teacher-forced pass of that beam's tokens (its returned sequence less the last token)."""
+    model = gpt2(seed)
+    got, outs = {}, {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record())
+        with graph.attach(), torch.no_grad():
+            outs[use_cache] = model.generate(
+                prompt, max_new_tokens=NEW, num_beams=beams, num_return_sequences=beams, do_sample=False,
+                use_cache=use_cache, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompt),
+                return_dict_in_generate=True, output_scores=True,
+            )
+        [got[use_cache]] = graph.sequences("r")["transformer.h.1"]
+    out = outs[True]
+    assert torch.equal(out.sequences, outs[False].sequences)
+    P = prompt.shape[1]
+    assert got[True].positions == list(range(P + NEW - 1)) == got[False].positions
+    torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
+    # The row that chose a returned sequence's last token holds that sequence's history.
+    want = _teacher_forced_h1(model, out.sequences[:, :-1])
+    rows = out.beam_indices[:, -1]
+    assert bool((rows >= 0).all())
+    torch.testing.assert_close(got[True].value[rows], want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("positions", "beams"), [("generated", 3), ([1, 6, 9], 3), ("7:", 2), ([5, 8], 4)], ids=str)
+def test_beam_search_positioned_records_follow_the_beams_over_calls_they_skip(positions, beams):
+    """A record that keeps only some calls still follows every reorder between them."""
+    model = gpt2(5)
+    got = {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record(positions))
+        with graph.attach(), torch.no_grad():
+            out = model.generate(
+                PROMPT, max_new_tokens=NEW, num_beams=beams, num_return_sequences=beams, use_cache=use_cache,
+                eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(PROMPT),
+                return_dict_in_generate=True, output_scores=True,
+            )
+        [got[use_cache]] = graph.sequences("r")["transformer.h.1"]
+    assert got[True].positions == got[False].positions
+    torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
+    want = _teacher_forced_h1(model, out.sequences[:, :-1])[:, got[True].positions]
+    torch.testing.assert_close(got[True].value[out.beam_indices[:, -1]], want, atol=1e-5, rtol=0)

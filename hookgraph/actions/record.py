@@ -21,6 +21,7 @@ from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
 from hookgraph.core.points import POINTS
 from hookgraph.core.registry import ActionContext, register_action
+from hookgraph.core.sequence import Span
 from hookgraph.core.store import Entries
 from hookgraph.core.tree import tensors, tree_map
 from hookgraph.errors import HookGraphError
@@ -453,11 +454,13 @@ def _positioned(
     clock: Any,
     pos: Callable[[int], Any] | None,
     dim: int,
-    spans: list[tuple[int, tuple[int, ...], int]],
+    spans: list[Span],
     last_only: bool,
 ) -> Callable[[Any], None]:
     """``fn`` that keeps only ``pos``'s positions of a call, and the (sequence, absolute
-    positions, dim) of every kept call in ``spans`` while the graph's clock is on the model."""
+    positions, dim, beam reorder since the last kept call) of every kept call in ``spans``
+    while the graph's clock is on the model."""
+    kept = [-1, -1]  # the sequence and call (within it) of the last kept call
 
     def positioned(value: Any) -> None:
         if not clock.installed:
@@ -471,6 +474,8 @@ def _positioned(
         length = first.shape[d]
         local = pos(length) if pos is not None else slice(0, length)
         if local is None:
+            if clock.beam_search:
+                _after(spans, kept, clock)
             return None  # none of the named positions is in this call
         idx = list(range(length))[local] if isinstance(local, slice) else local.tolist()
         if pos is not None:
@@ -478,7 +483,10 @@ def _positioned(
                 lambda t: t[(slice(None),) * d + (local,)].clone() if t.dim() > d and t.shape[d] == length else t,
                 value,
             )
-        span = (clock.sequence, tuple(clock.offset + i for i in idx), d)
+        call = len(clock.reorders) - 1
+        before = clock.beams_since(kept[1]) if clock.beam_search and kept[0] == clock.sequence else None
+        kept[:] = [clock.sequence, call]
+        span = (clock.sequence, tuple(clock.offset + i for i in idx), d, None if before is None else (before, None))
         fn(value)
         if last_only:
             spans[:] = [span]
@@ -487,6 +495,17 @@ def _positioned(
         return None
 
     return positioned
+
+
+def _after(spans: list[Span], kept: list[int], clock: Any) -> None:
+    """A call this record skips, after one it kept in the same sequence: the kept call's span
+    learns the beam reorders since (row r of the latest call continues row after[r] of it)."""
+    if kept[0] != clock.sequence or not spans:
+        return
+    seq, positions, dim, beams = spans[-1]
+    after = clock.beams_since(kept[1])
+    if after is not None:
+        spans[-1] = (seq, positions, dim, ((beams or (None, None))[0], after))
 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:
