@@ -616,3 +616,57 @@ def test_beam_search_positioned_records_follow_the_beams_over_calls_they_skip(po
     torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
     want = _teacher_forced_h1(model, out.sequences[:, :-1])[:, got[True].positions]
     torch.testing.assert_close(got[True].value[out.beam_indices[:, -1]], want, atol=1e-5, rtol=0)
+
+
+def _hand_steer_generated(P: int):
+    """A hand-written forward hook adding steer("generated")'s vector at positions >= P of a full forward."""
+    v = torch.tensor(VEC) * 4.0
+
+    def hook(mod, args, out):
+        h = out[0] if isinstance(out, tuple) else out
+        h = h + torch.cat([torch.zeros(P, D), v.expand(h.shape[1] - P, D)])
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    return hook
+
+
+@pytest.mark.parametrize(("beams", "use_cache", "prompts"), [
+    (3, True, PROMPT.tolist()), (2, False, PROMPT.tolist()), (4, True, [[5, 9, 2, 7, 11, 3], [1, 2, 3, 4, 5, 6]]),
+], ids=["b3-cache", "b2-no-cache", "b4-issue"])
+def test_runner_generate_with_beams_reports_loss_and_metric_of_what_it_wrote(tmp_path, beams, use_cache, prompts):
+    """runner.generate with num_beams > 1: the loss and the metric are those of the written
+    generations, teacher-forced through the model (issue 36 item 2), and the record read back
+    from the run folder follows the returned beam."""
+    from hookgraph.runner import run
+
+    job = _job({"s": steer("generated")["s"], "r": _record()["r"]},
+               {"max_new_tokens": NEW, "num_beams": beams, "use_cache": use_cache, "eos_token_id": None},
+               metric={"name": "logprob", "token": 7, "position": -1}, steps=1)
+    job["data"]["kwargs"]["ids"] = prompts
+    summary = run(job, tmp_path / "run")
+    assert summary["status"] == "completed"
+    loaded = hg.load_run(tmp_path / "run")
+    rows = loaded.generations
+    tokens = torch.tensor([g["prompt_ids"] + g["generated_ids"] for g in rows])
+    P = len(prompts[0])
+    torch.manual_seed(0)  # the model the runner builds (runner.seed 0), steered by a hand-written hook
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    h0 = model.transformer.h[0].register_forward_hook(_hand_steer_generated(P))
+    try:
+        with torch.no_grad():
+            logits = model(tokens[:, :-1]).logits[:, P - 1:]
+        want_h1 = _teacher_forced_h1(model, tokens[:, :-1])
+    finally:
+        h0.remove()
+    logp = torch.log_softmax(logits.float(), -1)
+    want_loss = -logp.gather(-1, tokens[:, P:, None]).mean().item()
+    want_metric = logp[:, -1, 7].mean().item()
+    assert summary["loss"] == pytest.approx(want_loss, abs=1e-4)
+    assert summary["metric"] == pytest.approx(want_metric, abs=1e-4)
+    assert all(g["metric"] == pytest.approx(want_metric, abs=1e-4) for g in rows)
+    # The record read back from the run folder: the returned beams' residuals.
+    [seq] = loaded.sequences("r")["transformer.h.1"]
+    assert seq.value.shape[0] == len(prompts) * beams
+    picked = seq.value[[g["beam"] for g in rows]]
+    torch.testing.assert_close(picked, want_h1, atol=1e-4, rtol=0)
