@@ -4,6 +4,7 @@ track positions by hand and to nnsight's ``generate`` with the same intervention
 
 from __future__ import annotations
 
+import html
 import warnings
 
 import pytest
@@ -670,3 +671,88 @@ def test_runner_generate_with_beams_reports_loss_and_metric_of_what_it_wrote(tmp
     assert seq.value.shape[0] == len(prompts) * beams
     picked = seq.value[[g["beam"] for g in rows]]
     torch.testing.assert_close(picked, want_h1, atol=1e-4, rtol=0)
+
+
+# -- positions never reached (issue 36 item 6) ----------------------------------------------------
+def _first_token(model, ids) -> int:
+    with torch.no_grad():
+        return int(model(ids).logits[0, -1].argmax())
+
+
+UNREACHED = {
+    10: "position(s) [10] of 10 never reached: the longest sequence read held positions 0..4",
+    "generated": "positions 'generated' never reached: the longest sequence read held positions 0..4",
+    "7:": "positions '7:' never reached: the longest sequence read held positions 0..4",
+    (2, 9): "position(s) [9] of [2, 9] never reached: the longest sequence read held positions 0..4",
+}
+
+
+@pytest.mark.parametrize("positions", list(UNREACHED), ids=str)
+def test_runner_generate_says_which_positions_an_early_eos_left_unreached(tmp_path, positions):
+    """EOS after one token: the model read the prompt only; a steer at a later position ran
+    (calls 1) and acted on nothing. The summary and the closing lines say so by spec."""
+    from hookgraph.runner import run
+    from hookgraph.runner.messages import closing_lines
+
+    pos = list(positions) if isinstance(positions, tuple) else positions
+    torch.manual_seed(0)  # the model the runner builds (runner.seed 0): its first greedy token, made the EOS
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    eos = _first_token(model, PROMPT[:1])
+    job = _job(steer(pos), {"max_new_tokens": 8, "eos_token_id": eos}, batch_size=1, steps=1)
+    job["data"]["kwargs"]["ids"] = PROMPT[:1].tolist()
+    summary = run(job, tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert hg.load_run(tmp_path / "run").generations[0]["generated_ids"] == [eos]  # stopped after one token
+    assert summary["specs"]["s"]["calls"] == 1
+    assert summary["positions_never_reached"] == {"s": UNREACHED[positions]}
+    lines = [text for _, text in closing_lines(summary)]
+    assert f"spec 's' ran but acted on no token there: {UNREACHED[positions]}" in lines
+    assert html.escape(UNREACHED[positions]) in (tmp_path / "run" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("positions", ["prompt", -1, (0, 4), "generated"], ids=str)
+def test_positions_reached_are_not_reported(tmp_path, positions):
+    from hookgraph.runner import run
+
+    pos = list(positions) if isinstance(positions, tuple) else positions
+    summary = run(_job(steer(pos), {"max_new_tokens": 3}, steps=1), tmp_path / "run")
+    assert "positions_never_reached" not in summary
+
+
+@pytest.mark.parametrize(("positions", "why"), [
+    ("generated", "positions 'generated' never reached: the model never generated while attached"),
+    ("7:", "positions '7:' never reached: the longest sequence read held positions 0..4"),
+    ("9:12:2", "positions '9:12:2' never reached: the longest sequence read held positions 0..4"),
+], ids=str)
+def test_a_plain_forward_from_python_says_positions_it_never_reached(positions, why):
+    """From Python, positions: generated on a plain forward did nothing, silently (the CLI refuses it)."""
+    model = gpt2()
+    graph = hg.compile(model, steer(positions))
+    with pytest.warns(UserWarning, match=f"spec 's' acted on no token there: {why}"):
+        with graph.attach(), torch.no_grad():
+            out = model(PROMPT).logits
+    assert graph.calls["s"] == 1
+    assert graph.positions_never_reached["s"].startswith(why)
+    torch.testing.assert_close(out, model(PROMPT).logits, atol=0, rtol=0)  # it acted on nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per spec
+        with graph.attach(), torch.no_grad():
+            model(PROMPT)
+
+
+def test_python_generate_stopped_by_eos_says_the_position_it_never_reached():
+    model = gpt2()
+    eos = _first_token(model, PROMPT[:1])
+    graph = hg.compile(model, steer(10))
+    with pytest.warns(UserWarning, match=r"spec 's' acted on no token there: position\(s\) \[10\] of 10 never"):
+        with graph.attach(), torch.no_grad():
+            model.generate(PROMPT[:1], max_new_tokens=8, eos_token_id=eos, pad_token_id=0,
+                           attention_mask=torch.ones_like(PROMPT[:1]))
+    graph = hg.compile(model, steer(6))  # reached when the generation runs on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with graph.attach(), torch.no_grad():
+            model.generate(PROMPT[:1], max_new_tokens=8, eos_token_id=None, pad_token_id=0,
+                           attention_mask=torch.ones_like(PROMPT[:1]))
+    assert graph.positions_never_reached == {}

@@ -41,8 +41,8 @@ from torch import Tensor
 from hookgraph.errors import HookGraphError
 
 __all__ = [
-    "SequenceClock", "Positions", "SequenceRecord", "Span", "parse_positions", "install_clock", "assemble", "pack_span",
-    "unpack_span",
+    "SequenceClock", "Positions", "Reach", "SequenceRecord", "Span", "parse_positions", "install_clock", "assemble",
+    "pack_span", "unpack_span",
 ]
 
 _WORDS = ("prompt", "generated")
@@ -117,6 +117,38 @@ class Positions:
             return slice(lo - offset, stop - offset) if lo < stop else None
         hit = [p - offset for p in range(start, stop, step) if p >= offset]
         return torch.tensor(hit) if hit else None
+
+
+class Reach:
+    """What one spec's ``positions`` argument met while attached: whether any call held a
+    position it names (``hit``), the end of the longest sequence read (``end``), the last
+    prompt length, and whether any call was inside ``generate``. Read by :meth:`unreached`."""
+
+    __slots__ = ("spec", "parsed", "hit", "end", "prompt", "generated", "seen")
+
+    def __init__(self, spec: str, parsed: Positions) -> None:
+        self.spec, self.parsed = spec, parsed
+        self.hit, self.end, self.prompt, self.generated, self.seen = False, 0, 0, False, False
+
+    def unreached(self) -> str | None:
+        """Why this argument acted on a named position never (or on some of its positions
+        never), or None: it acted everywhere it names, or its spec never ran."""
+        if not self.seen:
+            return None  # never fired: the summary's never_fired says so
+        p = self.parsed
+        read = f"the longest sequence read held positions 0..{self.end - 1}" if self.end else "no sequence was read"
+        if p.ints is not None:
+            ints, *_ = p.absolute(self.prompt)
+            missed = [t for t, a in zip(p.ints, ints or [], strict=True) if a >= self.end]
+            if not missed:
+                return None
+            return f"position(s) {missed} of {p.text} never reached: {read}"
+        if self.hit:
+            return None
+        if p.word == "generated" and not self.generated:
+            return "positions 'generated' never reached: the model never generated while attached (a plain " \
+                   "forward reads only its prompt; call model.generate, or name prompt positions)"
+        return f"positions {p.text!r} never reached: {read}"
 
 
 def parse_positions(positions: Any) -> Positions | None:
@@ -194,6 +226,7 @@ class SequenceClock:
         self.reorders: list[tuple[int, ...] | None] = []  # per call of the current sequence: the beam reorder before it
         self._reordered: tuple[int, ...] | None = None  # the reorder since the last call
         self.beam_search = False  # a beam reorder happened in the current sequence
+        self.reach: dict[str, Reach] = {}  # spec key (hooks.s.args.positions) -> what its positions met
         self._watched: list[tuple[Any, str, Any]] = []  # (object, name, its own attribute or _NONE) to restore
 
     # -- the hooks -------------------------------------------------------------------
@@ -248,6 +281,15 @@ class SequenceClock:
         if prompt is None:  # not a token model: negative positions count from the value's own end
             prompt = self.offset + length
         return self.offset, prompt, not self.generating and self.offset == 0
+
+    def unreached(self) -> dict[str, str]:
+        """spec -> why its ``positions`` acted on some named position never (see :class:`Reach`)."""
+        out: dict[str, list[str]] = {}
+        for reach in self.reach.values():
+            why = reach.unreached()
+            if why is not None:
+                out.setdefault(reach.spec, []).append(why)
+        return {spec: "; ".join(whys) for spec, whys in out.items()}
 
     # -- beams -------------------------------------------------------------------------
     def _watch(self, owner: Any, name: str, cache_first: bool) -> None:
