@@ -756,3 +756,37 @@ def test_python_generate_stopped_by_eos_says_the_position_it_never_reached():
             model.generate(PROMPT[:1], max_new_tokens=8, eos_token_id=None, pad_token_id=0,
                            attention_mask=torch.ones_like(PROMPT[:1]))
     assert graph.positions_never_reached == {}
+
+
+@pytest.mark.parametrize("eos_rank", [0, 1, 2], ids=lambda r: f"eos-rank{r}")
+def test_runner_generate_with_beams_and_eos_reports_the_loss_of_the_written_tokens(tmp_path, eos_rank):
+    """Beams that EOS ends early: the loss counts each written generation's tokens up to its
+    EOS (teacher-forced), and a generation no row of the last call continues has beam null."""
+    from hookgraph.runner import run
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    with torch.no_grad():
+        eos = int(model(PROMPT).logits[0, -1].topk(3).indices[eos_rank])
+    job = _job({"r": _record()["r"]}, {"max_new_tokens": NEW, "num_beams": 3, "eos_token_id": eos, "pad_token_id": 0},
+               steps=1)
+    summary = run(job, tmp_path / "run")
+    loaded = hg.load_run(tmp_path / "run")
+    rows = loaded.generations
+    P = PROMPT.shape[1]
+    nll = []
+    for g in rows:
+        gen = g["generated_ids"]
+        n = gen.index(eos) + 1 if eos in gen else len(gen)  # the written tokens, up to and with EOS
+        tokens = torch.tensor([g["prompt_ids"] + gen[:n]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(tokens[:, :-1]).logits[0, P - 1:].float(), -1)
+        nll += (-logp.gather(-1, tokens[0, P:, None])[:, 0]).tolist()
+        if g["beam"] is not None:
+            [seq] = loaded.sequences("r")["transformer.h.1"]
+            want = _teacher_forced_h1(model, tokens[:, :-1])[0]
+            torch.testing.assert_close(seq.value[g["beam"], : want.shape[0]], want, atol=1e-4, rtol=0)
+        else:
+            assert n < len(gen) or len(gen) < NEW  # only a generation EOS ended early has no row
+    assert summary["loss"] == pytest.approx(sum(nll) / len(nll), abs=1e-4)

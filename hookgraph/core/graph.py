@@ -501,7 +501,10 @@ class HookGraph:
         """``spec``'s records read back by token position: target -> one
         :class:`~hookgraph.core.sequence.SequenceRecord` per sequence (a ``generate`` call, or
         a forward pass and the cached calls that continue it), the prompt and generated tokens
-        in order, whether the model generated with the KV cache or without it.
+        in order, whether the model generated with the KV cache or without it. Under beam
+        search each row is one beam of the generation's last call, followed back through
+        generate's beam reorders (``beam_indices[:, -1]`` of generate's output picks the row
+        of each returned sequence).
 
         Raises:
             HookGraphError: ``spec`` kept no positions (it is not a record, or the model

@@ -180,17 +180,18 @@ class Generator:
             logits = logits[slot, torch.arange(slot.shape[1], device=logits.device)]
         logp = F.log_softmax(logits.float(), -1).gather(-1, new[:, : logits.shape[1], None].to(logits.device))
         loss = -logp.mean() if valid is None else -logp[..., 0][valid.to(logp.device)].mean()
-        self._keep(step, ids, new, None if valid is None else beams)
+        self._keep(step, ids, new, None if valid is None else beams, len(out.logits))
         return {"logits": logits}, loss
 
-    def _keep(self, step: int, ids: torch.Tensor, new: torch.Tensor, beams: torch.Tensor | None) -> None:
+    def _keep(self, step: int, ids: torch.Tensor, new: torch.Tensor, beams: torch.Tensor | None, calls: int) -> None:
         for row, (p, g) in enumerate(zip(ids.tolist(), new.tolist(), strict=True)):
             line: dict[str, Any] = {"step": step, "row": row, "prompt_ids": p, "generated_ids": g}
             if beams is not None:
-                # The row of the step's records (read back as a sequence) that holds this
-                # generation: the beam slot that chose its last token.
+                # The row of the step's records (read back as a sequence: the beams of the
+                # last call) that holds this generation: the slot that chose its last token in
+                # that call. None for one that ended (EOS) before the last call: no row holds it.
                 chose = [int(b) for b in beams[row].tolist() if b >= 0]
-                line["beam"] = chose[-1] if chose else None
+                line["beam"] = chose[-1] if chose and len(chose) == calls else None
             if self.tokenizer is not None:
                 line["prompt"] = self.tokenizer.decode(p)
                 line["text"] = self.tokenizer.decode(g)
