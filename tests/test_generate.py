@@ -599,7 +599,9 @@ def test_beam_search_records_follow_the_beams_with_and_without_cache(seed, beams
     torch.testing.assert_close(got[True].value[rows], want, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize(("positions", "beams"), [("generated", 3), ([1, 6, 9], 3), ("7:", 2), ([5, 8], 4)], ids=str)
+@pytest.mark.parametrize(("positions", "beams"), [
+    ("generated", 3), ([1, 6, 9], 3), ("7:", 2), ([5, 8], 4), ("prompt", 3),
+], ids=str)
 def test_beam_search_positioned_records_follow_the_beams_over_calls_they_skip(positions, beams):
     """A record that keeps only some calls still follows every reorder between them."""
     model = gpt2(5)

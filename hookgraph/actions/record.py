@@ -461,7 +461,7 @@ def _positioned(
     """``fn`` that keeps only ``pos``'s positions of a call, and the (sequence, absolute
     positions, dim, beam reorder since the last kept call) of every kept call in ``spans``
     while the graph's clock is on the model."""
-    kept = [-1, -1]  # the sequence and call (within it) of the last kept call
+    kept = [-1, -1, -1]  # the sequence and call (within it) of the last kept call; the call its "after" reaches
 
     def positioned(value: Any) -> None:
         if not clock.installed:
@@ -486,7 +486,7 @@ def _positioned(
             )
         call = len(clock.reorders) - 1
         before = clock.beams_since(kept[1]) if clock.beam_search and kept[0] == clock.sequence else None
-        kept[:] = [clock.sequence, call]
+        kept[:] = [clock.sequence, call, call]
         span = (clock.sequence, tuple(clock.offset + i for i in idx), d, None if before is None else (before, None))
         fn(value)
         if last_only:
@@ -500,13 +500,20 @@ def _positioned(
 
 def _after(spans: list[Span], kept: list[int], clock: Any) -> None:
     """A call this record skips, after one it kept in the same sequence: the kept call's span
-    learns the beam reorders since (row r of the latest call continues row after[r] of it)."""
+    learns the beam reorders since (row r of the latest call continues row after[r] of it),
+    composed one reorder at a time (a long generation that keeps only its prompt stays linear)."""
     if kept[0] != clock.sequence or not spans:
         return
+    now = len(clock.reorders) - 1
     seq, positions, dim, beams = spans[-1]
-    after = clock.beams_since(kept[1])
+    before, after = beams or (None, None)
+    for c in range(kept[2] + 1, now + 1):
+        b = clock.reorders[c]
+        if b is not None:  # row r of call c continues row b[r] of call c - 1
+            after = b if after is None else tuple(after[x] for x in b)
+    kept[2] = now
     if after is not None:
-        spans[-1] = (seq, positions, dim, ((beams or (None, None))[0], after))
+        spans[-1] = (seq, positions, dim, (before, after))
 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:
