@@ -9,6 +9,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hookgraph as hg
 from hookgraph.errors import SpecError
@@ -792,3 +794,28 @@ def test_runner_generate_with_beams_and_eos_reports_the_loss_of_the_written_toke
         else:
             assert n < len(gen) or len(gen) < NEW  # only a generation EOS ended early has no row
     assert summary["loss"] == pytest.approx(sum(nll) / len(nll), abs=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_assemble_follows_any_beam_reorders_back_from_the_last_call(data):
+    """Property: for any reorders, each assembled row holds, at every position, the value its
+    beam had in the call that read it (simulated forwards, value = 100 * call + row), and the
+    spans survive the run folder's packing."""
+    from hookgraph.core.sequence import assemble, pack_span, unpack_span
+
+    rows = data.draw(st.integers(1, 6))
+    calls = data.draw(st.integers(1, 7))
+    reorders = [None] + [data.draw(st.none() | st.lists(st.integers(0, rows - 1), min_size=rows, max_size=rows)
+                                   .map(tuple)) for _ in range(calls - 1)]
+    path = [[(0, r)] for r in range(rows)]  # each row's history, forwards: (call, row)
+    for c in range(1, calls):
+        b = reorders[c] or tuple(range(rows))
+        path = [path[b[r]] + [(c, r)] for r in range(rows)]
+    entries = [torch.tensor([[[100.0 * c + r]] for r in range(rows)]) for c in range(calls)]
+    spans = [(0, (c,), 1, None if reorders[c] is None else (reorders[c], None)) for c in range(calls)]
+    spans = [unpack_span(pack_span(0, c, s))[2] for c, s in enumerate(spans)]
+    [seq] = assemble(entries, spans)
+    assert seq.positions == list(range(calls))
+    want = torch.tensor([[[100.0 * c + r] for c, r in p] for p in path])
+    assert torch.equal(seq.value, want)
