@@ -103,7 +103,15 @@ def _labeller(cfg: ProbeConfig, summary: dict, n_items: int) -> Any:
     lab = cfg.labels
     if lab.source not in SOURCES:
         raise ConfigError("labels.source", f"{lab.source!r}; {did_you_mean(lab.source, SOURCES, 'valid sources')}")
-    mapping = {int(k) if str(k).lstrip("-").isdigit() else k: int(v) for k, v in (lab.map or {}).items()}
+    mapping = {int(k) if str(k).lstrip("-").isdigit() else k: v for k, v in (lab.map or {}).items()}
+    for k, v in mapping.items():
+        # -1 marks an item to skip: a class of -1 would drop the items mapped to it, silently.
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (cfg.classes is not None and v >= cfg.classes):
+            where = f" in [0, {cfg.classes})" if cfg.classes is not None else " (0, 1, ...)"
+            raise ConfigError(
+                f"labels.map.{k}", f"{v!r} is not a class index{where}; map each raw label to a class, and leave "
+                "a raw label out to skip its items"
+            )
 
     def mapped(raw: torch.Tensor) -> torch.Tensor:
         if not mapping:

@@ -667,3 +667,25 @@ def test_an_xxh3_digest_without_xxhash_is_refused_by_name(tmp_path, monkeypatch)
     monkeypatch.setattr(writer, "_xxhash", None)
     with pytest.raises(hg.HookGraphError, match="pip install xxhash"):
         hg.load_run(tmp_path / "run").records["a"]["m"][0]
+
+
+@pytest.mark.parametrize(("mapping", "key", "words"), [
+    ({0: -1, 1: 1}, "labels.map.0", "-1 is not a class index (0, 1, ...)"),
+    ({0: 0, 1: -3}, "labels.map.1", "-3 is not a class index"),
+    ({0: 0, 1: "b"}, "labels.map.1", "'b' is not a class index"),
+    ({0: 0, 1: True}, "labels.map.1", "True is not a class index"),
+    ({0: 0, 1: 2}, "labels.map.1", "2 is not a class index in [0, 2)"),
+], ids=["minus-one", "negative", "word", "bool", "past-classes"])
+def test_probe_labels_map_to_a_class_index_or_are_refused(tmp_path, mapping, key, words):
+    """labels.map={0: -1, 5: 1} used to drop the -1 items and report train_accuracy 1.0 on what was left."""
+    from hookgraph.probe import train_probe
+
+    _probe_run(tmp_path / "run", steps=2)
+    cfg = {"run": str(tmp_path / "run"), "spec": "resid", "labels": {"source": "token", "map": mapping},
+           "epochs": 1, "out": str(tmp_path / "p.safetensors")}
+    if "[0, 2)" in words:
+        cfg["classes"] = 2
+    with pytest.raises(ConfigError) as err:
+        train_probe(cfg)
+    assert err.value.key == key and words in str(err.value)
+    assert not (tmp_path / "p.safetensors").exists()

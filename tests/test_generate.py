@@ -4,10 +4,13 @@ track positions by hand and to nnsight's ``generate`` with the same intervention
 
 from __future__ import annotations
 
+import html
 import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hookgraph as hg
 from hookgraph.errors import SpecError
@@ -553,3 +556,266 @@ def test_a_run_without_generate_refuses_positions_generated(tmp_path):
     with pytest.raises(ConfigError, match="names no token of a plain forward pass") as err:
         run(job, tmp_path / "run")
     assert err.value.key == "hooks.s.args.positions"
+
+
+# -- beam search (issue 36 item 1) ---------------------------------------------------------
+def _teacher_forced_h1(model, tokens):
+    """transformer.h.1's output over ``tokens`` in one plain forward, by a hand-written hook."""
+    out = {}
+    h = model.transformer.h[1].register_forward_hook(lambda m, a, o: out.setdefault("v", o.detach().clone()))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        h.remove()
+    return out["v"]
+
+
+@pytest.mark.parametrize(("seed", "beams", "prompt"), [
+    (0, 3, PROMPT[:1]), (1, 3, PROMPT), (2, 2, PROMPT[1:]), (3, 4, torch.tensor([[1, 2, 3, 4, 5, 6, 7]])),
+], ids=["b3", "b3-batch2", "b2", "b4-long"])
+def test_beam_search_records_follow_the_beams_with_and_without_cache(seed, beams, prompt):
+    """Under beam search each generated step reorders the cache's rows (generate's beam indices);
+    a record read back as a sequence follows them: every row is one beam's history, equal to a
+    teacher-forced pass of that beam's tokens (its returned sequence less the last token)."""
+    model = gpt2(seed)
+    got, outs = {}, {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record())
+        with graph.attach(), torch.no_grad():
+            outs[use_cache] = model.generate(
+                prompt, max_new_tokens=NEW, num_beams=beams, num_return_sequences=beams, do_sample=False,
+                use_cache=use_cache, eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompt),
+                return_dict_in_generate=True, output_scores=True,
+            )
+        [got[use_cache]] = graph.sequences("r")["transformer.h.1"]
+    out = outs[True]
+    assert torch.equal(out.sequences, outs[False].sequences)
+    P = prompt.shape[1]
+    assert got[True].positions == list(range(P + NEW - 1)) == got[False].positions
+    torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
+    # The row that chose a returned sequence's last token holds that sequence's history.
+    want = _teacher_forced_h1(model, out.sequences[:, :-1])
+    rows = out.beam_indices[:, -1]
+    assert bool((rows >= 0).all())
+    torch.testing.assert_close(got[True].value[rows], want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("positions", "beams"), [
+    ("generated", 3), ([1, 6, 9], 3), ("7:", 2), ([5, 8], 4), ("prompt", 3),
+], ids=str)
+def test_beam_search_positioned_records_follow_the_beams_over_calls_they_skip(positions, beams):
+    """A record that keeps only some calls still follows every reorder between them."""
+    model = gpt2(5)
+    got = {}
+    for use_cache in (True, False):
+        graph = hg.compile(model, _record(positions))
+        with graph.attach(), torch.no_grad():
+            out = model.generate(
+                PROMPT, max_new_tokens=NEW, num_beams=beams, num_return_sequences=beams, use_cache=use_cache,
+                eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(PROMPT),
+                return_dict_in_generate=True, output_scores=True,
+            )
+        [got[use_cache]] = graph.sequences("r")["transformer.h.1"]
+    assert got[True].positions == got[False].positions
+    torch.testing.assert_close(got[True].value, got[False].value, atol=1e-5, rtol=0)
+    want = _teacher_forced_h1(model, out.sequences[:, :-1])[:, got[True].positions]
+    torch.testing.assert_close(got[True].value[out.beam_indices[:, -1]], want, atol=1e-5, rtol=0)
+
+
+def _hand_steer_generated(P: int):
+    """A hand-written forward hook adding steer("generated")'s vector at positions >= P of a full forward."""
+    v = torch.tensor(VEC) * 4.0
+
+    def hook(mod, args, out):
+        h = out[0] if isinstance(out, tuple) else out
+        h = h + torch.cat([torch.zeros(P, D), v.expand(h.shape[1] - P, D)])
+        return (h, *out[1:]) if isinstance(out, tuple) else h
+
+    return hook
+
+
+@pytest.mark.parametrize(("beams", "use_cache", "prompts"), [
+    (3, True, PROMPT.tolist()), (2, False, PROMPT.tolist()), (4, True, [[5, 9, 2, 7, 11, 3], [1, 2, 3, 4, 5, 6]]),
+], ids=["b3-cache", "b2-no-cache", "b4-issue"])
+def test_runner_generate_with_beams_reports_loss_and_metric_of_what_it_wrote(tmp_path, beams, use_cache, prompts):
+    """runner.generate with num_beams > 1: the loss and the metric are those of the written
+    generations, teacher-forced through the model (issue 36 item 2), and the record read back
+    from the run folder follows the returned beam."""
+    from hookgraph.runner import run
+
+    job = _job({"s": steer("generated")["s"], "r": _record()["r"]},
+               {"max_new_tokens": NEW, "num_beams": beams, "use_cache": use_cache, "eos_token_id": None},
+               metric={"name": "logprob", "token": 7, "position": -1}, steps=1)
+    job["data"]["kwargs"]["ids"] = prompts
+    summary = run(job, tmp_path / "run")
+    assert summary["status"] == "completed"
+    loaded = hg.load_run(tmp_path / "run")
+    rows = loaded.generations
+    tokens = torch.tensor([g["prompt_ids"] + g["generated_ids"] for g in rows])
+    P = len(prompts[0])
+    torch.manual_seed(0)  # the model the runner builds (runner.seed 0), steered by a hand-written hook
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    h0 = model.transformer.h[0].register_forward_hook(_hand_steer_generated(P))
+    try:
+        with torch.no_grad():
+            logits = model(tokens[:, :-1]).logits[:, P - 1:]
+        want_h1 = _teacher_forced_h1(model, tokens[:, :-1])
+    finally:
+        h0.remove()
+    logp = torch.log_softmax(logits.float(), -1)
+    want_loss = -logp.gather(-1, tokens[:, P:, None]).mean().item()
+    want_metric = logp[:, -1, 7].mean().item()
+    assert summary["loss"] == pytest.approx(want_loss, abs=1e-4)
+    assert summary["metric"] == pytest.approx(want_metric, abs=1e-4)
+    assert all(g["metric"] == pytest.approx(want_metric, abs=1e-4) for g in rows)
+    # The record read back from the run folder: the returned beams' residuals.
+    [seq] = loaded.sequences("r")["transformer.h.1"]
+    assert seq.value.shape[0] == len(prompts) * beams
+    picked = seq.value[[g["beam"] for g in rows]]
+    torch.testing.assert_close(picked, want_h1, atol=1e-4, rtol=0)
+
+
+# -- positions never reached (issue 36 item 6) ----------------------------------------------------
+def _first_token(model, ids) -> int:
+    with torch.no_grad():
+        return int(model(ids).logits[0, -1].argmax())
+
+
+UNREACHED = {
+    10: "position(s) [10] of 10 never reached: the longest sequence read held positions 0..4",
+    "generated": "positions 'generated' never reached: the longest sequence read held positions 0..4",
+    "7:": "positions '7:' never reached: the longest sequence read held positions 0..4",
+    (2, 9): "position(s) [9] of [2, 9] never reached: the longest sequence read held positions 0..4",
+}
+
+
+@pytest.mark.parametrize("positions", list(UNREACHED), ids=str)
+def test_runner_generate_says_which_positions_an_early_eos_left_unreached(tmp_path, positions):
+    """EOS after one token: the model read the prompt only; a steer at a later position ran
+    (calls 1) and acted on nothing. The summary and the closing lines say so by spec."""
+    from hookgraph.runner import run
+    from hookgraph.runner.messages import closing_lines
+
+    pos = list(positions) if isinstance(positions, tuple) else positions
+    torch.manual_seed(0)  # the model the runner builds (runner.seed 0): its first greedy token, made the EOS
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    eos = _first_token(model, PROMPT[:1])
+    job = _job(steer(pos), {"max_new_tokens": 8, "eos_token_id": eos}, batch_size=1, steps=1)
+    job["data"]["kwargs"]["ids"] = PROMPT[:1].tolist()
+    summary = run(job, tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert hg.load_run(tmp_path / "run").generations[0]["generated_ids"] == [eos]  # stopped after one token
+    assert summary["specs"]["s"]["calls"] == 1
+    assert summary["positions_never_reached"] == {"s": UNREACHED[positions]}
+    lines = [text for _, text in closing_lines(summary)]
+    assert f"spec 's' ran but acted on no token there: {UNREACHED[positions]}" in lines
+    assert html.escape(UNREACHED[positions]) in (tmp_path / "run" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("positions", ["prompt", -1, (0, 4), "generated"], ids=str)
+def test_positions_reached_are_not_reported(tmp_path, positions):
+    from hookgraph.runner import run
+
+    pos = list(positions) if isinstance(positions, tuple) else positions
+    summary = run(_job(steer(pos), {"max_new_tokens": 3}, steps=1), tmp_path / "run")
+    assert "positions_never_reached" not in summary
+
+
+@pytest.mark.parametrize(("positions", "why"), [
+    ("generated", "positions 'generated' never reached: the model never generated while attached"),
+    ("7:", "positions '7:' never reached: the longest sequence read held positions 0..4"),
+    ("9:12:2", "positions '9:12:2' never reached: the longest sequence read held positions 0..4"),
+], ids=str)
+def test_a_plain_forward_from_python_says_positions_it_never_reached(positions, why):
+    """From Python, positions: generated on a plain forward did nothing, silently (the CLI refuses it)."""
+    model = gpt2()
+    graph = hg.compile(model, steer(positions))
+    with pytest.warns(UserWarning, match=f"spec 's' acted on no token there: {why}"):
+        with graph.attach(), torch.no_grad():
+            out = model(PROMPT).logits
+    assert graph.calls["s"] == 1
+    assert graph.positions_never_reached["s"].startswith(why)
+    torch.testing.assert_close(out, model(PROMPT).logits, atol=0, rtol=0)  # it acted on nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per spec
+        with graph.attach(), torch.no_grad():
+            model(PROMPT)
+
+
+def test_python_generate_stopped_by_eos_says_the_position_it_never_reached():
+    model = gpt2()
+    eos = _first_token(model, PROMPT[:1])
+    graph = hg.compile(model, steer(10))
+    with pytest.warns(UserWarning, match=r"spec 's' acted on no token there: position\(s\) \[10\] of 10 never"):
+        with graph.attach(), torch.no_grad():
+            model.generate(PROMPT[:1], max_new_tokens=8, eos_token_id=eos, pad_token_id=0,
+                           attention_mask=torch.ones_like(PROMPT[:1]))
+    graph = hg.compile(model, steer(6))  # reached when the generation runs on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with graph.attach(), torch.no_grad():
+            model.generate(PROMPT[:1], max_new_tokens=8, eos_token_id=None, pad_token_id=0,
+                           attention_mask=torch.ones_like(PROMPT[:1]))
+    assert graph.positions_never_reached == {}
+
+
+@pytest.mark.parametrize("eos_rank", [0, 1, 2], ids=lambda r: f"eos-rank{r}")
+def test_runner_generate_with_beams_and_eos_reports_the_loss_of_the_written_tokens(tmp_path, eos_rank):
+    """Beams that EOS ends early: the loss counts each written generation's tokens up to its
+    EOS (teacher-forced), and a generation no row of the last call continues has beam null."""
+    from hookgraph.runner import run
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=99)).eval()
+    with torch.no_grad():
+        eos = int(model(PROMPT).logits[0, -1].topk(3).indices[eos_rank])
+    job = _job({"r": _record()["r"]}, {"max_new_tokens": NEW, "num_beams": 3, "eos_token_id": eos, "pad_token_id": 0},
+               steps=1)
+    summary = run(job, tmp_path / "run")
+    loaded = hg.load_run(tmp_path / "run")
+    rows = loaded.generations
+    P = PROMPT.shape[1]
+    nll = []
+    for g in rows:
+        gen = g["generated_ids"]
+        n = gen.index(eos) + 1 if eos in gen else len(gen)  # the written tokens, up to and with EOS
+        tokens = torch.tensor([g["prompt_ids"] + gen[:n]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(tokens[:, :-1]).logits[0, P - 1:].float(), -1)
+        nll += (-logp.gather(-1, tokens[0, P:, None])[:, 0]).tolist()
+        if g["beam"] is not None:
+            [seq] = loaded.sequences("r")["transformer.h.1"]
+            want = _teacher_forced_h1(model, tokens[:, :-1])[0]
+            torch.testing.assert_close(seq.value[g["beam"], : want.shape[0]], want, atol=1e-4, rtol=0)
+        else:
+            assert n < len(gen) or len(gen) < NEW  # only a generation EOS ended early has no row
+    assert summary["loss"] == pytest.approx(sum(nll) / len(nll), abs=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_assemble_follows_any_beam_reorders_back_from_the_last_call(data):
+    """Property: for any reorders, each assembled row holds, at every position, the value its
+    beam had in the call that read it (simulated forwards, value = 100 * call + row), and the
+    spans survive the run folder's packing."""
+    from hookgraph.core.sequence import assemble, pack_span, unpack_span
+
+    rows = data.draw(st.integers(1, 6))
+    calls = data.draw(st.integers(1, 7))
+    reorders = [None] + [data.draw(st.none() | st.lists(st.integers(0, rows - 1), min_size=rows, max_size=rows)
+                                   .map(tuple)) for _ in range(calls - 1)]
+    path = [[(0, r)] for r in range(rows)]  # each row's history, forwards: (call, row)
+    for c in range(1, calls):
+        b = reorders[c] or tuple(range(rows))
+        path = [path[b[r]] + [(c, r)] for r in range(rows)]
+    entries = [torch.tensor([[[100.0 * c + r]] for r in range(rows)]) for c in range(calls)]
+    spans = [(0, (c,), 1, None if reorders[c] is None else (reorders[c], None)) for c in range(calls)]
+    spans = [unpack_span(pack_span(0, c, s))[2] for c, s in enumerate(spans)]
+    [seq] = assemble(entries, spans)
+    assert seq.positions == list(range(calls))
+    want = torch.tensor([[[100.0 * c + r] for c, r in p] for p in path])
+    assert torch.equal(seq.value, want)

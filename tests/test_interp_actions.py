@@ -338,3 +338,86 @@ def test_head_mask_at_one_position_only(gpt2):
     # Only the last position's prediction changes (causal attention).
     torch.testing.assert_close(got[0, :-1], logits(gpt2, CLEAN)[0, :-1], atol=1e-6, rtol=0)
     assert (got[0, -1] - logits(gpt2, CLEAN)[0, -1]).abs().max() > 1e-4
+
+
+# -- steering vectors and numbers that are not one finite row (issue 36 items 4, 5) ---------------
+@pytest.mark.parametrize("shape", [(6, D), (2, 1, D), (D, 1), (1, 2, D)], ids=str)
+def test_a_steering_vector_file_of_more_than_one_row_is_refused(gpt2, tmp_path, shape):
+    """A [6, D] file used to broadcast into six copies of the batch (logits (6, 1, vocab))."""
+    from safetensors.torch import save_file
+
+    save_file({"v": torch.ones(shape)}, str(tmp_path / "v.safetensors"))
+    with pytest.raises(SpecError, match=rf"hooks\.s\.args: steer: vector: shape \[{', '.join(map(str, shape))}\] "
+                                        r"is not one row"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer",
+                                "args": {"vector": str(tmp_path / "v.safetensors")}}})
+
+
+@pytest.mark.parametrize("shape", [(1, D), (1, 1, D), (1, 1, 1, D)], ids=str)
+def test_a_steering_vector_of_one_row_in_any_rank_equals_the_flat_vector(gpt2, tmp_path, shape):
+    from safetensors.torch import save_file
+
+    v = torch.linspace(-1, 1, D)
+    save_file({"v": v.reshape(shape)}, str(tmp_path / "v.safetensors"))
+    ref = by_hand(gpt2, gpt2.transformer.h[0], CLEAN, lambda out: out + 2.0 * v)
+    _, got = run_graph(gpt2, {"s": {"target": "transformer.h.0", "action": "steer",
+                                    "args": {"vector": str(tmp_path / "v.safetensors"), "scale": 2.0}}}, CLEAN)
+    assert got.shape == ref.shape == (1, CLEAN.shape[1], gpt2.config.vocab_size)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def _with(values: dict) -> list:
+    v = [0.5] * D
+    for i, x in values.items():
+        v[i] = x
+    return v
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"vector": _with({0: float("nan")})}, r"vector: the steering vector of shape \[32\] holds 1 NaN and 0 infinite"),
+    ({"vector": _with({3: float("inf"), 7: -float("inf")})},
+     r"holds 0 NaN and 2 infinite value\(s\) \(the first at \[3\]"),
+    ({"vector": _with({}), "scale": float("nan")}, "scale: expected a finite number, got nan"),
+    ({"vector": _with({}), "scale": float("inf")}, "scale: expected a finite number, got inf"),
+    ({"vector": _with({}), "scale": 1e308}, r"scale: 1e\+308 times the steering vector overflows torch.float32"),
+    ({"vector": _with({1: 1e38}), "scale": 10.0}, "scale: 10.0 times the steering vector overflows"),
+], ids=["nan", "inf", "scale-nan", "scale-inf", "scale-1e308", "overflow"])
+def test_a_non_finite_steering_vector_or_scale_is_refused_at_compile_time(gpt2, args, words):
+    with pytest.raises(SpecError, match=words) as err:
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer", "args": args}})
+    assert "hooks.s.args: steer: " in str(err.value)
+
+
+def test_a_non_finite_steering_vector_file_is_refused(gpt2, tmp_path):
+    from safetensors.torch import save_file
+
+    v = torch.ones(D)
+    v[5] = float("nan")
+    save_file({"v": v}, str(tmp_path / "v.safetensors"))
+    with pytest.raises(SpecError, match=r"vector: the steering vector of shape \[32\] holds 1 NaN .*first at \[5\]"):
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0", "action": "steer",
+                                "args": {"vector": str(tmp_path / "v.safetensors")}}})
+
+
+@pytest.mark.parametrize(("action", "args", "words"), [
+    ("clamp", {"min": float("nan")}, "min: expected a finite number, got nan"),
+    ("clamp", {"min": -1.0, "max": float("nan")}, "max: expected a finite number, got nan"),
+    ("clamp", {"max": float("inf")}, "max: expected a finite number, got inf"),
+    ("scale", {"factor": float("inf")}, "factor: expected a finite number, got inf"),
+    ("scale", {"factor": float("nan")}, "factor: expected a finite number, got nan"),
+    ("add", {"value": float("-inf")}, "value: expected a finite number, got -inf"),
+    ("noise", {"std": float("nan")}, "std: expected a finite number, got nan"),
+    ("clip_norm", {"max_norm": float("nan")}, "max_norm: expected a finite number, got nan"),
+    ("mask", {"index": 0, "value": float("nan")}, "value: expected a finite number, got nan"),
+], ids=lambda x: str(x) if isinstance(x, str) else None)
+def test_non_finite_action_numbers_are_refused_at_compile_time(gpt2, action, args, words):
+    with pytest.raises(SpecError, match=words) as err:
+        hg.compile(gpt2, {"s": {"target": "transformer.h.0.mlp.c_fc", "action": action, "args": args}})
+    assert f"hooks.s.args: {action}: " in str(err.value)
+
+
+def test_infinite_values_that_mean_something_still_compile(gpt2):
+    hg.compile(gpt2, {"m": {"target": "transformer.h.0.mlp.c_fc", "action": "mask",
+                            "args": {"index": 0, "value": float("-inf")}},
+                      "c": {"target": "transformer.h.0.mlp.act", "action": "clip_norm",
+                            "args": {"max_norm": 1.0, "norm_type": float("inf")}}})

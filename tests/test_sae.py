@@ -126,3 +126,58 @@ def test_bad_sae_sources_are_named(gpt2, tmp_path):
         hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(d)}}})
     with pytest.raises(hg.SpecError, match="no encode/decode"):
         hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": {"_target_": "torch.nn.Identity"}}}})
+
+
+# -- malformed and non-finite SAEs (issue 36 item 5) -----------------------------------------
+def _nan_at(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t.view(-1)[3] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize(("name", "change", "words"), [
+    ("b_dec", lambda t: torch.zeros(1), r"b_dec has shape \[1\], expected \[64\]"),
+    ("b_enc", lambda t: torch.zeros(1), r"b_enc has shape \[1\], expected \[96\]"),
+    ("W_enc", lambda t: t[None], r"W_enc has shape \[1, 64, 96\], expected \[d_in, d_sae\]"),
+    ("W_dec", lambda t: t.T.contiguous(), r"W_dec has shape \[64, 96\], expected \[96, 64\]"),
+    ("threshold", lambda t: t[:5].contiguous(), r"threshold has shape \[5\], expected \[96\]"),
+    ("W_enc", _nan_at, r"W_enc: W_enc of shape \[64, 96\] holds 1 NaN and 0 infinite"),
+    ("b_dec", lambda t: t + float("inf"), r"b_dec: b_dec of shape \[64\] holds 0 NaN and 64 infinite"),
+    ("threshold", _nan_at, r"threshold: threshold of shape \[96\] holds 1 NaN"),
+], ids=["b_dec-1", "b_enc-1", "W_enc-3d", "W_dec-T", "threshold-5", "W_enc-nan", "b_dec-inf", "threshold-nan"])
+def test_an_sae_folder_of_wrong_shapes_or_non_finite_weights_is_refused_at_compile_time(gpt2, tmp_path, name, change,
+                                                                                         words):
+    """Such weights broadcast silently (a [1] bias) or turn every value into NaN; refused by name."""
+    d, w = _folder(tmp_path, "jumprelu")
+    w[name] = change(w[name])
+    save_file(w, str(d / "sae_weights.safetensors"))
+    with pytest.raises(hg.SpecError, match=words) as err:
+        hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(d)}}})
+    assert "hooks.s.args" in str(err.value) and "sae_weights.safetensors" in str(err.value)
+
+
+@pytest.mark.parametrize(("target", "width"), [("transformer.h.0.mlp.c_fc", 128), ("transformer.h.1.attn.c_attn", 96),
+                                               ("transformer.h.0.ln_1", 32), ("transformer.h.1", 32)])
+def test_an_sae_of_another_width_than_its_site_is_refused_at_compile_time(tmp_path, target, width):
+    """The site's width is known from the module (and the SAE's from W_enc): said before the
+    first forward, where the mismatch used to surface as a matmul error."""
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100,
+                                                                 n_positions=32)).eval()
+    d, _ = _folder(tmp_path, "standard")
+    with pytest.raises(hg.SpecError, match=rf"the SAE reads 64 values \(d_in\), but the value at '{target}'"
+                                           rf" \(forward\) is {width} wide"):
+        hg.compile(model, {"s": {"target": target, "action": "sae", "args": {"sae": str(d)}}})
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"steer": {"3": float("nan")}}, "steer.3: expected a finite number, got nan"),
+    ({"steer": {"3": 1.0}, "scale": float("inf")}, "scale: expected a finite number, got inf"),
+    ({"steer": {"3": 1e30}, "scale": 1e30}, r"scale: 1e\+30 times the steer amounts overflows float32"),
+    ({"steer": {"3": 1.0}, "scale": 1e308}, r"scale: 1e\+308 times the steer amounts overflows float32"),
+    ({"ablate": [96]}, r"feature\(s\) \[96\] out of range for an SAE of 96 features"),
+    ({"steer": {"-97": 1.0}}, r"feature\(s\) \[-97\] out of range"),
+], ids=["steer-nan", "scale-inf", "overflow", "overflow-1e308", "ablate-past", "steer-before"])
+def test_sae_steer_amounts_and_features_are_checked_at_compile_time(gpt2, tmp_path, args, words):
+    d, _ = _folder(tmp_path, "standard")
+    with pytest.raises(hg.SpecError, match=words):
+        hg.compile(gpt2, {"s": {"target": SITE, "action": "sae", "args": {"sae": str(d), **args}}})

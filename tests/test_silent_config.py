@@ -280,6 +280,35 @@ def test_an_unset_order_and_order_0_tie():
     assert "specs 'plus', 'times' all replace" in problem.message and "at order 0" in problem.message
 
 
+# --- booleans are booleans (issue 36 item 5) --------------------------------------------------
+
+
+@pytest.mark.parametrize(("section", "value"), [
+    ({"runner": {"compile": 2}}, 2), ({"dry_run": 7}, 7), ({"runner": {"backward": "yes"}}, "yes"),
+    ({"sink": {"figures": 1}}, 1), ({"runner": {"compile": 0}}, 0),
+], ids=["compile=2", "dry_run=7", "backward=yes", "figures=1", "compile=0"])
+def test_a_boolean_setting_given_a_number_or_a_word_is_refused_naming_the_key(tmp_path, section, value):
+    """OmegaConf reads 2, 7 or "yes" into a bool field as true (0 as false): refused before the run."""
+    cfg = _quick(**section) if all(isinstance(v, dict) for v in section.values()) else {**_quick(), **section}
+    with pytest.raises(ConfigError, match="expected true or false") as err:
+        run(cfg, tmp_path / "run")
+    key = next(iter(section))
+    inner = section[key]
+    want = f"{key}.{next(iter(inner))}" if isinstance(inner, dict) else key
+    assert err.value.key == want and repr(value) in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override", ["runner.compile=2", "dry_run=7", "+runner.backward=on", "sink.figures=yes"])
+def test_a_boolean_override_on_the_command_line_must_say_true_or_false(override):
+    from hookgraph.config.schema import check_booleans
+
+    with pytest.raises(ConfigError, match="expected true or false") as err:
+        check_booleans(None, [override])
+    assert err.value.key == override.lstrip("+").split("=")[0]
+    check_booleans(None, ["runner.compile=true", "dry_run=False", "runner.steps=2", "hooks.a.enabled=3"])
+
+
 # --- the command line ------------------------------------------------------------------------
 
 
@@ -299,6 +328,8 @@ def test_an_unset_order_and_order_0_tie():
         (["hooks={}"], "hooks: hooks={} clears nothing"),
         (["sink.feature_maps=[99]"], "sink.feature_maps: position 99 is out of range"),
         (["+hooks.record_convs.args.select=9:2"], "select '9:2' picks nothing"),
+        (["runner.compile=2"], "runner.compile: expected true or false, got '2'"),
+        (["dry_run=7"], "dry_run: expected true or false, got '7'"),
     ],
 )
 def test_the_command_line_refuses_silent_settings_in_one_message(tmp_path, args, text):

@@ -242,3 +242,13 @@ def test_default_hook_sets_run_on_a_model_without_convolutions(tmp_path):
         tmp_path,
     )
     assert summary["status"] == "completed" and summary["specs"]["grad_stats"]["records"] == 3
+
+
+@pytest.mark.parametrize(("field", "value"), [("enabled", 2), ("enabled", 0), ("enabled", "yes"), ("leaf", 1),
+                                              ("leaf", "on")])
+def test_a_boolean_field_given_a_number_or_a_word_is_refused(field, value):
+    """OmegaConf's merge reads 2, 0, "yes" or "on" into a bool field (issue 36 item 5): named instead."""
+    found = problems_of(tiny(), {"s": {"target": "0", field: value}})
+    assert sorted(found) == [f"hooks.s.{field}"]
+    assert found[f"hooks.s.{field}"] == [f"expected true or false, got {value!r}"]
+    hg.compile(tiny(), {"s": {"target": "0", field: True}})

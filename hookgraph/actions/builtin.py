@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookgraph.actions.numbers import number
 from hookgraph.core.dtensors import is_dtensor
 from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.tree import to_plain
@@ -123,6 +124,10 @@ def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None
     """Clamp every element into [min, max]."""
     if min is None and max is None:
         raise ValueError("give min, max or both")
+    # An infinite bound is no bound: leave it out. NaN would turn every value into NaN.
+    for k, x in (("min", min), ("max", max)):
+        if x is not None:
+            number(k, x)
     if min is not None and max is not None and min > max:
         raise ValueError(f"min ({min}) is greater than max ({max})")
     return lambda t: torch.clamp(t, min=min, max=max)
@@ -131,12 +136,14 @@ def clamp(ctx: ActionContext, min: float | None = None, max: float | None = None
 @register_action(replaces=True, traceable=True)
 def scale(ctx: ActionContext, factor: float):
     """Multiply by ``factor``."""
+    number("factor", factor)
     return lambda t: t * factor
 
 
 @register_action(replaces=True, traceable=True)
 def add(ctx: ActionContext, value: float):
     """Add ``value``."""
+    number("value", value)
     return lambda t: t + value
 
 
@@ -149,7 +156,7 @@ def zero(ctx: ActionContext):
 @register_action(replaces=True, traceable=True)
 def noise(ctx: ActionContext, std: float, seed: int | None = None):
     """Add Gaussian noise of standard deviation ``std`` (seeded per site when ``seed`` is set)."""
-    if std < 0:
+    if number("std", std) < 0:
         raise ValueError(f"std must be >= 0, got {std}")
     generators: dict[torch.device, torch.Generator] = {}
 
@@ -173,6 +180,7 @@ def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0
     idx = [index] if isinstance(index, int) else list(index)
     if not idx or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
         raise ValueError(f"index must be an integer or a non-empty list of integers, got {index!r}")
+    number("value", value, inf=True)  # -inf masks attention scores; NaN is refused
     cache: dict[torch.device, Tensor] = {}
 
     def fn(t: Tensor) -> Tensor:
@@ -191,8 +199,9 @@ def mask(ctx: ActionContext, index: int | list, dim: int = 1, value: float = 0.0
 @register_action(replaces=True, traceable=True)
 def clip_norm(ctx: ActionContext, max_norm: float, norm_type: float = 2.0):
     """Rescale so the tensor's norm is at most ``max_norm`` (no host sync)."""
-    if max_norm <= 0:
+    if number("max_norm", max_norm) <= 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    number("norm_type", norm_type, inf=True)  # inf: the max norm
 
     def fn(t: Tensor) -> Tensor:
         norm = torch.linalg.vector_norm(t.detach().float(), ord=norm_type)

@@ -21,6 +21,7 @@ from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
 from hookgraph.core.points import POINTS
 from hookgraph.core.registry import ActionContext, register_action
+from hookgraph.core.sequence import Span
 from hookgraph.core.store import Entries
 from hookgraph.core.tree import tensors, tree_map
 from hookgraph.errors import HookGraphError
@@ -454,11 +455,13 @@ def _positioned(
     clock: Any,
     pos: Callable[[int], Any] | None,
     dim: int,
-    spans: list[tuple[int, tuple[int, ...], int]],
+    spans: list[Span],
     last_only: bool,
 ) -> Callable[[Any], None]:
     """``fn`` that keeps only ``pos``'s positions of a call, and the (sequence, absolute
-    positions, dim) of every kept call in ``spans`` while the graph's clock is on the model."""
+    positions, dim, beam reorder since the last kept call) of every kept call in ``spans``
+    while the graph's clock is on the model."""
+    kept = [-1, -1, -1]  # the sequence and call (within it) of the last kept call; the call its "after" reaches
 
     def positioned(value: Any) -> None:
         if not clock.installed:
@@ -472,6 +475,8 @@ def _positioned(
         length = first.shape[d]
         local = pos(length) if pos is not None else slice(0, length)
         if local is None:
+            if clock.beam_search:
+                _after(spans, kept, clock)
             return None  # none of the named positions is in this call
         idx = list(range(length))[local] if isinstance(local, slice) else local.tolist()
         if pos is not None:
@@ -479,7 +484,10 @@ def _positioned(
                 lambda t: t[(slice(None),) * d + (local,)].clone() if t.dim() > d and t.shape[d] == length else t,
                 value,
             )
-        span = (clock.sequence, tuple(clock.offset + i for i in idx), d)
+        call = len(clock.reorders) - 1
+        before = clock.beams_since(kept[1]) if clock.beam_search and kept[0] == clock.sequence else None
+        kept[:] = [clock.sequence, call, call]
+        span = (clock.sequence, tuple(clock.offset + i for i in idx), d, None if before is None else (before, None))
         fn(value)
         if last_only:
             spans[:] = [span]
@@ -488,6 +496,24 @@ def _positioned(
         return None
 
     return positioned
+
+
+def _after(spans: list[Span], kept: list[int], clock: Any) -> None:
+    """A call this record skips, after one it kept in the same sequence: the kept call's span
+    learns the beam reorders since (row r of the latest call continues row after[r] of it),
+    composed one reorder at a time (a long generation that keeps only its prompt stays linear)."""
+    if kept[0] != clock.sequence or not spans:
+        return
+    now = len(clock.reorders) - 1
+    seq, positions, dim, beams = spans[-1]
+    before, after = beams or (None, None)
+    for c in range(kept[2] + 1, now + 1):
+        b = clock.reorders[c]
+        if b is not None:  # row r of call c continues row b[r] of call c - 1
+            after = b if after is None else tuple(after[x] for x in b)
+    kept[2] = now
+    if after is not None:
+        spans[-1] = (seq, positions, dim, (before, after))
 
 
 def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local") -> Callable[[Any], Any]:

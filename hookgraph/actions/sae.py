@@ -22,6 +22,7 @@ read with safetensors; architectures ``standard``, ``jumprelu`` and ``topk``) or
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hookgraph.actions.numbers import finite_tensor, number
+from hookgraph.actions.steer import known_width
 from hookgraph.config.instantiate import instantiate_nested
 from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
@@ -120,10 +123,45 @@ def _from_folder(path: Path) -> SaeLensSAE:
     missing = [k for k in needed if k not in weights]
     if missing:
         raise ValueError(f"sae: {str(weights_path)!r} lacks {missing}; it holds {sorted(weights)}")
+    _check_weights(weights, needed, str(weights_path))
     k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
     # SAELens 6's top-k option (cfg.json key): changes both which features win and their values.
     rescale = bool(cfg.get("rescale_acts_by_decoder_norm", False))
     return SaeLensSAE(weights, arch, bool(cfg.get("apply_b_dec_to_input", True)), k, rescale)
+
+
+def _check_weights(weights: Mapping[str, Tensor], names: list[str], where: str) -> None:
+    """SAELens's shapes (W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in],
+    threshold [d_sae]) and finite values: a b_dec of [1] or a 3-D W_enc would broadcast silently."""
+    w_enc = weights["W_enc"]
+    if w_enc.dim() != 2:
+        raise ValueError(f"sae: {where!r}: W_enc has shape {list(w_enc.shape)}, expected [d_in, d_sae] (2-D)")
+    d_in, d_sae = w_enc.shape
+    want = {"W_enc": [d_in, d_sae], "b_enc": [d_sae], "W_dec": [d_sae, d_in], "b_dec": [d_in], "threshold": [d_sae]}
+    for name in names:
+        if list(weights[name].shape) != want[name]:
+            raise ValueError(
+                f"sae: {where!r}: {name} has shape {list(weights[name].shape)}, expected {want[name]} "
+                f"(W_enc is [{d_in}, {d_sae}]: d_in {d_in}, d_sae {d_sae})"
+            )
+        finite_tensor(f"sae: {where!r}: {name}", weights[name], name)
+
+
+def _width(model: Any) -> int | None:
+    """The SAE's input width where it says so (SaeLensSAE's W_enc, SAELens's cfg.d_in)."""
+    w = getattr(model, "W_enc", None)
+    if isinstance(w, Tensor) and w.dim() == 2:
+        return int(w.shape[0])
+    d_in = getattr(getattr(model, "cfg", None), "d_in", None)
+    return d_in if isinstance(d_in, int) and not isinstance(d_in, bool) else None
+
+
+def _features(model: Any) -> int | None:
+    w = getattr(model, "W_enc", None)
+    if isinstance(w, Tensor) and w.dim() == 2:
+        return int(w.shape[1])
+    d_sae = getattr(getattr(model, "cfg", None), "d_sae", None)
+    return d_sae if isinstance(d_sae, int) and not isinstance(d_sae, bool) else None
 
 
 def load_sae(sae: Any) -> Any:
@@ -146,7 +184,7 @@ def _steering(steer: Any) -> dict[int, float]:
         return {}
     if not isinstance(steer, Mapping) or not all(str(k).lstrip("-").isdigit() for k in steer):
         raise ValueError(f"steer: expected {{feature: amount}}, got {steer!r}")
-    return {int(k): float(v) for k, v in steer.items()}
+    return {int(k): number(f"steer.{k}", v) for k, v in steer.items()}
 
 
 @register_action(replaces=True)
@@ -163,7 +201,21 @@ def sae(
     and splice the reconstruction in (see the module doc). Read once, at compile time."""
     model = load_sae(sae)
     off = [int(i) for i in (ablate or [])]
-    add = {f: a * float(scale) for f, a in _steering(steer).items()}
+    factor = number("scale", scale)
+    add = {f: a * factor for f, a in _steering(steer).items()}
+    if any(not math.isfinite(a) or abs(a) > torch.finfo(torch.float32).max for a in add.values()):
+        raise ValueError(f"scale: {scale!r} times the steer amounts overflows float32 (values past ±3.4e38)")
+    # Checked now where the widths are known, not at the first forward.
+    width, at = _width(model), str(getattr(ctx.at, "value", ctx.at))
+    site = known_width(ctx.model, ctx.target, at)
+    if width is not None and site is not None and width != site:
+        raise ValueError(
+            f"sae: the SAE reads {width} values (d_in), but the value at {ctx.target!r} ({at}) is {site} wide"
+        )
+    d_sae = _features(model)
+    bad = [i for i in [*off, *add] if d_sae is not None and not -d_sae <= i < d_sae]
+    if bad:
+        raise ValueError(f"feature(s) {bad} out of range for an SAE of {d_sae} features (ablate, steer)")
     intervene = bool(off or add) or not error_term
     label = f"{ctx.spec} at {ctx.target!r}"
     slot = ctx.record_slot() if record else None

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hookgraph.actions.numbers import finite_tensor, number
 from hookgraph.actions.recorded import check_source_model, position_index, recorded_value, resolve_positions
 from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.errors import HookGraphError, did_you_mean
@@ -92,7 +93,7 @@ def _from_record(src: Mapping, target: str, outer: Mapping | None = None, model:
 
 
 def steering_vector(vector: Any, target: str = "", model: Any = None) -> Tensor:
-    """The 1-D (or broadcastable) tensor a ``vector`` argument describes; see the module doc.
+    """The 1-D tensor a ``vector`` argument describes (one row, every value finite); see the module doc.
     With ``model``, a record source recorded on another model is refused (see
     :func:`~hookgraph.actions.recorded.check_source_model`)."""
     if isinstance(vector, Tensor):
@@ -121,7 +122,13 @@ def steering_vector(vector: Any, target: str = "", model: Any = None) -> Tensor:
         v = v.float()
     if v.dim() == 0 or v.numel() == 0:
         raise ValueError(f"vector: must have a last dimension, got shape {list(v.shape)}")
-    return v
+    if any(n != 1 for n in v.shape[:-1]):
+        # A [6, 64] file would broadcast into six copies of the batch (or fail inside generate).
+        raise ValueError(
+            f"vector: shape {list(v.shape)} is not one row; a steering vector is [width] (or [1, width]): "
+            "pick one row of the file, or average them"
+        )
+    return finite_tensor("vector", v.reshape(-1), "the steering vector")
 
 
 _HIDDEN = ("n_embd", "hidden_size", "d_model")  # GPT-2; BERT, Llama...; TransformerLens, T5
@@ -175,7 +182,10 @@ def steer(
     when given). ``vector``: a list, a .safetensors file, or a record of a run (see the
     module doc); it is read once, at compile time. A record of a run on another model is
     refused unless ``allow_other_model`` is true."""
-    v = steering_vector(vector, ctx.target, None if allow_other_model else ctx.model) * float(scale)
+    factor = number("scale", scale)
+    v = steering_vector(vector, ctx.target, None if allow_other_model else ctx.model) * factor
+    if not bool(torch.isfinite(v).all()):
+        raise ValueError(f"scale: {scale!r} times the steering vector overflows {v.dtype} (values past ±3.4e38)")
     width = known_width(ctx.model, ctx.target, str(getattr(ctx.at, "value", ctx.at)))
     if width is not None and v.shape[-1] != width:
         raise ValueError(

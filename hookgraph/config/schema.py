@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = [
+    "check_booleans",
     "ModelConfig",
     "DataConfig",
     "RunnerConfig",
@@ -212,3 +213,47 @@ def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collec
         sub = hints[name]
         if dataclasses.is_dataclass(sub) and isinstance(sub, type) and isinstance(child, Mapping):
             _check_keys(child, sub, f"{full}.", skip)
+
+
+def _field_type(path: list[str]) -> Any:
+    """The schema's type of a dotted key, or None where the key is not a field (or lies in an open section)."""
+    schema: Any = HookgraphConfig
+    for name in path:
+        if not (dataclasses.is_dataclass(schema) and isinstance(schema, type)):
+            return None
+        hint = typing.get_type_hints(schema).get(name)
+        if hint is None:
+            return None
+        schema = hint
+    return schema
+
+
+def _not_bool(full: str, value: Any) -> ConfigError:
+    return ConfigError(full, f"expected true or false, got {value!r} (a boolean is never read from a number or a word)")
+
+
+def check_booleans(raw: Any, overrides: Collection[str] | None = None) -> None:
+    """Boolean fields hold booleans. OmegaConf reads ``2``, ``"yes"`` or ``"on"`` into a bool
+    field as true when merging over the schema, so this looks at what was given before the
+    merge: ``raw`` (a plain mapping passed to ``runner.run``) and the command line's
+    ``overrides`` (``runner.compile=2``). ConfigError naming the key."""
+    if isinstance(raw, Mapping) and not isinstance(raw, DictConfig):
+        stack: list[tuple[Mapping, list[str]]] = [(raw, [])]
+        while stack:
+            node, path = stack.pop()
+            for k, v in node.items():
+                sub = [*path, str(k)]
+                kind = _field_type(sub)
+                if kind is bool and not isinstance(v, bool) and not _interpolation(v):
+                    raise _not_bool(".".join(sub), v)
+                if isinstance(v, Mapping) and dataclasses.is_dataclass(kind):
+                    stack.append((v, sub))
+    for o in overrides or ():
+        key, eq, value = str(o).lstrip("+~").partition("=")
+        if eq and _field_type(key.split(".")) is bool and value.strip().lower() not in ("true", "false") \
+                and not _interpolation(value):
+            raise _not_bool(key, value)
+
+
+def _interpolation(v: Any) -> bool:
+    return isinstance(v, str) and v.strip().startswith("${")

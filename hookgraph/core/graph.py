@@ -262,6 +262,9 @@ class Attachment:
             return  # removed already: a stale handle must not touch a newer attachment
         self._live = False
         pending = self._pending_gradients() if warn else {}
+        unreached = self._graph._unreached_to_say() if warn else {}
+        for name, why in sorted(unreached.items()):
+            warnings.warn(f"hookgraph: spec {name!r} acted on no token there: {why}", stacklevel=3)
         if pending:
             named = ", ".join(f"{name!r} ({n} activation(s))" for name, n in sorted(pending.items()))
             warnings.warn(
@@ -341,6 +344,10 @@ class HookGraph:
         self.store = store if store is not None else ResultStore()
         # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
         self.unmatched: dict[str, str] = dict(unmatched or {})
+        # Positions never reached are warned about when an attach ends, unless a run (its
+        # summary and closing lines) says them instead.
+        self.warn_unreached = True
+        self._said_unreached: set[str] = set()
         self._attachment: Attachment | None = None
         self._ran_compiled = False  # an attachment of torch.compile's kind was made: plan() shows graph breaks
         self._groups: list[tuple[Binding, ...]] | None = None  # the bindings by spec, built at the first attach
@@ -494,7 +501,10 @@ class HookGraph:
         """``spec``'s records read back by token position: target -> one
         :class:`~hookgraph.core.sequence.SequenceRecord` per sequence (a ``generate`` call, or
         a forward pass and the cached calls that continue it), the prompt and generated tokens
-        in order, whether the model generated with the KV cache or without it.
+        in order, whether the model generated with the KV cache or without it. Under beam
+        search each row is one beam of the generation's last call, followed back through
+        generate's beam reorders (``beam_indices[:, -1]`` of generate's output picks the row
+        of each returned sequence).
 
         Raises:
             HookGraphError: ``spec`` kept no positions (it is not a record, or the model
@@ -508,6 +518,22 @@ class HookGraph:
                 f"that can generate) do: {keeping or 'none here'}"
             )
         return {target: assemble(list(entries), entries.spans or []) for target, entries in records[spec].items()}
+
+    @property
+    def positions_never_reached(self) -> dict[str, str]:
+        """spec -> why a position its ``positions`` names was never in any call while attached
+        (a generation that stopped early, ``positions: generated`` on a plain forward, a
+        position past every sequence read). Empty when every named position was acted on.
+        The end of an attach warns once per spec; a run's summary keeps it."""
+        return self.store.clock.unreached()
+
+    def _unreached_to_say(self) -> dict[str, str]:
+        """positions_never_reached not yet warned about (each spec once), unless a run says it."""
+        if not self.warn_unreached:
+            return {}
+        out = {k: v for k, v in self.positions_never_reached.items() if k not in self._said_unreached}
+        self._said_unreached.update(out)
+        return out
 
     @property
     def rows(self) -> dict[str, list[dict]]:

@@ -49,7 +49,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from hookgraph.core.points import HookPoint
-from hookgraph.core.sequence import parse_positions
+from hookgraph.core.sequence import Reach, parse_positions
 from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.transfer import HostCopier
 from hookgraph.errors import Problem, SpecError, did_you_mean
@@ -145,10 +145,17 @@ class ActionContext:
 
         clock.checks[key] = check
         window, local = clock.window, parsed.local
+        reach = clock.reach.setdefault(key, Reach(self.spec, parsed))  # one per spec, its targets shared
 
         def resolve(length: int) -> Tensor | slice | None:
             offset, prompt, strict = window(length)
-            return local(offset, length, prompt, where, strict)
+            got = local(offset, length, prompt, where, strict)
+            # What the positions met, for a run's end to say which were never reached.
+            reach.seen = True
+            reach.hit = reach.hit or got is not None
+            reach.end, reach.prompt = max(reach.end, offset + length), prompt
+            reach.generated = reach.generated or clock.generating
+            return got
 
         return resolve
 

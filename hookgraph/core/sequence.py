@@ -20,6 +20,12 @@ forward call is a prompt of its own: the positions mean what they always meant.
 Sequences: a call at offset 0 starts a new sequence, unless it is inside ``generate``
 (the graph wraps the model's ``generate`` while attached) where every call, cached or not,
 continues the generation's sequence and the prompt length is the one ``generate`` was given.
+
+Beams: beam search with the KV cache reorders the cache's rows after every step (row ``r``
+of the next call continues row ``beam_idx[r]`` of this one). The clock watches that reorder
+(the cache's ``reorder_cache``, or the model's ``_reorder_cache``) and every recorded call
+keeps the reorder that came before it, so :func:`assemble` follows each row of the last
+call back through its beams instead of stitching rows of different beams together.
 """
 
 from __future__ import annotations
@@ -35,11 +41,18 @@ from torch import Tensor
 from hookgraph.errors import HookGraphError
 
 __all__ = [
-    "SequenceClock", "Positions", "SequenceRecord", "parse_positions", "install_clock", "assemble", "pack_span",
-    "unpack_span",
+    "SequenceClock", "Positions", "Reach", "SequenceRecord", "Span", "parse_positions", "install_clock", "assemble",
+    "pack_span", "unpack_span",
 ]
 
 _WORDS = ("prompt", "generated")
+
+# A recorded call's place in its sequence: (sequence, absolute positions, position dim, beams).
+# beams is None, or (before, after) under beam search: row r of this call continues row
+# before[r] of the record's previous call, and row r of the sequence's latest call continues
+# row after[r] of this one (each None where no reorder happened).
+Beams = tuple["tuple[int, ...] | None", "tuple[int, ...] | None"]
+Span = tuple[int, tuple[int, ...], int, "Beams | None"]
 
 
 def _is_int(x: Any) -> bool:
@@ -104,6 +117,38 @@ class Positions:
             return slice(lo - offset, stop - offset) if lo < stop else None
         hit = [p - offset for p in range(start, stop, step) if p >= offset]
         return torch.tensor(hit) if hit else None
+
+
+class Reach:
+    """What one spec's ``positions`` argument met while attached: whether any call held a
+    position it names (``hit``), the end of the longest sequence read (``end``), the last
+    prompt length, and whether any call was inside ``generate``. Read by :meth:`unreached`."""
+
+    __slots__ = ("spec", "parsed", "hit", "end", "prompt", "generated", "seen")
+
+    def __init__(self, spec: str, parsed: Positions) -> None:
+        self.spec, self.parsed = spec, parsed
+        self.hit, self.end, self.prompt, self.generated, self.seen = False, 0, 0, False, False
+
+    def unreached(self) -> str | None:
+        """Why this argument acted on a named position never (or on some of its positions
+        never), or None: it acted everywhere it names, or its spec never ran."""
+        if not self.seen:
+            return None  # never fired: the summary's never_fired says so
+        p = self.parsed
+        read = f"the longest sequence read held positions 0..{self.end - 1}" if self.end else "no sequence was read"
+        if p.ints is not None:
+            ints, *_ = p.absolute(self.prompt)
+            missed = [t for t, a in zip(p.ints, ints or [], strict=True) if a >= self.end]
+            if not missed:
+                return None
+            return f"position(s) {missed} of {p.text} never reached: {read}"
+        if self.hit:
+            return None
+        if p.word == "generated" and not self.generated:
+            return "positions 'generated' never reached: the model never generated while attached (a plain " \
+                   "forward reads only its prompt; call model.generate, or name prompt positions)"
+        return f"positions {p.text!r} never reached: {read}"
 
 
 def parse_positions(positions: Any) -> Positions | None:
@@ -178,6 +223,11 @@ class SequenceClock:
         self.calls = 0
         self.generating = False
         self.checks: dict[str, Callable[[int, int], None]] = {}  # (prompt, total) -> raise before generate runs
+        self.reorders: list[tuple[int, ...] | None] = []  # per call of the current sequence: the beam reorder before it
+        self._reordered: tuple[int, ...] | None = None  # the reorder since the last call
+        self.beam_search = False  # a beam reorder happened in the current sequence
+        self.reach: dict[str, Reach] = {}  # spec key (hooks.s.args.positions) -> what its positions met
+        self._watched: list[tuple[Any, str, Any]] = []  # (object, name, its own attribute or _NONE) to restore
 
     # -- the hooks -------------------------------------------------------------------
     def begin_call(self, module: Any, args: tuple, kwargs: dict) -> None:
@@ -194,6 +244,15 @@ class SequenceClock:
         offset = self._offset(kwargs)
         self.calls += 1
         self.offset, self.length = offset, length
+        beams, self._reordered = self._reordered, None
+        if offset == 0 and not (self.generating and self.sequence_started):
+            self.reorders, self.beam_search = [], False
+        self.reorders.append(beams)
+        self.beam_search = self.beam_search or beams is not None
+        if self.generating:
+            for name in ("past_key_values", "cache"):
+                if callable(getattr(kwargs.get(name), "reorder_cache", None)):
+                    self._watch(kwargs[name], "reorder_cache", cache_first=False)
         if offset == 0 and not (self.generating and self.sequence_started):
             self.sequence += 1
             if not self.generating:
@@ -223,6 +282,57 @@ class SequenceClock:
             prompt = self.offset + length
         return self.offset, prompt, not self.generating and self.offset == 0
 
+    def unreached(self) -> dict[str, str]:
+        """spec -> why its ``positions`` acted on some named position never (see :class:`Reach`)."""
+        out: dict[str, list[str]] = {}
+        for reach in self.reach.values():
+            why = reach.unreached()
+            if why is not None:
+                out.setdefault(reach.spec, []).append(why)
+        return {spec: "; ".join(whys) for spec, whys in out.items()}
+
+    # -- beams -------------------------------------------------------------------------
+    def _watch(self, owner: Any, name: str, cache_first: bool) -> None:
+        """Note every beam reorder ``owner.name`` makes while generating (an instance attribute
+        over the method, removed when ``generate`` returns). ``cache_first``: the method is a
+        model's ``_reorder_cache(cache, beam_idx)``, else a cache's ``reorder_cache(beam_idx)``."""
+        if any(o is owner for o, _, _ in self._watched):
+            return
+        method = getattr(owner, name)
+        own = vars(owner).get(name, _NONE) if hasattr(owner, "__dict__") else _NONE
+        clock = self
+
+        def reorder(*args: Any, **kwargs: Any) -> Any:
+            idx = args[1] if cache_first and len(args) > 1 else (args[0] if args else None)
+            idx = kwargs.get("beam_idx", idx)
+            if isinstance(idx, Tensor):
+                clock._reordered = tuple(int(i) for i in idx.reshape(-1).tolist())
+            return method(*args, **kwargs)
+
+        try:
+            object.__setattr__(owner, name, reorder)
+        except (AttributeError, TypeError):  # a cache without an instance dict: its reorder is not seen
+            return
+        self._watched.append((owner, name, own))
+
+    def _unwatch(self) -> None:
+        for owner, name, own in reversed(self._watched):
+            if own is _NONE:
+                vars(owner).pop(name, None)
+            else:
+                object.__setattr__(owner, name, own)
+        self._watched.clear()
+        self._reordered = None
+
+    def beams_since(self, call: int) -> tuple[int, ...] | None:
+        """The beam reorders between call ``call`` of the current sequence and the current
+        call, composed: row r now continues row ``out[r]`` of that call (None: no reorder)."""
+        out: tuple[int, ...] | None = None
+        for beams in reversed(self.reorders[call + 1:]):
+            if beams is not None:
+                out = beams if out is None else tuple(beams[r] for r in out)
+        return out
+
     # -- generate ----------------------------------------------------------------------
     def wrap_generate(self, generate: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(generate)
@@ -235,11 +345,15 @@ class SequenceClock:
             for check in self.checks.values():
                 check(prompt, total)
             self.generating, self.prompt, self.sequence_started = True, prompt, False
+            model = getattr(generate, "__self__", None)
+            if callable(getattr(model, "_reorder_cache", None)):  # a model that reorders its own cache
+                self._watch(model, "_reorder_cache", cache_first=True)
             try:
                 return generate(*args, **kwargs)
             finally:
                 self.generating = False
                 self.sequence_started = False
+                self._unwatch()
 
         generate_with_positions.__hookgraph_clock__ = self  # type: ignore[attr-defined]
         return generate_with_positions
@@ -281,6 +395,7 @@ def install_clock(model: Any, store: Any) -> Callable[[], None] | None:
         handle.remove()
         clock.installed = False
         clock.generating = False
+        clock._unwatch()
         if callable(generate):
             if before is _NONE:
                 vars(model).pop("generate", None)
@@ -299,47 +414,70 @@ class SequenceRecord(NamedTuple):
     sequence: int
 
 
-def pack_span(step: int, call: int, span: tuple[int, tuple[int, ...], int]) -> list:
+def pack_span(step: int, call: int, span: Span) -> list:
     """A recorded call's span as JSON for a run folder: ``[step, call, sequence, dim, first,
-    count]`` for consecutive positions, ``[step, call, sequence, dim, [positions]]`` otherwise."""
-    seq, positions, dim = span
+    count]`` for consecutive positions, ``[step, call, sequence, dim, [positions]]`` otherwise;
+    under beam search it ends in ``{"before": [rows] | null, "after": [rows] | null}``."""
+    seq, positions, dim, beams = span
     if positions and list(positions) == list(range(positions[0], positions[0] + len(positions))):
-        return [step, call, seq, dim, positions[0], len(positions)]
-    return [step, call, seq, dim, list(positions)]
+        out: list = [step, call, seq, dim, positions[0], len(positions)]
+    else:
+        out = [step, call, seq, dim, list(positions)]
+    if beams is None:
+        return out
+    before, after = (None if b is None else list(b) for b in beams)
+    return [*out, {"before": before, "after": after}]
 
 
-def unpack_span(packed: Sequence[Any]) -> tuple[int, int, tuple[int, tuple[int, ...], int]]:
+def _ints(xs: Any) -> bool:
+    return isinstance(xs, list) and all(_is_int(x) for x in xs)
+
+
+def _unpack_beams(x: Any) -> Beams:
+    if isinstance(x, Mapping) and set(x) == {"before", "after"} and all(v is None or _ints(v) for v in x.values()):
+        before, after = x["before"], x["after"]
+        return (None if before is None else tuple(before), None if after is None else tuple(after))
+    raise ValueError(f"not a beam reorder {{before: [rows] | null, after: [rows] | null}}: {x!r}")
+
+
+def unpack_span(packed: Sequence[Any]) -> tuple[int, int, Span]:
     """:func:`pack_span` read back: (step, call, span). ValueError for another shape."""
+    packed = list(packed)
+    beams = _unpack_beams(packed.pop()) if packed and isinstance(packed[-1], Mapping) else None
     if len(packed) == 6 and all(_is_int(x) for x in packed):
         step, call, seq, dim, first, count = packed
-        return step, call, (seq, tuple(range(first, first + count)), dim)
-    if len(packed) == 5 and isinstance(packed[4], list) and all(_is_int(x) for x in (*packed[:4], *packed[4])):
+        return step, call, (seq, tuple(range(first, first + count)), dim, beams)
+    if len(packed) == 5 and _ints(packed[4]) and all(_is_int(x) for x in packed[:4]):
         step, call, seq, dim, positions = packed
-        return step, call, (seq, tuple(positions), dim)
+        return step, call, (seq, tuple(positions), dim, beams)
     raise ValueError(f"not a record position span: {packed!r}")
 
 
-def assemble(entries: Sequence[Any], spans: Sequence[tuple[int, tuple[int, ...], int]]) -> list[SequenceRecord]:
-    """Recorded calls (``entries``) and their spans ((sequence, absolute positions, dim),
-    one per entry, in call order) -> one :class:`SequenceRecord` per sequence. A position
-    read by several calls (a generation without the KV cache reads the prompt again in every
-    call) is taken from the last call that read it; a causal model gives the same value."""
+def assemble(entries: Sequence[Any], spans: Sequence[Span]) -> list[SequenceRecord]:
+    """Recorded calls (``entries``) and their spans (:data:`Span`, one per entry, in call
+    order) -> one :class:`SequenceRecord` per sequence. A position read by several calls (a
+    generation without the KV cache reads the prompt again in every call) is taken from the
+    last call that read it; a causal model gives the same value. Under beam search each row
+    of the result is one beam of the last call, followed back through every reorder."""
     if len(entries) != len(spans):
         raise HookGraphError(
             f"the record holds {len(entries)} calls and {len(spans)} position spans: it was not recorded "
             "with the sequence clock throughout (keep='all', one graph attached while the model ran)"
         )
-    groups: dict[int, list[tuple[Any, tuple[int, ...], int]]] = {}
-    for value, (seq, positions, dim) in zip(entries, spans, strict=True):
-        groups.setdefault(seq, []).append((value, positions, dim))
+    groups: dict[int, list[tuple[Any, tuple[int, ...], int, Beams | None]]] = {}
+    for value, (seq, positions, dim, beams) in zip(entries, spans, strict=True):
+        groups.setdefault(seq, []).append((value, positions, dim, beams))
     out = []
     for seq, calls in groups.items():
+        rows = _beam_rows(calls)
         where: dict[int, tuple[Tensor, int]] = {}
-        for value, positions, _ in calls:
+        for c, (value, positions, _, _) in enumerate(calls):
             if not isinstance(value, Tensor):
                 raise HookGraphError(
                     f"a record of a {type(value).__name__} cannot be read as a sequence; record one tensor (index: 0)"
                 )
+            if rows is not None:
+                value = value.index_select(0, rows[c].to(value.device))
             for i, p in enumerate(positions):
                 where[p] = (value, i)
         order = sorted(where)
@@ -347,3 +485,35 @@ def assemble(entries: Sequence[Any], spans: Sequence[tuple[int, tuple[int, ...],
         parts = [where[p][0].narrow(dim, where[p][1], 1) for p in order]
         out.append(SequenceRecord(torch.cat(parts, dim), order, seq))
     return out
+
+
+def _beam_rows(calls: Sequence[tuple[Any, tuple[int, ...], int, Beams | None]]) -> list[Tensor] | None:
+    """For each call of one sequence, which of its rows (dim 0) each row of the sequence's
+    latest model call descends from; None when no beam reorder happened."""
+    if all(beams is None for *_, beams in calls):
+        return None
+    for value, _, dim, _ in calls:
+        if not isinstance(value, Tensor) or value.dim() < 2 or dim % value.dim() == 0:
+            raise HookGraphError(
+                "a record under beam search needs the batch (beam) rows first and the positions on another "
+                f"dimension; got a value of shape {list(getattr(value, 'shape', []))} with positions on dim {dim}"
+            )
+    rows = calls[-1][0].shape[0]
+    idx = torch.arange(rows)
+    out = []
+    for c in range(len(calls) - 1, -1, -1):
+        before, after = calls[c][3] or (None, None)
+        if c == len(calls) - 1 and after is not None:
+            idx = _follow(after, idx, calls[c][0].shape[0])
+        out.append(idx)
+        if c and before is not None:
+            idx = _follow(before, idx, calls[c - 1][0].shape[0])
+    return out[::-1]
+
+
+def _follow(beams: tuple[int, ...], idx: Tensor, rows: int) -> Tensor:
+    if len(beams) != len(idx) or any(not 0 <= b < rows for b in beams):
+        raise HookGraphError(
+            f"a beam reorder of {len(beams)} rows into a call of {rows}: the record does not hold every beam"
+        )
+    return torch.tensor(beams)[idx]

@@ -276,6 +276,9 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
         if k not in _FIELDS:
             problems.append(Problem(f"{key}.{k}", f"unknown field; {did_you_mean(str(k), _FIELDS, 'valid fields')}"))
             del clean[k]
+    for k in ("enabled", "leaf"):  # OmegaConf's merge would read 2 or "yes" as true
+        if k in clean and not isinstance(clean[k], bool):
+            problems.append(Problem(f"{key}.{k}", f"expected true or false, got {clean.pop(k)!r}"))
     at = clean.get("at")
     if at is not None and str(at) not in HookPoint.__members__:
         problems.append(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hookgraph.core.sequence import SequenceClock
+from hookgraph.core.sequence import SequenceClock, Span
 from hookgraph.core.torch_internals import version
 from hookgraph.core.tracelog import TRACE
 from hookgraph.core.transfer import HostCopier
@@ -96,9 +96,9 @@ class Entries(list):
         self._probes: list[tuple[Tensor, int]] | tuple[()] = ()
         self._watched: list[tuple[Tensor, int]] | tuple[()] = ()
         self._parts: dict[tuple, list] | None = None
-        # (sequence, absolute token positions, dim) of each entry, where the record keeps them
-        # (hookgraph.core.sequence): emptied with the entries, so the two stay in step.
-        self.spans: list[tuple[int, tuple[int, ...], int]] | None = None
+        # (sequence, absolute token positions, dim, beam reorder) of each entry, where the record
+        # keeps them (hookgraph.core.sequence.Span): emptied with the entries, so the two stay in step.
+        self.spans: list[Span] | None = None
 
     def needs_copy(self, live: Tensor) -> bool:
         """Whether the entry for ``live`` (a detached alias of the module's output) must be

@@ -62,6 +62,9 @@ def _summary(p: dict) -> str:
                                                              markers=len(metrics) < 40))
     if s.get("never_fired"):
         out.append(f'<p class="note">Bound but never fired: {esc(", ".join(map(str, s["never_fired"])))}</p>')
+    unreached = s.get("positions_never_reached")
+    for spec, why in (unreached.items() if isinstance(unreached, dict) else ()):
+        out.append(f'<p class="note">Spec {esc(str(spec))} acted on no token there: {esc(str(why))}</p>')
     for note in p["notes"]:
         out.append(f'<p class="note">{esc(note)}</p>')
     if s.get("unmatched"):

@@ -16,6 +16,11 @@ What a step gives the rest of the runner:
   vocab]`` (``position: -1`` is the step that chose the last token; ``0`` the first);
 - one line per batch row in ``generations.jsonl``: step, row, prompt ids, generated ids,
   the text when ``data.tokenizer`` names a local tokenizer folder, and the step's metric.
+
+Beam search (``num_beams > 1``): the loss and the metric are those of the written
+generations (each step's logits taken from the beam its token came from, as a
+teacher-forced pass over them gives), and each line's ``beam`` is the row of the step's
+records, read back with ``Run.sequences``, that holds that generation.
 """
 
 from __future__ import annotations
@@ -165,14 +170,28 @@ class Generator:
         logits = torch.stack(list(out.logits), 1) if getattr(out, "logits", None) else None
         if logits is None:
             raise ConfigError(KEY, "the model's generate gave no step logits (output_logits=True)")
+        beams = getattr(out, "beam_indices", None)
+        valid = None
+        if isinstance(beams, torch.Tensor) and logits.shape[0] != new.shape[0]:
+            # Beam search: step logits are [batch * num_beams, ...], one row per beam slot; a
+            # written generation's logits at step t are those of the slot its token t came from.
+            valid = beams[:, : logits.shape[1]] >= 0
+            slot = beams[:, : logits.shape[1]].clamp(min=0).to(logits.device)
+            logits = logits[slot, torch.arange(slot.shape[1], device=logits.device)]
         logp = F.log_softmax(logits.float(), -1).gather(-1, new[:, : logits.shape[1], None].to(logits.device))
-        loss = -logp.mean()
-        self._keep(step, ids, new)
+        loss = -logp.mean() if valid is None else -logp[..., 0][valid.to(logp.device)].mean()
+        self._keep(step, ids, new, None if valid is None else beams, len(out.logits))
         return {"logits": logits}, loss
 
-    def _keep(self, step: int, ids: torch.Tensor, new: torch.Tensor) -> None:
+    def _keep(self, step: int, ids: torch.Tensor, new: torch.Tensor, beams: torch.Tensor | None, calls: int) -> None:
         for row, (p, g) in enumerate(zip(ids.tolist(), new.tolist(), strict=True)):
             line: dict[str, Any] = {"step": step, "row": row, "prompt_ids": p, "generated_ids": g}
+            if beams is not None:
+                # The row of the step's records (read back as a sequence: the beams of the
+                # last call) that holds this generation: the slot that chose its last token in
+                # that call. None for one that ended (EOS) before the last call: no row holds it.
+                chose = [int(b) for b in beams[row].tolist() if b >= 0]
+                line["beam"] = chose[-1] if chose and len(chose) == calls else None
             if self.tokenizer is not None:
                 line["prompt"] = self.tokenizer.decode(p)
                 line["text"] = self.tokenizer.decode(g)

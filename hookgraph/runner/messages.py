@@ -27,6 +27,8 @@ def closing_lines(summary: dict[str, Any]) -> list[tuple[int, str]]:
     for spec, phase in (summary.get("phase_never_ran") or {}).items():
         out.append((logging.WARNING, f"spec {spec!r} fires only in {phase} mode (when.mode={phase}), and the "
                     f"run never ran in {phase} mode"))
+    for spec, why in (summary.get("positions_never_reached") or {}).items():
+        out.append((logging.WARNING, f"spec {spec!r} ran but acted on no token there: {why}"))
     if summary.get("never_fired"):
         out.append((logging.WARNING, "specs bound but never fired: " + ", ".join(summary["never_fired"])
                     + " (a schedule that excludes every step, a gradient that never reaches the target, "

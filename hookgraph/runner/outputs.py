@@ -266,6 +266,9 @@ def _silent_specs(summary: dict[str, Any], graph: HookGraph, phases: set[str]) -
         missed = {name: wanted[name] for name in silent if name in wanted and wanted[name] not in phases}
         if missed:  # the likeliest reason, said by name: e.g. an eval-only spec in a loop that never evaluated
             summary["phase_never_ran"] = missed
+        unreached = graph.positions_never_reached
+        if unreached:  # fired, but never on a position it names (a generation that ended early)
+            summary["positions_never_reached"] = unreached
 
 
 def _first_nonfinite(graph: HookGraph) -> dict[str, Any] | None:

@@ -13,8 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hookgraph.config.hooksets import require_matches_where_retargeted
-from hookgraph.config.schema import HookgraphConfig, check_known_keys
+from hookgraph.config.hooksets import _task_overrides, require_matches_where_retargeted
+from hookgraph.config.schema import HookgraphConfig, check_booleans, check_known_keys
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.fingerprint import model_identity
 from hookgraph.core.graph import HookGraph
@@ -39,6 +39,7 @@ def as_config(cfg: Any) -> DictConfig:
 
     A key outside the schema (a typo, or one a ``+`` override added) or a cyclic interpolation
     is a ConfigError naming the key and the nearest valid keys."""
+    check_booleans(cfg, _task_overrides())
     if not isinstance(cfg, DictConfig):
         base = OmegaConf.structured(HookgraphConfig)
         # Open while merging, so that an unknown key reaches check_known_keys (which names the

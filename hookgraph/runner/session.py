@@ -203,6 +203,7 @@ class LiveRun:
                         write(_write_config, job, self._config)
                 write_plan(job, self._modules, self.graph)
             self.graph.set_step(self._start_step)
+            self.graph.warn_unreached = False  # the summary and the closing lines say it
             self._attachment = self.graph.attach(compiled=self._compiled)
             self.progress.phases.add(self._phase)
         except BaseException as exc:

@@ -402,6 +402,7 @@ _SUMMARY_SHAPES: dict[str, tuple[type, ...]] = {
     "never_fired": (list,),
     "unmatched": (dict,),
     "phase_never_ran": (dict,),
+    "positions_never_reached": (dict,),
     "values": (dict,),
     "error": (dict, str),
     "world_size": (int,),
