@@ -553,3 +553,20 @@ def test_a_run_without_generate_refuses_positions_generated(tmp_path):
     with pytest.raises(ConfigError, match="names no token of a plain forward pass") as err:
         run(job, tmp_path / "run")
     assert err.value.key == "hooks.s.args.positions"
+
+
+def test_generate_is_wrapped_only_when_a_spec_reads_the_sequence_clock():
+    """A graph whose specs take no positions and record nothing leaves the model's generate
+    alone (no instance attribute while attached); the generation equals the bare model's."""
+    model = gpt2()
+    bare, _ = generate(model, True)
+    graph = hg.compile(model, {"s": {"target": "transformer.h.0", "action": "scale", "args": {"factor": 1.0}}})
+    with graph.attach():
+        assert "generate" not in vars(model)
+        tokens, _ = generate(model, True)
+    assert torch.equal(tokens, bare)
+    # A positioned spec needs the clock: generate is wrapped while attached, and unwrapped after.
+    graph = hg.compile(model, steer([1, -1]))
+    with graph.attach():
+        assert "generate" in vars(model)
+    assert "generate" not in vars(model)
