@@ -186,9 +186,10 @@ def train_probe(cfg: ProbeConfig | dict) -> dict:
         classes = top + 1
     if classes < 2:
         raise ConfigError("classes", f"the labels give {classes} class(es); a probe needs at least 2")
-    torch.manual_seed(cfg.seed)
     d = pieces[0].shape[-1]
-    probe = nn.Linear(d, classes)
+    with torch.random.fork_rng(devices=[]):  # the probe's seeded init; the caller's random state comes back
+        torch.manual_seed(cfg.seed)
+        probe = nn.Linear(d, classes)
     opt = torch.optim.Adam(probe.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     train = stream(train_ids, True, cfg.seed)
     seen = 0

@@ -40,6 +40,7 @@ from hookgraph.cli.logfile import guard_log_files
 from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
+from hookgraph.core import gcpause
 from hookgraph.core.spec import MAX_PATTERNS
 from hookgraph.errors import ConfigError, HookGraphError, SpecError
 from hookgraph.runner import register_configs, run
@@ -293,6 +294,8 @@ def _deep_override(argv: list[str]) -> str | None:
 
 
 def main() -> None:
+    # hookgraph's own process: objects built in bulk go straight to the oldest generation (see gcpause).
+    gcpause.PROMOTE = True
     register_configs()
     bad = _deep_override(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
     if bad is not None:

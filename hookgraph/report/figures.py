@@ -1,16 +1,17 @@
 """Figures of what the hooks saw, written as PNG under ``figures/`` (matplotlib, headless).
 
 Public names: write_figures, feature_map_grid, histograms, stats_over_steps, sweep_figure,
-gradcam, gradcam_figure.
+gradcam, gradcam_figure, figure, save_figure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +30,43 @@ __all__ = [
     "sweep_figure",
     "gradcam",
     "gradcam_figure",
+    "figure",
+    "save_figure",
 ]
 
 
-def _figure(**kwargs: Any) -> Any:
+@contextlib.contextmanager
+def _quiet_matplotlib() -> Iterator[None]:
+    """matplotlib's font-cache notices are not ours to show: its logger at WARNING while we
+    draw, and back at the user's level after."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def figure(**kwargs: Any) -> Any:
     """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
     chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
     alive between figures."""
-    from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
+    with _quiet_matplotlib():
+        from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
 
-    # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
-    logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
-    return Figure(**kwargs)
+        return Figure(**kwargs)
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+def save_figure(fig: Any, path: Path, dpi: int = 80) -> Path:
+    """``fig`` as a PNG at ``path`` (tight layout)."""
+    with _quiet_matplotlib():
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
     return path
+
+
+_figure, _save = figure, save_figure
 
 
 def _safe(name: str) -> str:

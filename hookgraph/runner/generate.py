@@ -155,10 +155,13 @@ class Generator:
         if kwargs.get("pad_token_id") is None:
             eos = kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
             kwargs["pad_token_id"] = eos if isinstance(eos, int) else 0
-        if self.seed is not None:
-            torch.manual_seed(self.seed + step)
         ids = inputs["input_ids"]
-        with torch.no_grad():
+        # The seed is this call's: the caller's random state (CPU, and the batch's GPU) comes back after it.
+        gpu = ids.device.index if ids.device.index is not None else (torch.cuda.current_device() if ids.is_cuda else 0)
+        gpus = [gpu] if ids.is_cuda else []
+        with torch.random.fork_rng(devices=gpus, enabled=self.seed is not None), torch.no_grad():
+            if self.seed is not None:
+                torch.manual_seed(self.seed + step)
             out = model.generate(**inputs, **kwargs, output_logits=True, return_dict_in_generate=True)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new = sequences[:, ids.shape[1]:]
