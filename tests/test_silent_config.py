@@ -293,7 +293,7 @@ def test_an_unset_order_and_order_0_tie():
         (["+hooks.a=${hooks.b}", "+hooks.b=${hooks.a}"], "hooks.a: cannot resolve '${hooks.b}'"),
         (["+hooks.record_convs.args.select=${hooks.record_convs.args.select}"],  # a spec arg pointing at itself
          "hooks.record_convs.args.select: cannot resolve '${hooks.record_convs.args.select}'"),
-        (["runner.steps=99999999999999999999999"], "runner.steps: must be between 0 and 2147483647"),
+        (["runner.steps=99999999999999999999999"], "runner.steps: must be between 1 and 2147483647"),
         (["runner.lr=-1"], "runner.lr: must be a finite number >= 0"),
         (["runner.compile=true", "runner.compile_backend=nosuch"], "runner.compile_backend: unknown torch.compile"),
         (["hooks={}"], "hooks: hooks={} clears nothing"),
@@ -315,3 +315,9 @@ def test_hooks_list_clears_the_hook_sets(tmp_path):
     assert r.returncode == 0, r.stderr
     (summary,) = (tmp_path / "runs").rglob("summary.json")
     assert list(json.loads(summary.read_text())["specs"]) == ["x"]
+
+
+def test_zero_steps_is_refused_not_a_silent_empty_run(tmp_path):
+    """runner.steps=0 ran nothing and said nothing (issue 37, friction 2)."""
+    with pytest.raises(ConfigError, match=r"runner.steps: 0 runs nothing: give at least 1 \(dry_run=true"):
+        run(_cfg(**_quick(runner={"steps": 0}, hooks={"x": {"target": "conv", "action": "record"}})), tmp_path / "r")

@@ -88,7 +88,11 @@ def _check_runner(r: DictConfig) -> None:
         )
     # An upper bound too: a count past a C integer is an OverflowError deep in tqdm or torch.
     if not 0 <= r.steps <= MAX_COUNT:
-        raise ConfigError("runner.steps", f"must be between 0 and {MAX_COUNT}, got {r.steps}")
+        raise ConfigError("runner.steps", f"must be between 1 and {MAX_COUNT}, got {r.steps}")
+    if r.steps == 0:  # a run of no step would write a folder of nothing and say nothing
+        raise ConfigError(
+            "runner.steps", "0 runs nothing: give at least 1 (dry_run=true prints the plan without running)"
+        )
     if not 1 <= r.batch_size <= MAX_COUNT:
         raise ConfigError("runner.batch_size", f"must be between 1 and {MAX_COUNT}, got {r.batch_size}")
     check_seed(r.seed, "runner.seed")
