@@ -132,7 +132,7 @@ def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
     ("runner", "key", "text"),
     [
         ({"steps": 99999999999999999999999}, "runner.steps", "between 1 and 2147483647"),
-        ({"steps": -1}, "runner.steps", "between 0 and"),
+        ({"steps": -1}, "runner.steps", "between 1 and"),
         ({"batch_size": 0}, "runner.batch_size", "between 1 and"),
         ({"lr": -1.0, "optimizer": "sgd"}, "runner.lr", "finite number >= 0"),
         ({"lr": float("nan")}, "runner.lr", "finite number >= 0"),
