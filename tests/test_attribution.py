@@ -8,6 +8,7 @@ import csv
 import pytest
 import torch
 
+import hookgraph as hg
 from hookgraph.runner import run
 from hookgraph.runner.attribution import attribution_patching, write_attribution
 from tests.models import gpt2_tiny_lm
@@ -85,6 +86,15 @@ def test_heads_equal_the_formula_by_hand(gpt2, tmp_path):
 def test_a_metric_without_gradient_is_refused(gpt2):
     with pytest.raises(Exception, match="one number with a gradient"):
         attribution_patching(gpt2, CLEAN, CORRUPTED, lambda out: _metric(out).detach(), "transformer.h.*")
+
+
+def test_inputs_of_different_lengths_are_one_clear_error_naming_both_shapes(gpt2):
+    """A clean prompt of 8 tokens and a corrupted one of 5: torch's bare RuntimeError before (issue 37)."""
+    clean = {"input_ids": torch.tensor([[5, 9, 2, 7, 11, 3, 4, 6]])}
+    corrupted = {"input_ids": torch.tensor([[5, 9, 2, 8, 11]])}
+    with pytest.raises(hg.ConfigError, match=r"corrupted: the clean input 'input_ids' has shape \[1, 8\] and the "
+                                             r"corrupted one \[1, 5\].*prompts of one length"):
+        attribution_patching(gpt2, clean, corrupted, _metric, "transformer.h.*")
 
 
 # +experiment=induction_patching's prompts: the clean one repeats a 12-token segment; the

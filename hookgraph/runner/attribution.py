@@ -42,6 +42,24 @@ def _call(model: torch.nn.Module, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
 
 
+def _shapes(inputs: Any) -> dict[str, list[int]]:
+    items = inputs.items() if isinstance(inputs, Mapping) else enumerate(inputs if isinstance(inputs, tuple) else ())
+    return {str(k): list(v.shape) for k, v in items if isinstance(v, torch.Tensor)}
+
+
+def _check_same_shape(clean: Any, corrupted: Any) -> None:
+    """The estimate multiplies the two runs' activations position by position: inputs of
+    different shapes (a prompt of 8 tokens and one of 5) are one clear error, not torch's."""
+    a, b = _shapes(clean), _shapes(corrupted)
+    for key in a.keys() & b.keys():
+        if a[key] != b[key]:
+            raise ConfigError(
+                "corrupted", f"the clean input {key!r} has shape {a[key]} and the corrupted one {b[key]}: attribution "
+                "patching compares the two runs position by position, so give inputs of one shape "
+                "(prompts of one length)"
+            )
+
+
 def attribution_patching(
     model: torch.nn.Module,
     clean: Any,
@@ -65,6 +83,7 @@ def attribution_patching(
     if at not in _GRAD_POINT:
         raise ConfigError("at", f"attribution patching reads a module's output (forward) or input (forward_pre), "
                                 f"not {at!r}")
+    _check_same_shape(clean, corrupted)
     specs = {"act": {"target": target, "at": at, "action": "record"}}
     graph = compile_graph(model, specs)
     with graph.attach(), torch.no_grad():
