@@ -29,6 +29,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.report.patching_sweep import patching_heatmap
+from hookgraph.runner.generate import generate_set
 from hookgraph.runner.metrics import metric_tensor
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter
@@ -159,7 +160,7 @@ def check_attribution(r: Any) -> dict[str, Any] | None:
     if r.get("distributed", "none") != "none" or r.get("compile"):
         raise ConfigError(KEY, "attribution patching runs in one eager process; set runner.distributed=none "
                                "and runner.compile=false")
-    if r.get("generate") is not None:
+    if generate_set(r):
         raise ConfigError(KEY, "attribution patching runs one forward of the batch; runner.generate is set too")
     heads = cfg.get("heads", False)
     if not isinstance(heads, bool):

@@ -1,6 +1,6 @@
 """``runner.generate``: each step generates from its batch with the hooks on, instead of one forward.
 
-Public names: GENERATE_KEYS, check_generate, check_can_generate, Generator, generation.
+Public names: GENERATE_KEYS, check_generate, check_can_generate, generate_set, Generator, generation.
 
 ``runner.generate`` is a mapping of ``generate``'s settings (``max_new_tokens``,
 ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ...); null (the default)
@@ -35,7 +35,7 @@ from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runs import layout
 from hookgraph.runs.writer import atomic_write
 
-__all__ = ["GENERATE_KEYS", "check_generate", "check_can_generate", "Generator", "generation"]
+__all__ = ["GENERATE_KEYS", "check_generate", "check_can_generate", "generate_set", "Generator", "generation"]
 
 KEY = "runner.generate"
 
@@ -69,6 +69,10 @@ def check_generate(cfg: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, Mapping):
         raise ConfigError(KEY, f"expected a mapping such as {{max_new_tokens: 20, do_sample: false}}, got {raw!r}")
+    # The schema's typed fields are all there, null when not set: a null one is not a setting.
+    raw = {k: v for k, v in raw.items() if v is not None}
+    if not raw:
+        return None
     out: dict[str, Any] = {}
     for k, v in raw.items():
         if k not in GENERATE_KEYS:
@@ -96,6 +100,12 @@ def check_generate(cfg: Any) -> dict[str, Any] | None:
     if r.distributed != "none":
         raise ConfigError("runner.distributed", "runner.generate runs in one process; set runner.distributed=none")
     return out
+
+
+def generate_set(r: Any) -> bool:
+    """``runner.generate`` holds a setting (the schema's default has every field null)."""
+    raw = _plain(r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None))
+    return raw is not None and (not isinstance(raw, Mapping) or any(v is not None for v in raw.values()))
 
 
 def check_can_generate(model: Any, cfg: Any) -> None:

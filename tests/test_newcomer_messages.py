@@ -1,0 +1,37 @@
+"""The messages a newcomer meets first say what hookgraph knows (issue 37, frictions 5 and 6),
+checked in-process: the command line's own checks, before Hydra runs."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import hookgraph.__main__ as entry
+from hookgraph.cli.app import _unknown_hook_set
+
+
+@pytest.mark.parametrize("arg", ["hooks=[record_conv]", "hooks=record_conv", "+hooks=record_conv",
+                                 "hooks=[nan_watch,record_conv]"])
+def test_an_unknown_hook_set_names_the_nearest_and_lists_them(arg):
+    message = _unknown_hook_set([arg])
+    assert message is not None and message.startswith("hooks: no hook set 'record_conv'; did you mean 'record_convs'")
+    assert "nan_watch" in message and "grad_stats" in message  # every option, as Hydra lists a model's
+
+
+def test_known_sets_and_what_only_hydra_can_judge_pass(tmp_path):
+    assert _unknown_hook_set(["hooks=[record_convs,nan_watch]", "hooks=[]", "+hooks=nan_watch"]) is None
+    assert _unknown_hook_set(["hooks=[mylib/probe]", "+hooks.x={target: a}", "hooks=${x}"]) is None
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "mine.yaml").write_text("m: {target: fc1}\n")
+    assert _unknown_hook_set(["--config-dir", str(tmp_path), "hooks=[mine]"]) is None
+    assert _unknown_hook_set(["hooks=[mine]"]) is not None
+
+
+def test_a_bare_word_is_an_unknown_command_not_missing_equal(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["hookgraph", "lis"])
+    with pytest.raises(SystemExit) as exit_:
+        entry.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "hookgraph: error: unknown command 'lis'; did you mean 'list'?" in err and "EQUAL" not in err
