@@ -35,3 +35,32 @@ def test_a_bare_word_is_an_unknown_command_not_missing_equal(monkeypatch, capsys
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "hookgraph: error: unknown command 'lis'; did you mean 'list'?" in err and "EQUAL" not in err
+
+
+def test_an_exclude_that_drops_every_match_says_so_not_matched_nothing():
+    """'fc*' matched fc1 and fc2; exclude 'fc*' dropped both: the message said "'fc*' matched
+    nothing; nearest names: fc1" (issue 37, friction 6)."""
+    from torch import nn
+
+    import hookgraph as hg
+
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(2, 2))
+    model.add_module("fc2", nn.Linear(2, 2))
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(model, {"s": {"target": "fc*", "exclude": "fc*", "action": "record"}})
+    text = str(err.value)
+    assert "hooks.s.exclude: 'fc*' matched 2 names, all dropped by exclude 'fc*'" in text
+    assert "matched nothing" not in text
+
+
+def test_a_tokenizer_file_is_told_to_give_its_folder(tmp_path):
+    from hookgraph.data.kinds.text import load_tokenizer
+    from hookgraph.errors import ConfigError
+
+    file = tmp_path / "tokenizer.json"
+    file.write_text("{}")
+    with pytest.raises(ConfigError, match=r"data.tokenizer: '.*tokenizer.json' is a file; give the folder it is in"):
+        load_tokenizer(str(file), "data")
+    with pytest.raises(ConfigError, match="no such folder"):
+        load_tokenizer(str(tmp_path / "missing"), "data")
