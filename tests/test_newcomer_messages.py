@@ -64,3 +64,46 @@ def test_a_tokenizer_file_is_told_to_give_its_folder(tmp_path):
         load_tokenizer(str(file), "data")
     with pytest.raises(ConfigError, match="no such folder"):
         load_tokenizer(str(tmp_path / "missing"), "data")
+
+
+def _tutorial(name, tmp_path):
+    from hookgraph.runner import closing_lines, run
+    from tests.runs import CPU, compose
+
+    run(compose(f"+experiment={name}", *CPU, "sink.figures=false"), tmp_path / name)
+    summary = __import__("json").loads((tmp_path / name / "summary.json").read_text())
+    return summary["shown"], [text for _, text in closing_lines(summary)]
+
+
+def test_the_tutorial_experiments_print_their_numbers(tmp_path):
+    """intermediate_grads and grad_plus_two print the gradients the README quotes (0.2/0.4,
+    39/21/3), equal to torch's own autograd on the same tensors (issue 37, friction 8)."""
+    import torch
+
+    a = torch.ones(5, requires_grad=True)
+    b = 2 * a
+    b.retain_grad()
+    b.mean().backward()
+    shown, lines = _tutorial("intermediate_grads", tmp_path)
+    assert shown == {"b_grad": {"b": "[" + ", ".join(f"{v:.4g}" for v in b.grad.tolist()) + "]"},
+                     "a_grad": {"a": "[" + ", ".join(f"{v:.4g}" for v in a.grad.tolist()) + "]"}}
+    assert "b_grad at b: [0.2, 0.2, 0.2, 0.2, 0.2]" in lines and "a_grad at a: [0.4, 0.4, 0.4, 0.4, 0.4]" in lines
+
+    x, y = torch.tensor(7.0, requires_grad=True), torch.tensor(13.0, requires_grad=True)
+    c = x * y
+    c.register_hook(lambda g: g + 2)  # the experiment's add 2, by hand
+    c.retain_grad()
+    c.backward()
+    shown, lines = _tutorial("grad_plus_two", tmp_path)
+    assert shown == {"c_grad": {"mul": f"{c.grad.item():.4g}"},
+                     "ab_grads": {"a": f"{x.grad.item():.4g}", "b": f"{y.grad.item():.4g}"}}
+    assert [t for t in lines if "_grad" in t] == ["c_grad at mul: 3", "ab_grads at a: 39", "ab_grads at b: 21"]
+
+
+def test_sink_show_names_a_spec_of_the_run():
+    from hookgraph.errors import ConfigError
+    from hookgraph.runner.checks import _check_show
+    from tests.runs import compose
+
+    with pytest.raises(ConfigError, match=r"sink.show: 'a_grd' is not a spec of this run; did you mean 'a_grad'"):
+        _check_show(compose("+experiment=intermediate_grads", "sink.show=[a_grd]"))

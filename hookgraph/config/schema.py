@@ -145,6 +145,8 @@ class SinkConfig:
     gradcam: Any = None
     weights: bool = False  # write the model's weights after the last step to model.safetensors (a training run)
     tensorboard: bool = False  # also write stats and records to tensorboard/ (pip install hookgraph[tensorboard])
+    # record specs whose last step's values the end of the run prints (the numbers a tutorial exists to show)
+    show: list = field(default_factory=list)
 
 
 @dataclass

@@ -61,6 +61,7 @@ class Progress:
     first_input: torch.Tensor | None = None  # sample 0 of the first step, for the Grad-CAM overlay
     tb: TensorBoardSink | None = None  # open from before the model is built (sink.tensorboard)
     graph: HookGraph | None = None  # from the moment the specs compiled
+    shown: dict[str, dict[str, str]] = field(default_factory=dict)  # sink.show: spec -> target -> the last values
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = time.perf_counter() - since
