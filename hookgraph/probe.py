@@ -184,6 +184,13 @@ def train_probe(cfg: ProbeConfig | dict) -> dict:
             y = label(b)
             top = max(top, int(y.max()) if len(y) else -1)
         classes = top + 1
+    if cfg.classes is None and classes == 0 and cfg.labels.source == "token" and not cfg.labels.map:
+        # Items of a record without a token table carry token -1: nothing to label them with.
+        raise ConfigError(
+            "labels.source", f"token: the items of spec {cfg.spec!r} carry no token ids (token -1): record them as a "
+            f"token table, with args.tokens: true on the spec (hooks.{cfg.spec}.args.tokens=true), or take the "
+            "labels from a metric or a file (labels.source=metric|file)"
+        )
     if classes < 2:
         raise ConfigError("classes", f"the labels give {classes} class(es); a probe needs at least 2")
     d = pieces[0].shape[-1]

@@ -107,3 +107,21 @@ def test_sink_show_names_a_spec_of_the_run():
 
     with pytest.raises(ConfigError, match=r"sink.show: 'a_grd' is not a spec of this run; did you mean 'a_grad'"):
         _check_show(compose("+experiment=intermediate_grads", "sink.show=[a_grd]"))
+
+
+def test_probe_on_items_without_tokens_suggests_a_token_table(tmp_path):
+    """A record without tokens: true gives items token -1; the probe's default labels.source
+    token said only "the labels give 0 class(es)" (issue 37, friction 3)."""
+    import torch
+
+    from hookgraph.errors import ConfigError
+    from hookgraph.probe import train_probe
+    from hookgraph.runs.writer import RunWriter
+
+    w = RunWriter(tmp_path / "run", fsync="never")
+    for s in range(3):
+        w.flush_records({"resid": {"h.1": [torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(s))]}}, s)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    with pytest.raises(ConfigError, match=r"labels.source: token: the items of spec 'resid' carry no token ids "
+                                          r"\(token -1\): .*hooks.resid.args.tokens=true"):
+        train_probe({"run": str(tmp_path / "run"), "spec": "resid", "epochs": 1, "out": str(tmp_path / "p.safetensors")})
