@@ -222,9 +222,18 @@ def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_pat
     assert summary["attribution_top"]["position"] == 23
     assert summary["metric"] == pytest.approx(0.719, abs=1e-3)  # the corrupted prompt's
     assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
-    # The run's page shows the heatmap among its figures, embedded.
+    # The run's page leads with the result (issue 37): the top site, then the heatmap, embedded,
+    # at the page's full width and enlargeable (focusable), not among the other figures.
     page = (tmp_path / "run" / "report.html").read_text()
-    assert '<img alt="patching.png" src="data:image/png;base64,' in page
+    result = page.split('<section id="result">', 1)[1].split("</section>", 1)[0]
+    assert page.index('<section id="result">') < page.index('<section id="summary">')
+    assert "Top site (attribution patching, linear estimate): <b>transformer.h.1, position 23</b>" in result
+    assert f"<b>{summary['attribution_top']['delta']:.4g}</b>" in result
+    assert '<div class="figs wide"><figure><img alt="patching.png" src="data:image/png;base64,' in result
+    assert 'tabindex="0"' in result
+    figures = page.split('<section id="figures">', 1)[1].split("</section>", 1)[0]
+    assert "patching.png" not in figures
+    assert "Loss over steps" not in page  # one step: its loss is a number in the summary, not a one-point chart
     # The estimate ran before the run's own record spec attached: it saw the step's forward only.
     assert {k: v["records"] for k, v in summary["specs"].items()} == {"resid": 2}
 
