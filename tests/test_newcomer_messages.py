@@ -124,4 +124,5 @@ def test_probe_on_items_without_tokens_suggests_a_token_table(tmp_path):
     w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
     with pytest.raises(ConfigError, match=r"labels.source: token: the items of spec 'resid' carry no token ids "
                                           r"\(token -1\): .*hooks.resid.args.tokens=true"):
-        train_probe({"run": str(tmp_path / "run"), "spec": "resid", "epochs": 1, "out": str(tmp_path / "p.safetensors")})
+        train_probe({"run": str(tmp_path / "run"), "spec": "resid", "epochs": 1,
+                     "out": str(tmp_path / "p.safetensors")})
