@@ -329,12 +329,26 @@ def sweep_figure(rows: Sequence[dict], path: Path) -> Path | None:
             pts.append((f"{r['job']}: " + " ".join(words), float(r[what])))
     if not pts:
         return None
-    width = min(12.0, max(5.0, 2.5 + 0.075 * max(len(p[0]) for p in pts)))
+    width = min(12.0, max(5.0, 3.0 + 0.075 * max(len(p[0]) for p in pts)))
     fig = _figure(figsize=(width, max(2.0, 0.6 + 0.24 * len(pts))))
-    ax = fig.subplots()
-    ax.barh(range(len(pts)), [p[1] for p in pts], color="#4e79a7")
-    ax.set_yticks(range(len(pts)), [p[0] for p in pts], fontsize=8)
-    ax.invert_yaxis()  # job 0 on top, as in the table
-    ax.axvline(0, color="#667085", linewidth=0.6)
-    ax.set_xlabel(f"{what} (last step)")
+    draw_sweep(fig.subplots(), pts, f"{what} (last step)")
     return _save(fig, path)
+
+
+def draw_sweep(ax: Any, pts: Sequence[tuple[str, float]], xlabel: str) -> None:
+    """One dot per job on an axis fitted to the values, each labelled with its value: bars from
+    zero hid a difference of 0.01 between values near 1 (issue 37)."""
+    vals = [v for _, v in pts]
+    ys = range(len(pts))
+    lo, hi = min(vals), max(vals)
+    pad = (hi - lo) * 0.2 or max(abs(hi) * 0.05, 1e-6)
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.hlines(ys, lo - pad, vals, color="#d0d5dd", linewidth=0.8)
+    ax.plot(vals, ys, "o", color="#4e79a7")
+    for y, v in zip(ys, vals, strict=True):
+        ax.annotate(f"{v:.4g}", (v, y), xytext=(5, 0), textcoords="offset points", va="center", fontsize=7)
+    if lo - pad < 0 < hi + pad:
+        ax.axvline(0, color="#667085", linewidth=0.6)
+    ax.set_yticks(list(ys), [p[0] for p in pts], fontsize=8)
+    ax.invert_yaxis()  # job 0 on top, as in the table
+    ax.set_xlabel(xlabel)
