@@ -168,7 +168,7 @@ def test_the_end_of_a_run_hashes_no_shard_and_reads_only_a_sample(tmp_path, monk
     # The digests come from the bytes as written; the report page's histograms read at most
     # LIMITS["hist_elements"] values per target, and no shard file is hashed back.
     import hookgraph.report.page as page
-    import hookgraph.runs.reader as reader
+    import hookgraph.runs.shards as reader  # where the shard reads live
 
     monkeypatch.setitem(page.LIMITS, "hist_elements", 100)
     hashed: list[int] = []

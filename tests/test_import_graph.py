@@ -282,3 +282,12 @@ def test_the_graph_walk_sees_what_it_should():
     assert ("hookgraph.runner.parts", "hookgraph.core.compiler") in targets
     assert _layer("hookgraph.core.tree") < _layer("hookgraph.core.compiler") < _layer("hookgraph.runner.parts")
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+MAX_LINES = 800  # one job a room: a module past this holds several (issue 35)
+
+
+def test_no_module_is_over_800_lines():
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
+    long = {name: n for name, n in sizes.items() if n > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"

@@ -21,7 +21,7 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.runner import outputs
 from hookgraph.runner import run as run_config
-from hookgraph.runs import files, reader
+from hookgraph.runs import files, index
 from hookgraph.runs.files import DamagedFileError, check_plan, read_plan
 from hookgraph.runs.writer import RunWriter, shard_key
 
@@ -276,13 +276,13 @@ def test_a_target_read_and_dropped_is_not_kept_by_the_run(tmp_path):
 def _both_reads(path: Any) -> tuple[Any, Any]:
     """(the plain parse of the shard at ``path``, or None; what safe_open and the full check
     read, or the damage they name)."""
-    shard = reader._Shard(path, path.name)
-    plain = reader._plain_header(shard)
+    shard = index._Shard(path, path.name)
+    plain = index._plain_header(shard)
     try:
-        with reader._opened(shard) as f:
+        with index._opened(shard) as f:
             meta, keys = f.metadata() or {}, set(f.keys())
-        full: Any = (meta, reader._locate(reader._Shard(path, path.name), meta, keys))
-    except reader._Damaged as exc:
+        full: Any = (meta, index._locate(index._Shard(path, path.name), meta, keys))
+    except index._Damaged as exc:
         full = exc
     return plain, full
 
@@ -388,8 +388,8 @@ def test_shard_entries_read_one_at_a_time_read_as_json_loads_reads_them(tmp_path
     # of the whole text.
     _one_shard_run(tmp_path / "run", 2)
     path = next((tmp_path / "run" / "records").iterdir())
-    shard = reader._Shard(path, path.name)
-    plain = reader._plain_header(shard)
+    shard = index._Shard(path, path.name)
+    plain = index._plain_header(shard)
     assert plain is not None
     meta, tensors = plain
     meta["entries"] = text
@@ -397,13 +397,13 @@ def test_shard_entries_read_one_at_a_time_read_as_json_loads_reads_them(tmp_path
     def read(fn: Any) -> Any:
         try:
             return [(s, t, e.step, e.call, e.tensors) for s, t, e in fn()]
-        except reader._Damaged as exc:
+        except index._Damaged as exc:
             return str(exc)
 
-    whole = read(lambda: reader._entries_of(shard, dict(meta), tensors, json.loads))
-    assert read(lambda: reader._entries_v2(shard, dict(meta), tensors)) == whole
+    whole = read(lambda: index._entries_of(shard, dict(meta), tensors, json.loads))
+    assert read(lambda: index._entries_v2(shard, dict(meta), tensors)) == whole
     if not isinstance(whole, str):  # valid: the item at a time decoder alone gives it too
-        assert read(lambda: reader._entries_of(shard, dict(meta), tensors, reader._json_items)) == whole
+        assert read(lambda: index._entries_of(shard, dict(meta), tensors, index._json_items)) == whole
     assert isinstance(whole, str) == (text not in ("[]", " [ ] ", "[[0, 0, 0]]", "[ [0,0,0] ,\n[1, 0, 0] ] ",
                                                     "[[1, 0, 0], [0, 0, 0]]", "{}"))
 

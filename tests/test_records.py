@@ -219,7 +219,7 @@ def test_record_budget_trips_at_step_1_and_step_0_stays_readable(tmp_path):
 
 
 def test_load_run_reads_only_the_target_asked_for(tmp_path, monkeypatch):
-    import hookgraph.runs.reader as reader
+    import hookgraph.runs.shards as reader  # where the shard reads live
 
     run(mlp_cfg({"r": {"target": ["fc1", "fc2", "head"], "action": "record"}}, runner={"steps": 2}), tmp_path)
     read: list[str] = []

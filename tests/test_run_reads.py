@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hookgraph as hg
-from hookgraph.runs import reader
+from hookgraph.runs import shards
 from hookgraph.runs.writer import RunWriter
 
 
@@ -33,7 +33,7 @@ def test_reading_opens_no_shard_with_safetensors_again(tmp_path, monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("safe_open called after indexing")
 
-    monkeypatch.setattr(reader, "safe_open", refused)
+    monkeypatch.setattr(shards, "safe_open", refused)
     a = run.records["r"]["a"]
     assert [v.tolist() for v in a] == [[0.0] * 4, [1.0] * 4, [2.0] * 4]
     assert [v[0].tolist() for v in run.records["r"]["b"]] == [[0, 1, 2], [1, 2, 3], [2, 3, 4]]

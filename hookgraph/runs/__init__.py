@@ -1,7 +1,8 @@
 """Run folders: the on-disk contract between a run and whoever reads it.
 
 Public names: Run, RunWriter, load_run, run_content; the modules layout (every file of a run
-folder, named once), files (their parsers), reader, writer and sweep (a sweep folder's table).
+folder, named once), files (their parsers), writer, reader (the run object) and what it reads
+with: manifest, index, shards, records, tables; dataset and sweep (a sweep folder's table).
 
 ``hookgraph.runs.layout`` imports nothing heavy, so code on ``import hookgraph``'s path may name
 a run folder's files; the reader and writer (torch, safetensors, OmegaConf) load on first use.
