@@ -168,7 +168,8 @@ def _orient(jobs: list[dict], axes: list[str]) -> list[str]:
     if len(layer) == 1:
         return [layer[0], next(a for a in axes if a != layer[0])]
     counts = {a: len(_values(jobs, a)[0]) for a in axes}
-    return sorted(axes, key=lambda a: counts[a])  # stable: equal counts keep the override order
+    # Equal counts: the second axis of the command line gives the rows, the first the columns.
+    return sorted(axes[::-1], key=lambda a: counts[a])
 
 
 def _metric_plots(p: dict) -> str:
@@ -278,8 +279,8 @@ def render_sweep_page(p: dict) -> str:
     for anchor, name, src in figures:
         if src:
             body.append(
-                f'<section id="{anchor}"><h2>{name}</h2><div class="figs">'
-                f'<figure><img alt="{name}" src="{src}"></figure></div></section>'
+                f'<section id="{anchor}"><h2>{name}</h2><div class="figs wide">'
+                f'<figure><img alt="{name}" src="{src}" tabindex="0" title="click to enlarge"></figure></div></section>'
             )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'
