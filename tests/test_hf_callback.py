@@ -206,3 +206,19 @@ def test_the_trainer_is_left_as_it_was(tmp_path):
     assert not [k for k, v in vars(trainer).items() if _ours(v) and k != "callback_handler"]
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     assert hg.load_run(tmp_path / "r-eval").records["acts"].calls("net.0") == [(3, 0)]  # 8 samples, one batch
+
+
+def test_outside_attach_a_failed_train_is_closed_failed_by_the_next(tmp_path):
+    """Without attach the callback hears of no exception: the run stays open until the next
+    train() begins, which closes it as failed (never as completed), naming attach."""
+    model = Net(fail_at=2)
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    trainer = _trainer(tmp_path, model, [cb], max_steps=4)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train()
+    model.fail_at = None
+    trainer.train()
+    first = hg.load_run(tmp_path / "r")
+    assert first.status == "failed" and "callback.attach(trainer)" in first.summary["error"]["message"]
+    assert hg.load_run(tmp_path / "r-train").status == "completed"
+    assert not any(m._forward_hooks for m in model.modules())

@@ -177,7 +177,11 @@ class HookGraphCallback(TrainerCallback):
         model = kwargs.get("model") or (self._trainer.model if self._trainer is not None else None)
         if model is None:
             raise HookGraphError(f"{_OWNER}: the Trainer gave no model to on_train_begin")
-        self._driver.close()  # an earlier call's run still open (an exception outside attach)
+        if self._driver.open:  # an earlier train() ended without on_train_end: it raised, outside attach
+            self._driver.close(HookGraphError(
+                f"{_OWNER}: this train() ended without on_train_end (an exception the callback cannot hear of "
+                "outside `with callback.attach(trainer):`)"
+            ))
         self._standalone, self._ended, self._evaluate_next = False, None, False
         self._open(args, state, model, "train", "train")
 
