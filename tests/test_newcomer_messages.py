@@ -126,3 +126,18 @@ def test_probe_on_items_without_tokens_suggests_a_token_table(tmp_path):
                                           r"\(token -1\): .*hooks.resid.args.tokens=true"):
         train_probe({"run": str(tmp_path / "run"), "spec": "resid", "epochs": 1,
                      "out": str(tmp_path / "p.safetensors")})
+
+
+def test_a_plus_on_a_typed_field_says_to_drop_it():
+    """+runner.generate.do_sample=true failed with Hydra's "already at": the field is the
+    schema's (issue 37, friction 5); open sections and unknown keys are left to their checks."""
+    from hookgraph.cli.app import _plus_on_a_field
+
+    assert _plus_on_a_field(["+runner.generate.do_sample=true"]) == (
+        "runner.generate.do_sample: a field of the config already; set it without the + "
+        "(runner.generate.do_sample=true)"
+    )
+    assert _plus_on_a_field(["+runner.steps=3"]) is not None
+    ok = ["+runner.stpes=5", "+hooks.x={target: a}", "+runner.attribution.head=true", "++runner.steps=3",
+          "+data.shape=[3,8,8]", "runner.generate.do_sample=true"]
+    assert _plus_on_a_field(ok) is None
