@@ -10,6 +10,7 @@ linear probe on a run's records (``hookgraph.probe``).
 
 from __future__ import annotations
 
+import re
 import sys
 
 COMMANDS = ("report", "plan", "list", "probe")
@@ -33,6 +34,13 @@ def main() -> None:
         from hookgraph.probe import main as probe_main  # lazy: each command loads only what it needs
 
         sys.exit(probe_main(argv[1:]))
+    if argv and re.fullmatch(r"[A-Za-z_][\w-]*", argv[0]):
+        # A bare word is never an override: Hydra would say "missing EQUAL" (hookgraph lis).
+        from hookgraph.errors import did_you_mean  # lazy: the commands above import what they need
+
+        print(f"hookgraph: error: unknown command {argv[0]!r}; {did_you_mean(argv[0], COMMANDS, 'commands')} "
+              "(a run takes key=value overrides: python -m hookgraph --help)", file=sys.stderr)
+        sys.exit(2)
     from hookgraph.cli.app import main as app_main  # lazy: Hydra and the configs load only for runs
 
     app_main()

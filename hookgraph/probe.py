@@ -192,11 +192,19 @@ def train_probe(cfg: ProbeConfig | dict) -> dict:
             y = label(b)
             top = max(top, int(y.max()) if len(y) else -1)
         classes = top + 1
+    if cfg.classes is None and classes == 0 and cfg.labels.source == "token" and not cfg.labels.map:
+        # Items of a record without a token table carry token -1: nothing to label them with.
+        raise ConfigError(
+            "labels.source", f"token: the items of spec {cfg.spec!r} carry no token ids (token -1): record them as a "
+            f"token table, with args.tokens: true on the spec (hooks.{cfg.spec}.args.tokens=true), or take the "
+            "labels from a metric or a file (labels.source=metric|file)"
+        )
     if classes < 2:
         raise ConfigError("classes", f"the labels give {classes} class(es); a probe needs at least 2")
-    torch.manual_seed(cfg.seed)
     d = pieces[0].shape[-1]
-    probe = nn.Linear(d, classes)
+    with torch.random.fork_rng(devices=[]):  # the probe's seeded init; the caller's random state comes back
+        torch.manual_seed(cfg.seed)
+        probe = nn.Linear(d, classes)
     opt = torch.optim.Adam(probe.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     train = stream(train_ids, True, cfg.seed)
     seen = 0

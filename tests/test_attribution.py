@@ -8,6 +8,7 @@ import csv
 import pytest
 import torch
 
+import hookgraph as hg
 from hookgraph.runner import run
 from hookgraph.runner.attribution import attribution_patching, write_attribution
 from tests.models import gpt2_tiny_lm
@@ -85,6 +86,15 @@ def test_heads_equal_the_formula_by_hand(gpt2, tmp_path):
 def test_a_metric_without_gradient_is_refused(gpt2):
     with pytest.raises(Exception, match="one number with a gradient"):
         attribution_patching(gpt2, CLEAN, CORRUPTED, lambda out: _metric(out).detach(), "transformer.h.*")
+
+
+def test_inputs_of_different_lengths_are_one_clear_error_naming_both_shapes(gpt2):
+    """A clean prompt of 8 tokens and a corrupted one of 5: torch's bare RuntimeError before (issue 37)."""
+    clean = {"input_ids": torch.tensor([[5, 9, 2, 7, 11, 3, 4, 6]])}
+    corrupted = {"input_ids": torch.tensor([[5, 9, 2, 8, 11]])}
+    with pytest.raises(hg.ConfigError, match=r"corrupted: the clean input 'input_ids' has shape \[1, 8\] and the "
+                                             r"corrupted one \[1, 5\].*prompts of one length"):
+        attribution_patching(gpt2, clean, corrupted, _metric, "transformer.h.*")
 
 
 # +experiment=induction_patching's prompts: the clean one repeats a 12-token segment; the
@@ -212,9 +222,18 @@ def test_the_packaged_experiment_writes_the_estimate_into_the_run_folder(tmp_pat
     assert summary["attribution_top"]["position"] == 23
     assert summary["metric"] == pytest.approx(0.719, abs=1e-3)  # the corrupted prompt's
     assert (tmp_path / "run" / "patching.png").read_bytes()[:4] == b"\x89PNG"
-    # The run's page shows the heatmap among its figures, embedded.
+    # The run's page leads with the result (issue 37): the top site, then the heatmap, embedded,
+    # at the page's full width and enlargeable (focusable), not among the other figures.
     page = (tmp_path / "run" / "report.html").read_text()
-    assert '<img alt="patching.png" src="data:image/png;base64,' in page
+    result = page.split('<section id="result">', 1)[1].split("</section>", 1)[0]
+    assert page.index('<section id="result">') < page.index('<section id="summary">')
+    assert "Top site (attribution patching, linear estimate): <b>transformer.h.1, position 23</b>" in result
+    assert f"<b>{summary['attribution_top']['delta']:.4g}</b>" in result
+    assert '<div class="figs wide"><figure><img alt="patching.png" src="data:image/png;base64,' in result
+    assert 'tabindex="0"' in result
+    figures = page.split('<section id="figures">', 1)[1].split("</section>", 1)[0]
+    assert "patching.png" not in figures
+    assert "Loss over steps" not in page  # one step: its loss is a number in the summary, not a one-point chart
     # The estimate ran before the run's own record spec attached: it saw the step's forward only.
     assert {k: v["records"] for k, v in summary["specs"].items()} == {"resid": 2}
 

@@ -64,7 +64,12 @@ def _oldest() -> set[int]:
     return {id(o) for o in gc.get_objects(generation=2)}
 
 
-def test_what_compile_and_attach_build_goes_to_the_oldest_generation():
+def test_what_compile_and_attach_build_goes_to_the_oldest_generation(monkeypatch):
+    # Only where hookgraph owns the process (the command line sets PROMOTE; a library call
+    # leaves the caller's young objects young: tests/test_process_state.py).
+    from hookgraph.core import gcpause
+
+    monkeypatch.setattr(gcpause, "PROMOTE", True)
     # 6,000 record bindings: attach builds ~5 objects the collector tracks a binding (a hook, its
     # closure and two cells, a handle) since the hooks of a spec share its cells; PROMOTE_AT is 20,000.
     model = nn.Sequential(*(nn.Sequential(nn.Linear(2, 2), nn.ReLU()) for _ in range(3000)))

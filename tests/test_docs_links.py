@@ -62,8 +62,7 @@ def _broken(page: Path) -> list[str]:
             continue
         file_part, _, anchor = target.partition("#")
         dest = (page.parent / file_part).resolve() if file_part else page
-        if dest in GENERATED:
-            continue
+        # No exemption for the site's generated pages: on GitHub they do not exist (issue 37).
         if not dest.exists():
             out.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
@@ -126,3 +125,14 @@ def test_home_page_is_the_readme_with_site_links():
     text = home.home_markdown()
     assert "](docs/" not in text and "](interpretability.md)" in text
     assert home.unescape_code_pipes("| `a\\|b` | x \\| y |") == "| `a|b` | x \\| y |"
+
+
+def test_the_site_turns_the_github_links_into_its_own_pages():
+    """A page links the schema and the README (what exists on GitHub); the site's hooks make them
+    links to its generated configuration reference and home page."""
+    text = (DOCS / "models-and-data.md").read_text(encoding="utf-8")
+    assert "](../hookgraph/config/schema.py)" in text and "](configuration.md)" not in text
+    site = _hook("config_reference").on_page_markdown(text, None, None, None)
+    assert "](configuration.md)" in site and "](../hookgraph/config/schema.py)" not in site
+    caching = _hook("readme_home").on_page_markdown((DOCS / "caching.md").read_text(encoding="utf-8"), None, None, None)
+    assert "](index.md#actions)" in caching

@@ -482,7 +482,8 @@ def test_runner_generate_bad_input_names_the_key_before_the_model_runs(tmp_path,
     with pytest.raises(ConfigError, match=words) as err:
         run(job, tmp_path / "run")
     assert err.value.key == key
-    assert hg.load_run(tmp_path / "run", strict=False).summary.get("steps", 0) == 0
+    # An unknown key is refused with the schema's other keys, before the folder is made.
+    assert not (tmp_path / "run").exists() or hg.load_run(tmp_path / "run", strict=False).summary.get("steps", 0) == 0
 
 
 def test_runner_generate_refuses_a_position_past_the_generation_before_it_runs(tmp_path):
@@ -819,3 +820,37 @@ def test_assemble_follows_any_beam_reorders_back_from_the_last_call(data):
     assert seq.positions == list(range(calls))
     want = torch.tensor([[[100.0 * c + r] for c, r in p] for p in path])
     assert torch.equal(seq.value, want)
+
+
+def test_generate_is_wrapped_only_when_a_spec_reads_the_sequence_clock():
+    """A graph whose specs take no positions and record nothing leaves the model's generate
+    alone (no instance attribute while attached); the generation equals the bare model's."""
+    model = gpt2()
+    bare, _ = generate(model, True)
+    graph = hg.compile(model, {"s": {"target": "transformer.h.0", "action": "scale", "args": {"factor": 1.0}}})
+    with graph.attach():
+        assert "generate" not in vars(model)
+        tokens, _ = generate(model, True)
+    assert torch.equal(tokens, bare)
+    # A positioned spec needs the clock: generate is wrapped while attached, and unwrapped after.
+    graph = hg.compile(model, steer([1, -1]))
+    with graph.attach():
+        assert "generate" in vars(model)
+    assert "generate" not in vars(model)
+
+
+def test_runner_generate_fields_are_typed_so_one_spelling_works():
+    """runner.generate.temperature=0.7 was "not in struct" and +runner.generate.do_sample=true
+    "already at" (issue 37, friction 5): the fields are the schema's, set without a +."""
+    from tests.runs import compose
+
+    cfg = compose("+experiment=gpt2_steering_generate", "runner.generate.temperature=0.7",
+                  "runner.generate.do_sample=true")
+    assert cfg.runner.generate.temperature == 0.7 and cfg.runner.generate.do_sample is True
+    from hookgraph.runner.generate import check_generate, generate_set
+
+    assert check_generate(cfg)["temperature"] == 0.7
+    plain = compose()
+    assert not generate_set(plain.runner) and check_generate(plain) is None  # every field null: no generation
+    with pytest.raises(hg.ConfigError, match="runner.generate.max_new_tokens: runner.generate needs max_new_tokens"):
+        check_generate(compose("runner.generate.temperature=0.7"))

@@ -125,8 +125,10 @@ def test_resume_from_checkpoint_continues_the_step_numbers(tmp_path):
 def test_an_exception_removes_every_hook(tmp_path):
     model = Net(fail_at=3)
     cb = HookGraphCallback(specs={"acts": {"target": "net.*"}}, run_dir=tmp_path / "fail", figures=False)
-    with pytest.raises(RuntimeError, match="planted failure"):
-        _trainer(tmp_path, model, [cb], max_steps=10).train()
+    trainer = _trainer(tmp_path, model, [], max_steps=10)
+    with pytest.raises(RuntimeError, match="planted failure"), cb.attach(trainer):
+        trainer.train()
+    assert cb not in trainer.callback_handler.callbacks  # attach took it out again
     assert not any(m._forward_hooks for m in model.modules()) and cb.run is None
     run = hg.load_run(tmp_path / "fail")
     assert run.status == "failed" and "planted failure" in run.summary["error"]["message"]
@@ -137,14 +139,15 @@ def test_evaluate_outside_training_writes_its_own_folder(tmp_path):
     cb = HookGraphCallback(specs={"evals": {"target": "net.0", "when": {"mode": "eval"}}}, run_dir=tmp_path / "r",
                            figures=False)
     trainer = _trainer(tmp_path, Net(), [cb], per_device_eval_batch_size=4)
-    trainer.evaluate()
-    trainer.evaluate()
-    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-evaluate"]
-    assert hg.load_run(tmp_path / "r-evaluate").records["evals"].calls("net.0") == [(0, 0), (0, 1)]
-    # Added after the Trainer was built, the callback cannot open a folder before evaluate's first batch.
+    with cb.attach(trainer):
+        trainer.evaluate()
+        trainer.evaluate()
+    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-eval"]
+    assert hg.load_run(tmp_path / "r-eval").records["evals"].calls("net.0") == [(0, 0), (0, 1)]
+    # Outside attach the callback hears of an evaluate only after its first batch: refused, saying how.
     late = _trainer(tmp_path, Net(), [])
     late.add_callback(HookGraphCallback(specs={"a": {"target": "net.0"}}, run_dir=tmp_path / "late"))
-    with pytest.raises(hg.HookGraphError, match=r"Trainer\(callbacks=\[HookGraphCallback"):
+    with pytest.raises(hg.HookGraphError, match=r"with callback.attach\(trainer\)"):
         late.evaluate()
 
 
@@ -172,6 +175,50 @@ def test_should_training_stop_ends_the_run_and_predict_writes_its_own(tmp_path):
     assert not any(m._forward_hooks for m in model.modules()) and cb.run is None
     run = hg.load_run(tmp_path / "r")
     assert run.status == "completed" and run.summary["steps"] == 2
-    trainer.predict(_data(4))  # outside training: a folder of its own, at the step training reached
-    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-predict"]
-    assert hg.load_run(tmp_path / "r-predict").records["acts"].calls("net.0") == [(2, 0)]
+    with cb.attach(trainer):
+        trainer.predict(_data(4))  # outside training: a folder of its own, at the step training reached
+    assert cb.run_dirs == [tmp_path / "r", tmp_path / "r-eval"]
+    assert hg.load_run(tmp_path / "r-eval").records["acts"].calls("net.0") == [(2, 0)]
+
+
+def _ours(value) -> bool:
+    owner = getattr(value, "__module__", None) or type(value).__module__
+    return str(owner).startswith("hookgraph") or "hookgraph" in repr(getattr(value, "__wrapped__", ""))
+
+
+def test_the_trainer_is_left_as_it_was(tmp_path):
+    """Only the Trainer's callback events: nothing of hookgraph's is set on the Trainer, in
+    plain use or under attach (whose callback list is restored on exit)."""
+    model = Net()
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    trainer = _trainer(tmp_path, model, [cb], eval_strategy="steps", eval_steps=2)
+    before = dict(vars(trainer))
+    trainer.train()
+    for name in ("train", "evaluate", "predict", "training_step"):
+        assert name not in vars(trainer), name
+    assert not [k for k, v in vars(trainer).items() if _ours(v) and k != "callback_handler"]
+    assert not [k for k in set(vars(trainer)) - set(before) if _ours(vars(trainer)[k])]
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    callbacks = list(trainer.callback_handler.callbacks)
+    with cb.attach(trainer):
+        trainer.evaluate()
+    assert trainer.callback_handler.callbacks == callbacks
+    assert not [k for k, v in vars(trainer).items() if _ours(v) and k != "callback_handler"]
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert hg.load_run(tmp_path / "r-eval").records["acts"].calls("net.0") == [(3, 0)]  # 8 samples, one batch
+
+
+def test_outside_attach_a_failed_train_is_closed_failed_by_the_next(tmp_path):
+    """Without attach the callback hears of no exception: the run stays open until the next
+    train() begins, which closes it as failed (never as completed), naming attach."""
+    model = Net(fail_at=2)
+    cb = HookGraphCallback(specs={"acts": {"target": "net.0"}}, run_dir=tmp_path / "r", figures=False)
+    trainer = _trainer(tmp_path, model, [cb], max_steps=4)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train()
+    model.fail_at = None
+    trainer.train()
+    first = hg.load_run(tmp_path / "r")
+    assert first.status == "failed" and "callback.attach(trainer)" in first.summary["error"]["message"]
+    assert hg.load_run(tmp_path / "r-train").status == "completed"
+    assert not any(m._forward_hooks for m in model.modules())

@@ -275,3 +275,44 @@ def test_generate_sweep_page_shows_each_jobs_generation(browser, tmp_path):
         check_clean(job)
     finally:
         job.close()
+
+
+def test_an_attribution_run_page_leads_with_the_result(browser, tmp_path):
+    """Issue 37: the top site and the patching heatmap come first, the heatmap at the page's
+    width, and a click shows it at its own size (CSS only: no script, no request)."""
+    run = make_run(tmp_path / "attr", "+experiment=induction_attribution", modules=False)
+    v = Visit(browser, run / "report.html", tmp_path / "report-attribution.png")
+    try:
+        first = v.page.eval_on_selector("main section", "s => s.id")
+        assert first == "result"
+        assert "transformer.h.1, position 23" in v.page.inner_text("#attribution-top")
+        img = v.page.locator('#result img[alt="patching.png"]')
+        main_width = v.page.eval_on_selector("main", "m => m.clientWidth")
+        shown = img.evaluate("i => i.getBoundingClientRect().width")
+        natural = img.evaluate("i => i.naturalWidth")
+        assert shown >= 0.8 * min(main_width, natural)  # full width, not the 520 px of other figures
+        img.click()
+        assert img.evaluate("i => i.getBoundingClientRect().width") == pytest.approx(natural, abs=2)
+        assert v.page.locator('#figures img[alt="patching.png"]').count() == 0
+        assert v.page.locator("text=Loss over steps").count() == 0  # one step: no one-point chart
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
+
+
+def test_a_patching_sweep_page_has_one_orientation(browser, tmp_path):
+    """Layers as rows in the heatmap, one line per layer over the positions (issue 37)."""
+    for i, (layer, pos) in enumerate((b, p) for b in (0, 1) for p in (0, 1, 2)):
+        make_run(tmp_path / "sweep" / str(i), "+experiment=gpt2_patching", f"hooks.patch.args.positions={pos}",
+                 f"hooks.patch.target=transformer.h.{layer}", "sink.figures=false", modules=False)
+    sweep = write_sweep_report(tmp_path / "sweep")
+    v = Visit(browser, sweep, tmp_path / "report-patching-sweep.png")
+    try:
+        assert v.page.locator("svg.metric-plot path.series").count() == 2
+        title = v.page.inner_text("svg.heatmap text.title")
+        assert title.endswith("hooks.patch.target (rows) x hooks.patch.args.positions (columns)")
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()

@@ -168,11 +168,12 @@ def test_exclude_drops_matches():
     assert matched == ["conv", "conv1", "layer1.0.conv1", "layer1.0.conv2"]
 
 
-def test_exclude_everything_is_a_no_match_problem():
+def test_exclude_everything_is_a_problem_of_the_exclude():
+    # Not "'fc*' matched nothing; nearest names: fc1" (issue 37): the target matched, the exclude dropped it all.
     matched, problems = resolve(["fc*"], excludes=["fc*"])
     assert matched == []
-    assert [p.key for p in problems] == ["hooks.s.target"]
-    assert "matched nothing" in problems[0].message
+    assert [p.key for p in problems] == ["hooks.s.exclude"]
+    assert "all dropped by exclude 'fc*'" in problems[0].message and "matched nothing" not in problems[0].message
 
 
 # -- types ---------------------------------------------------------------------------

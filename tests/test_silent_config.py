@@ -131,8 +131,8 @@ def test_a_spec_arg_pointing_at_itself_is_a_spec_error(tmp_path):
 @pytest.mark.parametrize(
     ("runner", "key", "text"),
     [
-        ({"steps": 99999999999999999999999}, "runner.steps", "between 0 and 2147483647"),
-        ({"steps": -1}, "runner.steps", "between 0 and"),
+        ({"steps": 99999999999999999999999}, "runner.steps", "between 1 and 2147483647"),
+        ({"steps": -1}, "runner.steps", "between 1 and"),
         ({"batch_size": 0}, "runner.batch_size", "between 1 and"),
         ({"lr": -1.0, "optimizer": "sgd"}, "runner.lr", "finite number >= 0"),
         ({"lr": float("nan")}, "runner.lr", "finite number >= 0"),
@@ -322,7 +322,7 @@ def test_a_boolean_override_on_the_command_line_must_say_true_or_false(override)
         (["+hooks.a=${hooks.b}", "+hooks.b=${hooks.a}"], "hooks.a: cannot resolve '${hooks.b}'"),
         (["+hooks.record_convs.args.select=${hooks.record_convs.args.select}"],  # a spec arg pointing at itself
          "hooks.record_convs.args.select: cannot resolve '${hooks.record_convs.args.select}'"),
-        (["runner.steps=99999999999999999999999"], "runner.steps: must be between 0 and 2147483647"),
+        (["runner.steps=99999999999999999999999"], "runner.steps: must be between 1 and 2147483647"),
         (["runner.lr=-1"], "runner.lr: must be a finite number >= 0"),
         (["runner.compile=true", "runner.compile_backend=nosuch"], "runner.compile_backend: unknown torch.compile"),
         (["hooks={}"], "hooks: hooks={} clears nothing"),
@@ -346,3 +346,9 @@ def test_hooks_list_clears_the_hook_sets(tmp_path):
     assert r.returncode == 0, r.stderr
     (summary,) = (tmp_path / "runs").rglob("summary.json")
     assert list(json.loads(summary.read_text())["specs"]) == ["x"]
+
+
+def test_zero_steps_is_refused_not_a_silent_empty_run(tmp_path):
+    """runner.steps=0 ran nothing and said nothing (issue 37, friction 2)."""
+    with pytest.raises(ConfigError, match=r"runner.steps: 0 runs nothing: give at least 1 \(dry_run=true"):
+        run(_cfg(**_quick(runner={"steps": 0}, hooks={"x": {"target": "conv", "action": "record"}})), tmp_path / "r")

@@ -1,7 +1,9 @@
 """The configuration reference, generated from the structured configs (never hand-written).
 
 Run by mkdocs as a hook (``hooks:`` in mkdocs.yml): ``on_files`` adds ``configuration.md`` to
-the site, rendered from ``hookgraph/config/schema.py``. Every field of every dataclass there
+the site, rendered from ``hookgraph/config/schema.py``; ``on_page_markdown`` turns the pages'
+links to the schema file (what they link on GitHub, where this page does not exist) into links
+to it. Every field of every dataclass there
 gets a row with its key, type, default and the comment written beside it (or on the lines
 right above it), so a field added to the schema shows up in the docs without a docs edit.
 
@@ -209,6 +211,15 @@ def on_files(files: Any, config: Any) -> Any:
 
     files.append(File.generated(config, PAGE, content=render()))
     return files
+
+
+# On GitHub the pages link the schema itself (the page exists only in the site); the site links this page.
+SCHEMA_LINK = "](../hookgraph/config/schema.py)"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """mkdocs hook: a page's link to the schema file points at the generated reference."""
+    return markdown.replace(SCHEMA_LINK, f"]({PAGE})")
 
 
 if __name__ == "__main__":

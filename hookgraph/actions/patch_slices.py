@@ -407,6 +407,7 @@ def _check_source_length(ctx: ActionContext, positions: Any, saved: Tensor, dim:
             ))])
 
     ctx.store.clock.checks[key] = check
+    ctx.store.clock.wanted = True  # the source's positions follow a generation: generate is wrapped
 
 
 def _where(run: Any, spec: str | None, step: int, call: int, prompt: Any) -> str:

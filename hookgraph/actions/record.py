@@ -392,6 +392,8 @@ def _per_spec(
     # Calls carry their positions where a sequence can span calls (a model that generates) or
     # positions are asked for; other models keep the plain hook, as cheap as before.
     track = (pos is not None or generates) and not per_device
+    if track:  # a generation reads back as one sequence: the graph wraps generate while attached
+        ctx.store.clock.wanted = True
 
     def build_one(slot: Entries, target: str) -> Callable[[Tensor], Any]:
         """``one(t)``: the reductions and the move for one tensor of ``target``'s value."""

@@ -23,9 +23,12 @@ Each message reaches the terminal once (on stderr); the log file gets it too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import re
 import shutil
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +42,11 @@ from hookgraph.cli import callbacks
 from hookgraph.cli.logfile import guard_log_files
 from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
+from hookgraph.config.schema import HookgraphConfig
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
+from hookgraph.core import gcpause
 from hookgraph.core.spec import MAX_PATTERNS
-from hookgraph.errors import ConfigError, HookGraphError, SpecError
+from hookgraph.errors import ConfigError, HookGraphError, SpecError, nearest
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted
@@ -282,6 +287,60 @@ def _override_depth(arg: str) -> int:
     return deepest
 
 
+_HOOK_SETS = re.compile(r"^\+{0,2}hooks=\[?([A-Za-z0-9_,\s-]*)\]?$")
+
+
+def _unknown_hook_set(argv: list[str]) -> str | None:
+    """``hooks=[record_conv]``: Hydra's "Could not load 'hooks/record_conv'" names no option
+    (an unknown model or experiment does); this names the nearest hook sets and lists them.
+    Only plain names are checked (a library's ``namespace/x``, a sweep or an interpolation is
+    left to Hydra)."""
+    if any(a in ("--config-path", "-cp") or a.startswith("--config-path=") for a in argv):
+        return None  # another primary config: its own search path, left to Hydra
+    folders = [d for d in (packaged_conf_dir(), *user_dirs_from_argv(argv)) if d is not None]
+    known = sorted({p.stem for d in folders for p in (d / "hooks").glob("*.y*ml")})
+    for arg in argv:
+        m = _HOOK_SETS.match(arg)
+        if m is None or not known:
+            continue
+        for name in (n.strip() for n in m.group(1).split(",")):
+            if name and name not in known:
+                close = nearest(name, known)
+                hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+                return (
+                    f"hooks: no hook set {name!r}; {hint}the hook sets are {', '.join(known)} "
+                    "(hookgraph list hooks shows each one's specs)"
+                )
+    return None
+
+
+def _schema_has(path: str) -> bool:
+    """``runner.generate.do_sample`` is a field of the structured config (through X | None too)."""
+    cls: Any = HookgraphConfig
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return False
+        sub = hints[part]
+        inner = [a for a in typing.get_args(sub) if a is not type(None)]
+        cls = inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else sub
+    return True
+
+
+def _plus_on_a_field(argv: list[str]) -> str | None:
+    """``+runner.generate.do_sample=true``: Hydra says "already at"; the key is a field of the
+    schema, set without the ``+``."""
+    for arg in argv:
+        if arg.startswith("+") and not arg.startswith("++") and "=" in arg:
+            key, value = arg[1:].split("=", 1)
+            # runner and sink are typed sections: their keys are always there (data's depend on its kind).
+            if key.split(".")[0] in ("runner", "sink") and _schema_has(key):
+                return f"{key}: a field of the config already; set it without the + ({key}={value})"
+    return None
+
+
 def _deep_override(argv: list[str]) -> str | None:
     """The first override nested deeper than a config file may be: Hydra's override parser
     recurses once per level and fails with a bare RecursionError at a few hundred."""
@@ -293,8 +352,11 @@ def _deep_override(argv: list[str]) -> str | None:
 
 
 def main() -> None:
+    # hookgraph's own process: objects built in bulk go straight to the oldest generation (see gcpause).
+    gcpause.PROMOTE = True
     register_configs()
-    bad = _deep_override(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
+    argv = sys.argv[1:]
+    bad = _deep_override(argv) or _yaml_syntax(argv) or _unknown_hook_set(argv) or _plus_on_a_field(argv)
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)

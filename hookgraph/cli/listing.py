@@ -65,7 +65,10 @@ def _detail(source: Any, path: str, group: str) -> str:
     except Exception as exc:  # a broken file: its line says why, the others are still listed
         return "broken: " + " ".join(str(exc).split())
     if group == "hooks" and isinstance(cfg, DictConfig):
-        return "specs: " + ", ".join(str(k) for k in cfg.keys())
+        specs = ", ".join(str(k) for k in cfg.keys())
+        # An experiment's own set (selected by it; hooks=[] leaves it out): not a set to combine.
+        experiment = f"experiment/{path.removeprefix(f'{group}/')}"
+        return f"+experiment's own specs: {specs}" if source.is_config(experiment) else f"specs: {specs}"
     return ""
 
 

@@ -46,12 +46,17 @@ def _load_packaged(conf_dir: Path | None, shadowing: tuple[Path, ...] = ()) -> d
     out: dict[str, dict] = {}
     if conf_dir is None:
         return out
-    for path in sorted((conf_dir / "hooks").glob("*.yaml")):
+    # An experiment's own set (conf/hooks/<experiment>.yaml, the specs it selects) comes after the
+    # reusable sets and never replaces one of their specs: nan_hunt's set only edits nan_watch's args.
+    paths = sorted((conf_dir / "hooks").glob("*.yaml"), key=lambda p: ((conf_dir / "experiment" / p.name).is_file(), p))
+    for path in paths:
         if any((d / "hooks" / path.name).is_file() for d in shadowing):
             continue  # a folder of the user's has this option: it was composed, not the packaged one
         loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         if isinstance(loaded, dict):
-            out.update({str(k): v for k, v in loaded.items() if isinstance(v, dict)})
+            for k, v in loaded.items():
+                if isinstance(v, dict) and (str(k) not in out or not (conf_dir / "experiment" / path.name).is_file()):
+                    out[str(k)] = v
     return out
 
 

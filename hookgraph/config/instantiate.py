@@ -1,6 +1,6 @@
 """Hydra-style ``_target_`` instantiation for model and data configs, with errors under config keys.
 
-Public names: import_target, instantiate_nested, OPTIONAL_EXTRAS.
+Public names: import_target, instantiate_nested, hub_offline, OPTIONAL_EXTRAS.
 
 Every ``_target_`` a config names goes through here: nested ``{_target_: ...}`` mappings
 are imported and checked first (so a missing package is reported under its own key, with
@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hookgraph.errors import ConfigError
 
-__all__ = ["import_target", "instantiate_nested", "quiet_logger", "OPTIONAL_EXTRAS"]
+__all__ = ["import_target", "instantiate_nested", "quiet_logger", "hub_offline", "OPTIONAL_EXTRAS"]
 
 # Top-level package -> the hookgraph extra that installs it.
 OPTIONAL_EXTRAS = {"transformers": "hf", "tokenizers": "hf", "timm": "timm", "tensorboard": "tensorboard"}
@@ -37,9 +38,33 @@ def quiet_logger(name: str) -> Iterator[None]:
         logger.disabled = before
 
 
-def _offline() -> None:
-    # Nothing is downloaded at run time: Hugging Face libraries read this when imported.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def _env_offline() -> bool:
+    # huggingface_hub's own reading of the environment (constants.py), at its import.
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return (value or "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Nothing is downloaded while hookgraph imports and builds a config's objects: within the
+    block ``HF_HUB_OFFLINE`` is ``1`` (unless the user set it) and so is huggingface_hub's
+    cached copy of it (read once, at its import); after it both are what they were, so the
+    user's own ``from_pretrained`` later in the process can download."""
+    if "HF_HUB_OFFLINE" in os.environ:  # the user's choice, either way
+        yield
+        return
+    constants = sys.modules.get("huggingface_hub.constants")
+    cached = getattr(constants, "HF_HUB_OFFLINE", None)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if constants is not None:
+        constants.HF_HUB_OFFLINE = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        os.environ.pop("HF_HUB_OFFLINE", None)
+        constants = sys.modules.get("huggingface_hub.constants")  # perhaps first imported in the block
+        if constants is not None:
+            constants.HF_HUB_OFFLINE = _env_offline() if cached is None else cached  # type: ignore[attr-defined]
 
 
 def missing_extra(err: BaseException) -> str:
@@ -57,9 +82,8 @@ def import_target(target: str, key: str) -> Callable[..., Any]:
     """The callable a dotted path names; a ConfigError at ``<key>._target_`` otherwise."""
     from hydra.utils import get_object  # lazy: Hydra loads only when a config names a _target_
 
-    _offline()
     try:
-        with quiet_logger("hydra.utils"):
+        with quiet_logger("hydra.utils"), hub_offline():
             obj = get_object(target)
     except ImportError as err:
         extra = missing_extra(err)
@@ -117,7 +141,8 @@ def instantiate_nested(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
             continue
         try:
             # _convert_="all": constructors see plain dicts and lists, not DictConfig.
-            out[k] = instantiate(v, _convert_="all")
+            with hub_offline():
+                out[k] = instantiate(v, _convert_="all")
         except Exception as err:  # a failing nested constructor: report its key and cause
             cause = err.__cause__ or err
             raise ConfigError(

@@ -68,6 +68,26 @@ class DataConfig:
 
 
 @dataclass
+class GenerateConfig:
+    """runner.generate: generate's settings, typed so ``runner.generate.temperature=0.7`` is the one
+    spelling on the command line. Every field null (the default): no generation, a plain forward.
+    hookgraph/runner/generate.py checks the values (GENERATE_KEYS) and needs max_new_tokens."""
+
+    max_new_tokens: int | None = None  # tokens to generate per prompt (>= 1); set: each step generates
+    min_new_tokens: int | None = None
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    num_beams: int | None = None
+    use_cache: bool | None = None
+    seed: int | None = None  # torch.manual_seed(seed + step) before each step's generate (the caller's RNG restored)
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+
+@dataclass
 class RunnerConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
     dtype: str = "float32"  # float32, float64, bfloat16, float16: model and inputs
@@ -94,9 +114,9 @@ class RunnerConfig:
     # ddp: DistributedDataParallel(find_unused_parameters=...); null: on when a spec may replace a forward value
     find_unused_parameters: bool | None = None
     dist_timeout_s: float = 300.0  # process group timeout: no rank waits longer on a collective
-    # null, or generate's settings {max_new_tokens, do_sample, temperature, top_k, top_p, seed, ...}: each step
-    # generates from its batch with the hooks on (positions: in the whole sequence); writes generations.jsonl
-    generate: Any = None
+    # generate's settings {max_new_tokens, do_sample, temperature, top_k, top_p, seed, ...} (all null: off): each
+    # step generates from its batch with the hooks on (positions: in the whole sequence); writes generations.jsonl
+    generate: GenerateConfig | None = field(default_factory=GenerateConfig)
     # null, or {clean: [[token ids]], target: glob, at: forward|forward_pre, heads: bool}: after the steps,
     # attribution patching of the last batch (corrupted) against clean, on runner.metric; patching.csv/png
     attribution: Any = None
@@ -129,6 +149,8 @@ class SinkConfig:
     gradcam: Any = None
     weights: bool = False  # write the model's weights after the last step to model.safetensors (a training run)
     tensorboard: bool = False  # also write stats and records to tensorboard/ (pip install hookgraph[tensorboard])
+    # record specs whose last step's values the end of the run prints (the numbers a tutorial exists to show)
+    show: list = field(default_factory=list)
 
 
 @dataclass
@@ -211,6 +233,9 @@ def _check_keys(node: Mapping[str, Any], schema: type, prefix: str, skip: Collec
         except OmegaConfBaseException as exc:
             raise _unresolvable(node, key, full, exc) from exc
         sub = hints[name]
+        optional = [a for a in typing.get_args(sub) if a is not type(None)]
+        if len(optional) == 1 and len(typing.get_args(sub)) == 2:  # X | None: the keys are X's
+            sub = optional[0]
         if dataclasses.is_dataclass(sub) and isinstance(sub, type) and isinstance(child, Mapping):
             _check_keys(child, sub, f"{full}.", skip)
 

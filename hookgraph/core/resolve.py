@@ -261,6 +261,7 @@ def resolve_names(
         return [], problems
 
     matched = index.match(targets)
+    before_exclude = len(matched)
     if excludes:
         dropped = set(index.match(excludes))
         matched = [n for n in matched if n not in dropped]
@@ -294,6 +295,14 @@ def resolve_names(
         shown = ", ".join(repr(p) for p in targets)
         if count == 0 and before_types and problems:
             pass  # the target did match: a type named above that the model lacks dropped every name
+        elif count == 0 and before_exclude:  # the target matched: the exclude dropped every name
+            problems.append(
+                Problem(
+                    f"{key}.exclude",
+                    f"{shown} matched {before_exclude} names, all dropped by exclude "
+                    f"{', '.join(map(repr, excludes))}: narrow the exclude (or set expect.min=0 to allow no match)",
+                )
+            )
         elif count == 0:
             hint = no_match_hint(targets, index)
             problems.append(

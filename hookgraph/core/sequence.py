@@ -377,13 +377,17 @@ _NONE = object()
 
 
 def install_clock(model: Any, store: Any) -> Callable[[], None] | None:
-    """Put ``store.clock`` on ``model`` (a forward-pre hook with kwargs, and a wrapper around
-    its ``generate`` as an instance attribute) when a spec takes positions or the model can
-    generate (records then carry each call's positions). Returns the undo, or None."""
+    """Put ``store.clock`` on ``model`` (a forward-pre hook with kwargs) when a spec takes
+    positions or the model can generate (records then carry each call's positions); its
+    ``generate`` is wrapped (an instance attribute, removed by the undo) only when a spec reads
+    the clock (``clock.wanted``: positions, a record or a patch over a generation), so a graph
+    of other specs leaves the user's model object as it was. Returns the undo, or None."""
     clock: SequenceClock = store.clock
     generate = getattr(model, "generate", None)
     if not (clock.wanted or callable(generate)):
         return None
+    if not clock.wanted:
+        generate = None
     handle = model.register_forward_pre_hook(clock.begin_call, with_kwargs=True)
     clock.installed = True
     before = vars(model).get("generate", _NONE)  # another graph's wrapper, attached before this one

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import torch
 import torch.nn as nn
 
-from hookgraph.config.instantiate import import_target, instantiate_nested, missing_extra
+from hookgraph.config.instantiate import hub_offline, import_target, instantiate_nested, missing_extra
 from hookgraph.config.plain import to_plain
 from hookgraph.core.torch_internals import unsafe_global
 from hookgraph.errors import ConfigError, did_you_mean
@@ -120,7 +120,7 @@ def _build_target(target: str, kwargs: dict[str, Any], key: str, name_of: str) -
     # (it imports torch._dynamo); a factory that imports it inside its own call is the user's code.
     guard = "torchvision" in sys.modules or _names_torchvision(kwargs)
     try:
-        with _weights_only_hub(name_of, None, key) if guard else contextlib.nullcontext():
+        with _weights_only_hub(name_of, None, key) if guard else contextlib.nullcontext(), hub_offline():
             kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
             model = _call(factory, kwargs, key, target)
     except (ConfigError, KeyboardInterrupt):

@@ -1,32 +1,51 @@
 """A matplotlib figure without pyplot, saved as PNG: what every figure of hookgraph's is drawn on.
 
-Public names: figure, save, title.
+Public names: figure, save_figure, save, title.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["figure", "save", "title"]
+__all__ = ["figure", "save", "save_figure", "title"]
+
+
+@contextlib.contextmanager
+def _quiet_matplotlib() -> Iterator[None]:
+    """matplotlib's font-cache notices are not ours to show: its logger at WARNING while we
+    draw, and back at the user's level after."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def figure(**kwargs: Any) -> Any:
     """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
     chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
     alive between figures."""
-    from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
+    with _quiet_matplotlib():
+        from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
 
-    # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
-    logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
-    return Figure(**kwargs)
+        return Figure(**kwargs)
 
 
-def save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+def save_figure(fig: Any, path: Path, dpi: int = 80) -> Path:
+    """``fig`` as a PNG at ``path`` (tight layout)."""
+    with _quiet_matplotlib():
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
     return path
+
+
+save = save_figure
 
 
 def title(text: str) -> str:

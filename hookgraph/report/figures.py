@@ -1,7 +1,7 @@
 """Figures of what the hooks saw, written as PNG under ``figures/`` (matplotlib, headless).
 
 Public names: write_figures, feature_map_grid, histograms, stats_over_steps, sweep_figure,
-gradcam, gradcam_figure.
+gradcam, gradcam_figure, figure, save_figure.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hookgraph.errors import ConfigError, HookGraphError
-from hookgraph.report.canvas import figure as _figure
-from hookgraph.report.canvas import save as _save
+from hookgraph.report.canvas import figure, save_figure
 from hookgraph.report.canvas import title as _title
 from hookgraph.report.patterns import is_pattern, pattern_figure
 from hookgraph.runs import layout
@@ -32,6 +31,8 @@ __all__ = [
     "sweep_figure",
     "gradcam",
     "gradcam_figure",
+    "figure",
+    "save_figure",
 ]
 
 
@@ -69,12 +70,12 @@ def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int =
     import matplotlib  # lazy: matplotlib costs about a second on import
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # NaN = the gaps
-    fig = _figure(figsize=(cols * 1.2, rows * 1.2))
+    fig = figure(figsize=(cols * 1.2, rows * 1.2))
     ax = fig.subplots()
     ax.imshow(canvas.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.axis("off")
     ax.set_title(_title(title), fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_panels: int = 16) -> Path:
@@ -82,7 +83,7 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     items = list(values.items())[:max_panels]
     cols = min(4, len(items))
     rows = (len(items) + cols - 1) // cols
-    fig = _figure(figsize=(cols * 3, rows * 2.2))
+    fig = figure(figsize=(cols * 3, rows * 2.2))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, t) in zip(axes.flat, items, strict=False):  # the grid's last row may have spare panels
         x = t.detach().float().cpu().flatten()
@@ -92,7 +93,7 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     for ax in list(axes.flat)[len(items) :]:
         ax.axis("off")
     fig.suptitle(_title(title), fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_lines: int = 20) -> Path:
@@ -100,7 +101,7 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     series: dict[str, dict[int, float]] = {}
     for r in rows:
         series.setdefault(f"{r['spec']}:{r['target']}", {})[r["step"]] = r[stat]
-    fig = _figure(figsize=(7, 4))
+    fig = figure(figsize=(7, 4))
     ax = fig.subplots()
     for name, pts in list(series.items())[:max_lines]:
         steps = sorted(pts)
@@ -109,7 +110,7 @@ def stats_over_steps(rows: Sequence[dict], path: Path, stat: str = "norm", max_l
     ax.set_ylabel(stat)
     if len(series) <= 12:
         ax.legend(fontsize=6)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def gradcam(activation: torch.Tensor, gradient: torch.Tensor, size: int | Sequence[int]) -> torch.Tensor:
@@ -149,7 +150,7 @@ def _picture(image: torch.Tensor) -> torch.Tensor:
 
 def gradcam_figure(heat: torch.Tensor, image: torch.Tensor | None, path: Path, title: str) -> Path:
     """The heatmap over the input image (or alone when there is no image)."""
-    fig = _figure(figsize=(4, 4))
+    fig = figure(figsize=(4, 4))
     ax = fig.subplots()
     if image is not None:
         pic = _picture(image)
@@ -159,7 +160,7 @@ def gradcam_figure(heat: torch.Tensor, image: torch.Tensor | None, path: Path, t
         ax.imshow(heat.detach().cpu().numpy(), cmap="jet")
     ax.axis("off")
     ax.set_title(_title(title), fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None, out_dir: Path) -> Path:
@@ -299,12 +300,26 @@ def sweep_figure(rows: Sequence[dict], path: Path) -> Path | None:
             pts.append((f"{r['job']}: " + " ".join(words), float(r[what])))
     if not pts:
         return None
-    width = min(12.0, max(5.0, 2.5 + 0.075 * max(len(p[0]) for p in pts)))
-    fig = _figure(figsize=(width, max(2.0, 0.6 + 0.24 * len(pts))))
-    ax = fig.subplots()
-    ax.barh(range(len(pts)), [p[1] for p in pts], color="#4e79a7")
-    ax.set_yticks(range(len(pts)), [p[0] for p in pts], fontsize=8)
+    width = min(12.0, max(5.0, 3.0 + 0.075 * max(len(p[0]) for p in pts)))
+    fig = figure(figsize=(width, max(2.0, 0.6 + 0.24 * len(pts))))
+    draw_sweep(fig.subplots(), pts, f"{what} (last step)")
+    return save_figure(fig, path)
+
+
+def draw_sweep(ax: Any, pts: Sequence[tuple[str, float]], xlabel: str) -> None:
+    """One dot per job on an axis fitted to the values, each labelled with its value: bars from
+    zero hid a difference of 0.01 between values near 1 (issue 37)."""
+    vals = [v for _, v in pts]
+    ys = range(len(pts))
+    lo, hi = min(vals), max(vals)
+    pad = (hi - lo) * 0.2 or max(abs(hi) * 0.05, 1e-6)
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.hlines(ys, lo - pad, vals, color="#d0d5dd", linewidth=0.8)
+    ax.plot(vals, ys, "o", color="#4e79a7")
+    for y, v in zip(ys, vals, strict=True):
+        ax.annotate(f"{v:.4g}", (v, y), xytext=(5, 0), textcoords="offset points", va="center", fontsize=7)
+    if lo - pad < 0 < hi + pad:
+        ax.axvline(0, color="#667085", linewidth=0.6)
+    ax.set_yticks(list(ys), [p[0] for p in pts], fontsize=8)
     ax.invert_yaxis()  # job 0 on top, as in the table
-    ax.axvline(0, color="#667085", linewidth=0.6)
-    ax.set_xlabel(f"{what} (last step)")
-    return _save(fig, path)
+    ax.set_xlabel(xlabel)

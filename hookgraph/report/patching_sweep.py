@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hookgraph.report.canvas import figure, save_figure
 from hookgraph.runs import layout
 from hookgraph.runs.files import read_json, read_overrides
 from hookgraph.runs.sweep import inside_sweep
@@ -75,12 +76,6 @@ def patching_heatmap(
     rows: Sequence[dict[str, Any]], path: str | Path, title: str = "activation patching", metric: str = "metric"
 ) -> Path | None:
     """Layers (rows) x positions (columns), coloured by the metric; None without any metric."""
-    # matplotlib only when a heatmap is drawn: importing it costs about a second.
-    import matplotlib  # lazy: matplotlib is heavy; only a run that draws figures pays for it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy; only a run that draws figures pays for it
-
     got = [r for r in rows if isinstance(r.get("metric"), (int, float))]
     if not got:
         return None
@@ -90,7 +85,9 @@ def patching_heatmap(
     for r in got:
         grid[layers.index(r["layer"]), positions.index(r["position"])] = r["metric"]
     width = 2.5 + 0.12 * max(len(str(x)) for x in layers) + 0.6 * len(positions)
-    fig, ax = plt.subplots(figsize=(width, 1.4 + 0.45 * len(layers)))
+    # A Figure on the Agg canvas, as figures.py draws: the user's pyplot backend is not touched.
+    fig = figure(figsize=(width, 1.4 + 0.45 * len(layers)))
+    ax = fig.subplots()
     im = ax.imshow(grid, cmap="viridis", aspect="auto")
     if grid.size <= 400:  # small grids carry their numbers
         mid = float(np.nanmin(grid) + np.nanmax(grid)) / 2
@@ -103,11 +100,7 @@ def patching_heatmap(
     ax.set_ylabel("patched layer")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label=metric)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, Path(path), dpi=110)
 
 
 def write_patching(sweep_dir: str | Path) -> Path | None:

@@ -51,7 +51,7 @@ def _summary(p: dict) -> str:
         e = s["error"]
         text = f"{e.get('type', 'Error')}: {e.get('message', '')}" if isinstance(e, dict) else str(e)
         out.append(f'<h3>Error</h3><div class="error" id="error">{esc(text)}</div>')
-    if p["losses"]:
+    if len(p["losses"]) > 1:  # one step's loss is the "last loss" above, not a one-point chart
         out.append(
             "<h3>Loss over steps</h3>"
             + line_plot({"loss": p["losses"]}, title="loss", width=520, markers=len(p["losses"]) < 40)
@@ -197,16 +197,46 @@ def _generations(p: dict) -> str:
     return f'{more}<div class="scroll">{table(cols, rows, sortable=True, css_id="generations-table")}</div>'
 
 
+def _figure(f: dict) -> str:
+    # tabindex: a click focuses the image and the stylesheet shows it at its own size (no script, no fetch).
+    return (
+        f'<figure><img alt="{esc(f["name"])}" src="{f["src"]}" tabindex="0" title="click to enlarge">'
+        f'<figcaption>{esc(f["name"])}</figcaption></figure>'
+    )
+
+
+def _result(p: dict) -> str:
+    """What the run exists to show, first: the attribution's top site and its heatmap at the
+    page's full width, and the values ``sink.show`` printed at the run's end."""
+    s, out = p["summary"], []
+    top = s.get("attribution_top")
+    if isinstance(top, dict) and top:
+        where = f"{top.get('layer')}, position {top.get('position')}" + (
+            f", head {top['head']}" if "head" in top else ""
+        )
+        delta = top.get("delta")
+        shown = f"{delta:.4g}" if isinstance(delta, (int, float)) else str(delta)
+        out.append(f'<p id="attribution-top">Top site (attribution patching, linear estimate): <b>{esc(where)}</b>, '
+                   f"estimated change of the metric <b>{esc(shown)}</b></p>")
+    patching = [f for f in p["figures"] if f["name"] == layout.PATCHING_FIGURE and "src" in f]
+    if patching:
+        out.append('<div class="figs wide">' + _figure(patching[0]) + "</div>")
+    rows = [(spec, target or "(the model)", text) for spec, targets in (s.get("shown") or {}).items()
+            if isinstance(targets, dict) for target, text in targets.items()]
+    if rows:
+        out.append(table(["spec", "target", "last recorded value"], rows))
+    return "".join(out)
+
+
 def _figures(p: dict) -> str:
-    if not p["figures"]:
-        return '<p class="muted">No figures.</p>'
+    # The patching heatmap leads the page, under Result.
+    figures = [f for f in p["figures"] if not (f["name"] == layout.PATCHING_FIGURE and "src" in f)]
+    if not figures:
+        return '<p class="muted">No figures.</p>' if not p["figures"] else '<p class="muted">Shown under Result.</p>'
     out = ['<div class="figs">']
-    for f in p["figures"]:
+    for f in figures:
         if "src" in f:
-            out.append(
-                f'<figure><img alt="{esc(f["name"])}" src="{f["src"]}">'
-                f'<figcaption>{esc(f["name"])}</figcaption></figure>'
-            )
+            out.append(_figure(f))
         else:  # over the inline budget: a link that works while the folder is intact
             out.append(
                 f'<figure><a href="{esc(f["href"])}">{esc(f["name"])}</a>'
@@ -273,7 +303,9 @@ def render_run_page(p: dict) -> str:
         f'<div class="path">{esc(p["path"])}</div>'
         + _metric_line(s)
     )
+    result = _result(p)
     sections = [
+        *([("result", "Result", result)] if result else []),
         ("summary", "Summary", _summary(p)),
         ("specs", "Specs", _specs(p)),
         ("modules", "Module tree", _tree(p)),

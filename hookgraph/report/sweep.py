@@ -158,12 +158,28 @@ def _values(jobs: list[dict], axis: str) -> tuple[list[str], bool]:
     return (sorted(vals, key=lambda v: float(v)) if numeric else vals), numeric
 
 
+def _orient(jobs: list[dict], axes: list[str]) -> list[str]:
+    """Two axes as [rows, columns], the one orientation of the sweep's line chart (a line per
+    row value over the column values), heatmap and patching.png: a layer axis (a spec's
+    ``target``) as rows when one is, else the axis with fewer values (fewer lines, a wide grid)."""
+    if len(axes) != 2:
+        return axes
+    layer = [a for a in axes if a.endswith(".target") or "layer" in a]
+    if len(layer) == 1:
+        return [layer[0], next(a for a in axes if a != layer[0])]
+    counts = {a: len(_values(jobs, a)[0]) for a in axes}
+    # Equal counts: the second axis of the command line gives the rows, the first the columns.
+    return sorted(axes[::-1], key=lambda a: counts[a])
+
+
 def _metric_plots(p: dict) -> str:
-    metric, jobs, axes = p["metric"], p["jobs"], p["axes"]
+    metric, jobs = p["metric"], p["jobs"]
     value = {j["job"]: v for j in jobs if (v := _num(j["row"].get(metric))) is not None}
     got = [j for j in jobs if j["job"] in value]
     if not got:
         return f'<p class="muted">No job has a {esc(metric)}.</p>'
+    # [rows, columns]: the lines are the rows' values, the x axis the columns'.
+    axes = _orient(got, p["axes"])[::-1] if len(p["axes"]) == 2 else p["axes"]
     out = []
     if len(axes) in (1, 2):
         a = axes[0]
@@ -206,7 +222,7 @@ def _metric_plots(p: dict) -> str:
             heatmap(
                 grid, xs, ys, title=f"{metric}: {axes[1]} (rows) x {axes[0]} (columns)", xname=axes[0], yname=axes[1]
             )
-        )
+        )  # rows and columns as patching.png draws them (layers as rows)
     if len(axes) not in (1, 2):
         pts = [(int(j["job"]), value[j["job"]]) for j in got]
         out.append(
@@ -263,8 +279,8 @@ def render_sweep_page(p: dict) -> str:
     for anchor, name, src in figures:
         if src:
             body.append(
-                f'<section id="{anchor}"><h2>{name}</h2><div class="figs">'
-                f'<figure><img alt="{name}" src="{src}"></figure></div></section>'
+                f'<section id="{anchor}"><h2>{name}</h2><div class="figs wide">'
+                f'<figure><img alt="{name}" src="{src}" tabindex="0" title="click to enlarge"></figure></div></section>'
             )
     body.append("".join(f'<p class="note">{esc(n)}</p>' for n in p["notes"]))
     header = f'<h1>hookgraph sweep · {esc(p["title"])}</h1><div class="path">{esc(p["path"])}</div>'

@@ -29,6 +29,7 @@ from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.report.patching_sweep import patching_heatmap
+from hookgraph.runner.generate import generate_set
 from hookgraph.runner.metrics import metric_tensor
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter
@@ -40,6 +41,24 @@ _GRAD_POINT = {"forward": "output_grad", "forward_pre": "input_grad"}
 
 def _call(model: torch.nn.Module, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+
+
+def _shapes(inputs: Any) -> dict[str, list[int]]:
+    items = inputs.items() if isinstance(inputs, Mapping) else enumerate(inputs if isinstance(inputs, tuple) else ())
+    return {str(k): list(v.shape) for k, v in items if isinstance(v, torch.Tensor)}
+
+
+def _check_same_shape(clean: Any, corrupted: Any) -> None:
+    """The estimate multiplies the two runs' activations position by position: inputs of
+    different shapes (a prompt of 8 tokens and one of 5) are one clear error, not torch's."""
+    a, b = _shapes(clean), _shapes(corrupted)
+    for key in a.keys() & b.keys():
+        if a[key] != b[key]:
+            raise ConfigError(
+                "corrupted", f"the clean input {key!r} has shape {a[key]} and the corrupted one {b[key]}: attribution "
+                "patching compares the two runs position by position, so give inputs of one shape "
+                "(prompts of one length)"
+            )
 
 
 def attribution_patching(
@@ -65,6 +84,7 @@ def attribution_patching(
     if at not in _GRAD_POINT:
         raise ConfigError("at", f"attribution patching reads a module's output (forward) or input (forward_pre), "
                                 f"not {at!r}")
+    _check_same_shape(clean, corrupted)
     specs = {"act": {"target": target, "at": at, "action": "record"}}
     graph = compile_graph(model, specs)
     with graph.attach(), torch.no_grad():
@@ -140,7 +160,7 @@ def check_attribution(r: Any) -> dict[str, Any] | None:
     if r.get("distributed", "none") != "none" or r.get("compile"):
         raise ConfigError(KEY, "attribution patching runs in one eager process; set runner.distributed=none "
                                "and runner.compile=false")
-    if r.get("generate") is not None:
+    if generate_set(r):
         raise ConfigError(KEY, "attribution patching runs one forward of the batch; runner.generate is set too")
     heads = cfg.get("heads", False)
     if not isinstance(heads, bool):

@@ -58,7 +58,19 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
             f"none with runner.optimizer={r.optimizer} on {world.size} ranks: nothing would keep the ranks' "
             "weights equal; set runner.distributed=ddp or fsdp",
         )
+    _check_show(cfg)
     return Settings(shard, _check_sink(cfg.sink))
+
+
+def _check_show(cfg: DictConfig) -> None:
+    """sink.show names record specs of this config: a name that is none would print nothing."""
+    show = to_plain(cfg.sink.get("show")) or []
+    if not isinstance(show, list) or not all(isinstance(n, str) for n in show):
+        raise ConfigError("sink.show", f"must be a list of spec names, got {show!r}")
+    specs = [str(k) for k in (cfg.get("hooks") or {})]
+    for name in show:
+        if name not in specs:
+            raise ConfigError("sink.show", f"{name!r} is not a spec of this run; {did_you_mean(name, specs, 'specs')}")
 
 
 def _check_hooks_override(cfg: DictConfig) -> None:
@@ -90,7 +102,11 @@ def _check_runner(r: DictConfig) -> None:
         )
     # An upper bound too: a count past a C integer is an OverflowError deep in tqdm or torch.
     if not 0 <= r.steps <= MAX_COUNT:
-        raise ConfigError("runner.steps", f"must be between 0 and {MAX_COUNT}, got {r.steps}")
+        raise ConfigError("runner.steps", f"must be between 1 and {MAX_COUNT}, got {r.steps}")
+    if r.steps == 0:  # a run of no step would write a folder of nothing and say nothing
+        raise ConfigError(
+            "runner.steps", "0 runs nothing: give at least 1 (dry_run=true prints the plan without running)"
+        )
     if not 1 <= r.batch_size <= MAX_COUNT:
         raise ConfigError("runner.batch_size", f"must be between 1 and {MAX_COUNT}, got {r.batch_size}")
     check_seed(r.seed, "runner.seed")

@@ -147,19 +147,26 @@ def process_group(r: Any, device: torch.device) -> Iterator[World]:
         return
     timeout = datetime.timedelta(seconds=float(r.dist_timeout_s))
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    # A torchrun worker is hookgraph's own process: its device stays set. A world of one runs in
+    # the caller's process (runner.run from Python): the caller's current device comes back.
+    restore = torch.cuda.current_device() if device.type == "cuda" and not world.launched else None
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world.launched:
-        # torchrun's env:// rendezvous (MASTER_ADDR, MASTER_PORT); see the README for 127.0.0.1.
-        dist.init_process_group(backend, timeout=timeout)
-    else:
-        # A world of one: an in-memory store, no port opened.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     try:
-        yield world
+        if world.launched:
+            # torchrun's env:// rendezvous (MASTER_ADDR, MASTER_PORT); see the README for 127.0.0.1.
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # A world of one: an in-memory store, no port opened.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        try:
+            yield world
+        finally:
+            with contextlib.suppress(Exception):  # a group broken by a dead rank still goes
+                dist.destroy_process_group()
     finally:
-        with contextlib.suppress(Exception):  # a group broken by a dead rank still goes
-            dist.destroy_process_group()
+        if restore is not None:
+            torch.cuda.set_device(restore)
 
 
 def broadcast(value: Any, world: World) -> Any:

@@ -1,6 +1,6 @@
 """``runner.generate``: each step generates from its batch with the hooks on, instead of one forward.
 
-Public names: GENERATE_KEYS, check_generate, check_can_generate, Generator, generation.
+Public names: GENERATE_KEYS, check_generate, check_can_generate, generate_set, Generator, generation.
 
 ``runner.generate`` is a mapping of ``generate``'s settings (``max_new_tokens``,
 ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ...); null (the default)
@@ -40,7 +40,7 @@ from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runs import layout
 from hookgraph.runs.writer import atomic_write
 
-__all__ = ["GENERATE_KEYS", "check_generate", "check_can_generate", "Generator", "generation"]
+__all__ = ["GENERATE_KEYS", "check_generate", "check_can_generate", "generate_set", "Generator", "generation"]
 
 KEY = "runner.generate"
 
@@ -74,6 +74,10 @@ def check_generate(cfg: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, Mapping):
         raise ConfigError(KEY, f"expected a mapping such as {{max_new_tokens: 20, do_sample: false}}, got {raw!r}")
+    # The schema's typed fields are all there, null when not set: a null one is not a setting.
+    raw = {k: v for k, v in raw.items() if v is not None}
+    if not raw:
+        return None
     out: dict[str, Any] = {}
     for k, v in raw.items():
         if k not in GENERATE_KEYS:
@@ -101,6 +105,12 @@ def check_generate(cfg: Any) -> dict[str, Any] | None:
     if r.distributed != "none":
         raise ConfigError("runner.distributed", "runner.generate runs in one process; set runner.distributed=none")
     return out
+
+
+def generate_set(r: Any) -> bool:
+    """``runner.generate`` holds a setting (the schema's default has every field null)."""
+    raw = _plain(r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None))
+    return raw is not None and (not isinstance(raw, Mapping) or any(v is not None for v in raw.values()))
 
 
 def check_can_generate(model: Any, cfg: Any) -> None:
@@ -160,10 +170,13 @@ class Generator:
         if kwargs.get("pad_token_id") is None:
             eos = kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
             kwargs["pad_token_id"] = eos if isinstance(eos, int) else 0
-        if self.seed is not None:
-            torch.manual_seed(self.seed + step)
         ids = inputs["input_ids"]
-        with torch.no_grad():
+        # The seed is this call's: the caller's random state (CPU, and the batch's GPU) comes back after it.
+        gpu = ids.device.index if ids.device.index is not None else (torch.cuda.current_device() if ids.is_cuda else 0)
+        gpus = [gpu] if ids.is_cuda else []
+        with torch.random.fork_rng(devices=gpus, enabled=self.seed is not None), torch.no_grad():
+            if self.seed is not None:
+                torch.manual_seed(self.seed + step)
             out = model.generate(**inputs, **kwargs, output_logits=True, return_dict_in_generate=True)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new = sequences[:, ids.shape[1]:]

@@ -178,6 +178,8 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
             s["metric_name"] = describe_metric(job.cfg.runner.metric)  # what the number is, on the terminal and page
     if progress.values:
         s["values"] = {k: [_finite(v) for v in vs] for k, vs in progress.values.items()}
+    if progress.shown:
+        s["shown"] = progress.shown
     if progress.graph is not None:
         s["specs"] = _headline(progress.graph, writer)
         _silent_specs(s, progress.graph, progress.phases)

@@ -46,7 +46,7 @@ from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
-from hookgraph.runner.messages import closing_lines
+from hookgraph.runner.messages import closing_lines, keep_shown
 from hookgraph.runner.outputs import close, fail, write, write_outputs
 from hookgraph.runner.parts import as_config, write_plan
 from hookgraph.runner.state import Job, Progress
@@ -333,6 +333,9 @@ class LiveRun:
         records = graph.records
         if progress.tb is not None:
             progress.tb.histograms(records, n)  # before the flush empties the slots
+        show = job.cfg.sink.get("show") if "sink" in job.cfg else None
+        if show:
+            keep_shown(progress.shown, records, show)  # before the flush empties the slots
         write(job.writer.flush_records, records, n)
         self._steps += 1
         job.summary["steps"] = self._steps

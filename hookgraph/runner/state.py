@@ -62,6 +62,7 @@ class Progress:
     first_tokens: list[int] | None = None  # sample 0's input_ids at the first step: attention patterns' labels
     tb: TensorBoardSink | None = None  # open from before the model is built (sink.tensorboard)
     graph: HookGraph | None = None  # from the moment the specs compiled
+    shown: dict[str, dict[str, str]] = field(default_factory=dict)  # sink.show: spec -> target -> the last values
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = time.perf_counter() - since

@@ -114,7 +114,9 @@ class _Targets(Mapping):
         if not picked:
             raise HookGraphError(f"spec {self._spec!r} recorded no step {step}, call {call} for {target!r}")
         tensors = picked[0].tensors
-        return _read_sample(picked[0].shard, tensors[0], max(1, elements)) if tensors else None
+        if not tensors:
+            return None
+        return _read_sample(picked[0].shard, tensors[_values_index(picked[0].structure)], max(1, elements))
 
     def __contains__(self, target: object) -> bool:
         # Mapping's own version relies on KeyError; a missing name raises HookGraphError here.
@@ -232,3 +234,16 @@ def _shard_paths(shard_dir: Path) -> list[Path]:
         )
     except OSError as exc:
         raise HookGraphError(f"{shard_dir} cannot be listed ({exc.strerror or exc})") from None
+
+
+def _values_index(structure: Any) -> int:
+    """Which tensor of a call a histogram shows: a mapping's ``values`` (an SAE's sparse
+    features ``{indices, values, shape}``: the activations, not the feature indices; record's
+    token table), else the first."""
+    if isinstance(structure, dict) and isinstance(structure.get("dict"), list):
+        for item in structure["dict"]:
+            if isinstance(item, list) and len(item) == 2 and item[0] == "values" and isinstance(item[1], dict):
+                index = item[1].get("tensor")
+                if isinstance(index, int) and index >= 0:
+                    return index
+    return 0

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from hookgraph.config.instantiate import import_target, instantiate_nested, missing_extra
+from hookgraph.config.instantiate import hub_offline, import_target, instantiate_nested, missing_extra
 from hookgraph.data.batches import Batches
 from hookgraph.data.kinds.images import ImageSize, Normalize, image_transform
 from hookgraph.data.registry import DataContext, register_data
@@ -159,7 +159,8 @@ def custom_data(cfg: CustomData, ctx: DataContext) -> Batches:
     factory = import_target(str(target), key)
     kwargs = instantiate_nested(kwargs, f"{key}.kwargs")
     try:
-        dataset = factory(**kwargs)
+        with hub_offline():
+            dataset = factory(**kwargs)
     except Exception as err:
         raise ConfigError(
             f"{key}._target_", f"{target}(...) failed: {type(err).__name__}: {err}{missing_extra(err)}"

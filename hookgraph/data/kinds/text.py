@@ -25,6 +25,12 @@ def _tokenizer(folder: Any, key: str) -> Any:
             f"{key}.tokenizer", "data=text needs tokenizer: a local folder saved by tokenizer.save_pretrained()"
         )
     path = Path(str(folder)).expanduser()
+    if path.is_file():  # tokenizer.json or tokenizer_config.json: the folder that holds it is what loads
+        raise ConfigError(
+            f"{key}.tokenizer",
+            f"{str(path)!r} is a file; give the folder it is in ({str(path.parent)!r}), saved by "
+            "tokenizer.save_pretrained() (nothing is downloaded)",
+        )
     if not path.is_dir():
         raise ConfigError(
             f"{key}.tokenizer",
