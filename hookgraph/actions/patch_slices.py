@@ -293,6 +293,7 @@ def _patcher(
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
     source: dict[tuple, Tensor] = {}
+    furthest: dict[tuple, int] = {}
 
     def fn(value: Any) -> Any:
         if not isinstance(value, Tensor):
@@ -318,7 +319,11 @@ def _patcher(
         local = pos(length) if pos is not None else None
         if pos is not None and local is None:
             return value  # none of the named positions is in this call
-        reach = offset + (length if local is None else int(torch.arange(length)[local].max()) + 1)
+        lkey = _key(local)
+        last = furthest.get((length, lkey))
+        if last is None:  # the last index the call patches: once per window, not per call
+            last = furthest[(length, lkey)] = length if local is None else int(torch.arange(length)[local].max()) + 1
+        reach = offset + last
         if reach > saved.shape[d]:
             raise HookGraphError(
                 f"{label}: the recorded value from {where} covers positions 0..{saved.shape[d] - 1} (shape "
@@ -331,6 +336,7 @@ def _patcher(
             if len(source) > 64:  # one entry per call window: bounded over a long generation
                 source.clear()
                 cache.clear()
+                furthest.clear()
             src = saved.to(device=value.device, dtype=value.dtype)
             if src.shape[d] < offset + length:  # positions past the source are never patched (checked above)
                 pad = list(src.shape)
@@ -341,7 +347,7 @@ def _patcher(
             src = source[skey] = head_view(src, n_heads, label) if heads is not None else src
             if heads is not None:
                 _check_heads(heads, src, label)
-        key = (value.device, value.shape, offset, _key(local))
+        key = (value.device, value.shape, offset, lkey)
         m = cache.get(key)
         if m is None:
             m = cache[key] = _mask(src.shape, dim, local, heads, value.device)

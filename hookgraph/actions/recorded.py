@@ -84,6 +84,12 @@ def check_source_model(source: Any, model: nn.Module | None, allow_other_model: 
     records mapping cannot be checked; the former is said with a warning."""
     if model is None or allow_other_model:
         return
+    graph_model = getattr(source, "model", None)  # a HookGraph: on the live model itself, nothing to compare
+    if isinstance(graph_model, nn.Module) and not hasattr(source, "summary"):
+        from hookgraph.core.compiler import unwrap_model  # lazy: the compiler imports the actions
+
+        if unwrap_model(graph_model) is model:
+            return
     theirs = _source_identity(source)
     if theirs is None:
         if isinstance(source, (str, Path)) or hasattr(source, "summary"):

@@ -548,6 +548,15 @@ class HookGraph:
             compiled = self._ran_compiled or is_compiled(self.model)
         return Plan((b.plan_row() for b in self.bindings), compiled=compiled)
 
+    def with_args(self, spec: str, /, **args: Any) -> HookGraph:
+        """This graph with ``spec``'s action arguments changed (the others kept): the action
+        is bound again at the same sites, without compiling (``graph.with_args("patch",
+        positions=3)`` per cell of a patching table). Returns a new graph sharing this one's
+        model and records; this one is unchanged, and each attaches on its own."""
+        from hookgraph.core.compiler import with_args  # the compiler imports this module
+
+        return with_args(self, spec, args)
+
     @property
     def stats(self) -> list[dict]:
         """Rows of statistics; reading them synchronises with the device once."""

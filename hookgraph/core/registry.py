@@ -153,9 +153,19 @@ class ActionContext:
         clock.checks[key] = check
         window, local = clock.window, parsed.local
 
+        # One answer per call window (a plain forward has one): building the index tensor
+        # each call is most of a patch hook's cost. Callers index with it and never edit it.
+        seen: dict[tuple, Tensor | slice | None] = {}
+
         def resolve(length: int) -> Tensor | slice | None:
             offset, prompt, strict = window(length)
-            return local(offset, length, prompt, where, strict)
+            wkey = (offset, length, prompt, strict)
+            if wkey in seen:
+                return seen[wkey]
+            if len(seen) > 64:  # a long generation: one window per token, bounded
+                seen.clear()
+            found = seen[wkey] = local(offset, length, prompt, where, strict)
+            return found
 
         return resolve
 

@@ -434,6 +434,16 @@ def _converters(cls: type) -> dict[str, Any]:
     return {f.name: _converter(hints[f.name]) for f in fields(cls) if f.name != "name"}
 
 
+def plain_args(args: Mapping[str, Any]) -> dict:
+    """Action arguments given in Python, as a spec holds them: YAML's values copied as the
+    merge would (tuples as lists); where a value is not one of them (a HookGraph as a patch
+    source), the arguments as given, for the action's signature check to judge."""
+    try:
+        return {_plain_key(k): _plain_value(v) for k, v in args.items()}
+    except _Slow:
+        return dict(args)
+
+
 def _direct(clean: dict) -> HookSpec | None:
     """The spec built from ``clean`` without OmegaConf, or None where a value needs it."""
     convert = _converters(HookSpec)
