@@ -175,11 +175,28 @@ def _check_heads_now(heads: list[int], n: int | None) -> None:
         raise ValueError(f"heads: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
+# Masks shared by every patch hook (read-only: torch.where's condition): a sweep binds a new
+# hook per cell, and the same (shape, positions, heads) recurs cell after cell.
+_MASKS: dict[tuple, Tensor] = {}
+
+
 def _mask(
     view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
 ) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies.
     ``local``: the call's indices along ``dim`` (a slice or an index tensor), None for all."""
+    key = (tuple(view_shape), dim, _key(local), tuple(heads) if heads is not None else None, device)
+    found = _MASKS.get(key)
+    if found is None:
+        if len(_MASKS) > 256:
+            _MASKS.clear()
+        found = _MASKS[key] = _new_mask(view_shape, dim, local, heads, device)
+    return found
+
+
+def _new_mask(
+    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
+) -> Tensor:
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
     if local is not None:
