@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def _dry(target: str, venv: Path) -> str:
-    out = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), target, f"VENV={venv}"], capture_output=True, text=True,
+    command = ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, f"VENV={venv}"]
+    out = subprocess.run(command, capture_output=True, text=True,
                          timeout=60, check=True)
     return out.stdout
 

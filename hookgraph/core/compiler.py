@@ -9,7 +9,6 @@ replacing specs at one site at one order) are collected and raised once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from collections.abc import Mapping
@@ -25,12 +24,12 @@ from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.points import POINTS
 from hookgraph.core.registry import ActionContext, ActionDef, check_args, resolve_action
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
-from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps, plain_args
+from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore
 from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
-from hookgraph.errors import Problem, SpecError, did_you_mean, full_key
+from hookgraph.errors import Problem, SpecError, full_key
 
-__all__ = ["compile", "compile_graph", "unwrap_model", "with_args"]
+__all__ = ["compile", "compile_graph", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -319,7 +318,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     # stable sort on it is the full rank order, and with one order for all there is none to do.
     if len({b.rank[0] for b in bindings}) > 1:
         bindings.sort(key=lambda b: b.rank[0])
-    return HookGraph(model, bindings, store, unmatched=unmatched)
+    return HookGraph(model, bindings, store, unmatched=unmatched, bare=targets.model)
 
 
 def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list[Problem]]:
@@ -504,48 +503,3 @@ def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:
                 )
             )
     return problems
-
-
-def with_args(graph: HookGraph, spec: str, args: Mapping[str, Any]) -> HookGraph:
-    """``graph`` with spec ``spec``'s arguments updated by ``args``: its action's factory runs
-    again at the sites already bound (names are not matched again, the model is not walked).
-    The new graph shares ``graph``'s model and result store; ``graph`` itself is unchanged.
-
-    The arguments are checked against the action's signature as at compile time; a problem
-    raises SpecError under ``<prefix>.<spec>.args.<name>``.
-    """
-    mine = [b for b in graph.bindings if b.spec.name == spec]
-    if not mine:
-        names = sorted({b.spec.name for b in graph.bindings})
-        raise SpecError([Problem(spec, f"no spec {spec!r} is bound in this graph; "
-                                       f"{did_you_mean(spec, names, 'specs bound')}")])
-    first = mine[0]
-    key, defn = first.key, first.action
-    merged = {**first.spec.args, **plain_args(args)}
-    problems = check_args(defn, merged, full_key(key, "args"))
-    if problems:
-        raise SpecError(problems)
-    new_spec = dataclasses.replace(first.spec, args=merged)
-    model = unwrap_model(graph.model)
-    per_spec = getattr(defn.factory, "per_spec", None)
-    site = None
-    fresh: dict[int, Binding] = {}
-    for b in mine:
-        try:
-            if site is None:
-                ctx = ActionContext(spec, b.target, b.at, type(b.param if b.param is not None else b.module).__name__,
-                                    graph.store, key, model=model)
-                if per_spec is None:
-                    fn = defn.factory(ctx, **merged)
-                else:
-                    site = per_spec(ctx, **merged)
-                    fn = site(b.target)
-            else:
-                fn = site(b.target)
-        except (TypeError, ValueError) as exc:
-            raise SpecError([Problem(full_key(key, "args"), f"{defn.name}: {exc}")]) from None
-        except Exception as exc:  # a factory reading a file or a model: its own error, named (as in _bind)
-            raise SpecError([Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}")]) from None
-        fresh[id(b)] = dataclasses.replace(b, spec=new_spec, fn=fn)
-    bindings = [fresh.get(id(b), b) for b in graph.bindings]
-    return HookGraph(graph.model, bindings, graph.store, unmatched=graph.unmatched)

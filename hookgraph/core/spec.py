@@ -136,7 +136,7 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
             loaded = loaded.hooks
         specs = loaded
     if _is_omegaconf(specs, "DictConfig"):
-        from omegaconf import DictConfig  # loaded already: specs is one of its containers
+        from omegaconf import DictConfig  # lazy: loaded already, specs is one of its containers
 
         # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
         return {str(k): specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
