@@ -121,3 +121,32 @@ def test_a_long_sweep_shows_a_progress_bar(model: torch.nn.Module, capsys: pytes
     assert "residual patching" in capsys.readouterr().err
     hp.residual_patching(model, CLEAN, CORRUPT, logit_diff, BLOCKS, positions=[2, 3])  # 4 cells: no bar
     assert "residual patching" not in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a multirun sweep of 4 jobs (in this process, as the command line runs it)
+def test_residual_patching_equals_the_command_lines_sweep_table(tmp_path) -> None:  # noqa: ANN001
+    import csv
+
+    from hookgraph.runner.parts import build_from_config
+    from tests.cli_helpers import run_cli_here
+
+    out = tmp_path / "sweep"
+    r = run_cli_here(["-m", "+experiment=gpt2_patching", "hooks.patch.target=transformer.h.0,transformer.h.3",
+                      "hooks.patch.args.positions=0,3", "runner.progress=false", f"hydra.sweep.dir={out}"],
+                     cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    swept = {(row["layer"], int(row["position"])): float(row["metric"])
+             for row in csv.DictReader((out / "patching.csv").open())}
+    from omegaconf import OmegaConf
+
+    model = build_from_config(OmegaConf.load(out / "0" / ".hydra" / "config.yaml")).eval()  # the jobs' model
+
+    def metric(output) -> torch.Tensor:  # noqa: ANN001 - runner.metric {logit_diff, correct: 7, wrong: 8}
+        return output.logits[:, -1, 7] - output.logits[:, -1, 8]
+
+    table = hp.residual_patching(model, CLEAN, CORRUPT, metric, ["transformer.h.0", "transformer.h.3"],
+                                 positions=[0, 3])
+    got = {(row["site"], row["position"]): row["metric"] for row in table.rows()}
+    assert got.keys() == swept.keys()
+    for cell, value in swept.items():
+        assert got[cell] == pytest.approx(value, abs=1e-5), cell
