@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from hookgraph.actions.recorded import (
+    check_positions,
     check_source_model,
     position_index,
     recorded_value,
-    resolve_positions,
     source_label,
 )
 from hookgraph.core.points import POINTS
@@ -178,6 +178,7 @@ def _check_heads_now(heads: list[int], n: int | None) -> None:
 # Masks shared by every patch hook (read-only: torch.where's condition): a sweep binds a new
 # hook per cell, and the same (shape, positions, heads) recurs cell after cell.
 _MASKS: dict[tuple, Tensor] = {}
+_FURTHEST: dict[tuple, int] = {}  # (call length, its indices) -> 1 + the last index patched
 
 
 def _mask(
@@ -310,7 +311,6 @@ def _patcher(
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
     source: dict[tuple, Tensor] = {}
-    furthest: dict[tuple, int] = {}
 
     def fn(value: Any) -> Any:
         if not isinstance(value, Tensor):
@@ -337,9 +337,11 @@ def _patcher(
         if pos is not None and local is None:
             return value  # none of the named positions is in this call
         lkey = _key(local)
-        last = furthest.get((length, lkey))
-        if last is None:  # the last index the call patches: once per window, not per call
-            last = furthest[(length, lkey)] = length if local is None else int(torch.arange(length)[local].max()) + 1
+        last = _FURTHEST.get((length, lkey))
+        if last is None:  # the last index the call patches: once per window, not per call or per hook
+            if len(_FURTHEST) > 256:
+                _FURTHEST.clear()
+            last = _FURTHEST[(length, lkey)] = length if local is None else int(torch.arange(length)[local].max()) + 1
         reach = offset + last
         if reach > saved.shape[d]:
             raise HookGraphError(
@@ -353,7 +355,6 @@ def _patcher(
             if len(source) > 64:  # one entry per call window: bounded over a long generation
                 source.clear()
                 cache.clear()
-                furthest.clear()
             src = saved.to(device=value.device, dtype=value.dtype)
             if src.shape[d] < offset + length:  # positions past the source are never patched (checked above)
                 pad = list(src.shape)
@@ -374,7 +375,7 @@ def _patcher(
     # Positions past the source's own sequence are an error now, not at the first call.
     if static is not None and -saved.dim() <= dim < saved.dim():
         try:
-            resolve_positions(static, saved.shape[dim], "positions")
+            check_positions(static, saved.shape[dim], "positions")
         except HookGraphError as exc:
             raise ValueError(f"{exc} (the source, {where}, has shape {list(saved.shape)})") from None
     # What the runner checks against the first batch before the model runs (runner.steps).

@@ -191,13 +191,18 @@ def position_index(positions: int | Sequence | str | None) -> Any | None:
     )
 
 
-def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:
-    """The per-call form of :func:`position_index`: negative ints resolved, bounds checked."""
+def check_positions(index: Any, length: int, where: str) -> None:
+    """HookGraphError where :func:`resolve_positions` would raise one (nothing built)."""
     if isinstance(index, slice):
-        return index
-    out = []
+        return
     for p in index:
         if not -length <= p < length:
             raise HookGraphError(f"{where}: position {p} is out of range for a sequence of length {length}")
-        out.append(p % length)
-    return torch.tensor(out)
+
+
+def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:
+    """The per-call form of :func:`position_index`: negative ints resolved, bounds checked."""
+    check_positions(index, length, where)
+    if isinstance(index, slice):
+        return index
+    return torch.tensor([p % length for p in index])

@@ -86,6 +86,13 @@ class ActionDef:
 _signature = functools.lru_cache(maxsize=1024)(inspect.signature)
 
 
+# (positions, call window) -> the call's indices, shared by every site and every hook: building
+# the index tensor per call was most of a patch hook's cost, and a sweep binds a new hook per
+# cell with the same windows. Callers index with it and never edit it. (A position that is
+# out of range raises each time: errors are not kept.)
+_LOCAL: dict[tuple, Tensor | slice | None] = {}
+
+
 @dataclass
 class ActionContext:
     """What a factory knows about the site it is bound to, and its one way to the results.
@@ -153,18 +160,14 @@ class ActionContext:
         clock.checks[key] = check
         window, local = clock.window, parsed.local
 
-        # One answer per call window (a plain forward has one): building the index tensor
-        # each call is most of a patch hook's cost. Callers index with it and never edit it.
-        seen: dict[tuple, Tensor | slice | None] = {}
-
         def resolve(length: int) -> Tensor | slice | None:
             offset, prompt, strict = window(length)
-            wkey = (offset, length, prompt, strict)
-            if wkey in seen:
-                return seen[wkey]
-            if len(seen) > 64:  # a long generation: one window per token, bounded
-                seen.clear()
-            found = seen[wkey] = local(offset, length, prompt, where, strict)
+            wkey = (parsed, offset, length, prompt, strict)
+            if wkey in _LOCAL:
+                return _LOCAL[wkey]
+            if len(_LOCAL) > 256:  # a long generation: one window per token, bounded
+                _LOCAL.clear()
+            found = _LOCAL[wkey] = local(offset, length, prompt, where, strict)
             return found
 
         return resolve
