@@ -7,6 +7,8 @@ thread, one process. Two parts:
 
 - compile: ``hg.compile`` of two small specs on the GPT-2, of ``--specs`` specs from dicts on
   a 2-module net, and of no spec (the model walk alone); per spec is (time - walk) / specs.
+  The same through the OmegaConf merge every spec took before (``spec._direct`` turned off) as
+  the baseline of the same run. Best of several calls each.
 - patching table: residual-stream patching, 3 blocks x 8 positions, the clean run recorded
   once; per cell a forward of the corrupted prompt with the block's output at one position
   replaced by its clean value, and the logit difference read. Variants, timed in a shuffled
@@ -81,7 +83,19 @@ def compile_figures(specs: int) -> dict[str, float]:
     pair = _best(lambda: hg.compile(model, two), 200)
     net_walk = _best(lambda: hg.compile(net, {}), 200)
     bulk = _best(lambda: hg.compile(net, many), 5)
-    return {"walk_ms": walk * 1e3, "two_specs_ms": pair * 1e3,
+    # The same specs through the OmegaConf merge (the path before issue 34), in this run.
+    from hookgraph.core import spec as spec_module
+
+    direct = spec_module._direct
+    spec_module._direct = lambda clean: None
+    try:
+        few = dict(list(many.items())[:200])
+        merged = _best(lambda: hg.compile(net, few), 3)
+        pair_merged = _best(lambda: hg.compile(model, two), 50)
+    finally:
+        spec_module._direct = direct
+    return {"walk_ms": walk * 1e3, "two_specs_ms": pair * 1e3, "two_specs_omegaconf_path_ms": pair_merged * 1e3,
+            "omegaconf_path_per_spec_ms": (merged - net_walk) / len(few) * 1e3,
             "two_specs_over_walk_ms_per_spec": (pair - walk) / 2 * 1e3,
             f"{specs}_specs_s": bulk, "per_spec_ms": (bulk - net_walk) / specs * 1e3}
 
