@@ -87,7 +87,7 @@ def compile_figures(specs: int) -> dict[str, float]:
     from hookgraph.core import spec as spec_module
 
     direct = spec_module._direct
-    spec_module._direct = lambda clean: None
+    spec_module._direct = lambda clean, name="": None
     try:
         few = dict(list(many.items())[:200])
         merged = _best(lambda: hg.compile(net, few), 3)

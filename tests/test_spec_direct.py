@@ -39,7 +39,7 @@ BODIES = {
 def _both(body: dict, monkeypatch: pytest.MonkeyPatch) -> tuple[tuple, tuple]:
     fast = check_specs({"s": body})
     with monkeypatch.context() as m:
-        m.setattr(spec_mod, "_direct", lambda clean: None)
+        m.setattr(spec_mod, "_direct", lambda clean, name="": None)
         slow = check_specs({"s": body})
     return fast, slow
 

@@ -383,9 +383,7 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 
 def check_args(defn: ActionDef, args: Mapping[str, Any], key: str) -> list[Problem]:
     """Unknown, missing and mistyped arguments, each as a Problem under ``key``."""
-    sig = defn.signature
-    params = {n: p for n, p in list(sig.parameters.items())[1:]}
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    params, takes_any, required = _parameters(defn)
     problems = []
     for arg, value in args.items():
         if arg not in params:
@@ -398,10 +396,27 @@ def check_args(defn: ActionDef, args: Mapping[str, Any], key: str) -> list[Probl
         ann = hints.get(arg, params[arg].annotation)
         if not _type_ok(value, ann):
             problems.append(Problem(f"{key}.{arg}", f"expected {_ann_name(ann)}, got {value!r}"))
-    for n, p in params.items():
-        if p.kind in _KINDS and p.default is inspect.Parameter.empty and n not in args:
+    for n in required:
+        if n not in args:
             problems.append(Problem(f"{key}.{n}", f"action {defn.name!r} needs argument {n!r}"))
     return problems
+
+
+def _parameters(defn: ActionDef) -> tuple[dict[str, inspect.Parameter], bool, tuple[str, ...]]:
+    """The factory's arguments after ctx, whether it takes ``**kwargs``, and the required ones:
+    read once per factory (a compile of 1,000 specs asked 1,000 times)."""
+    try:
+        return _parameters_of(defn.factory)
+    except TypeError:  # an unhashable callable: read each time
+        return _parameters_of.__wrapped__(defn.factory)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parameters_of(factory: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool, tuple[str, ...]]:
+    params = dict(list(inspect.signature(factory).parameters.items())[1:])
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    required = tuple(n for n, p in params.items() if p.kind in _KINDS and p.default is inspect.Parameter.empty)
+    return params, takes_any, required
 
 
 @functools.lru_cache(maxsize=256)

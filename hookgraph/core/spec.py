@@ -329,7 +329,7 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     # Python objects in args (a HookGraph or Run as a patch source) cannot pass through
     # OmegaConf; such args skip the merge and are checked against the action's signature.
     objects = clean.pop("args") if isinstance(clean.get("args"), Mapping) and _holds_objects(clean["args"]) else None
-    spec = _direct(clean)
+    spec = _direct(clean, name)
     if spec is None:  # a value OmegaConf converts, or refuses with the message the tests hold it to
         merged, found = _merge_fields(clean, key)
         problems += found
@@ -345,7 +345,7 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
             Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}")
         )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
-    return replace(spec, name=name), problems
+    return (spec if spec.name == name else replace(spec, name=name)), problems
 
 
 # -- the direct path: plain values that OmegaConf would take as they are -----------------------
@@ -444,11 +444,11 @@ def plain_args(args: Mapping[str, Any]) -> dict:
         return dict(args)
 
 
-def _direct(clean: dict) -> HookSpec | None:
+def _direct(clean: dict, name: str = "") -> HookSpec | None:
     """The spec built from ``clean`` without OmegaConf, or None where a value needs it."""
     convert = _converters(HookSpec)
     try:
-        return HookSpec(**{k: convert[k](v) for k, v in clean.items()})
+        return HookSpec(**{k: convert[k](v) for k, v in clean.items()}, name=name)
     except (_Slow, KeyError):
         return None
 
