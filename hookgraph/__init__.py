@@ -1,8 +1,8 @@
 """hookgraph: a declarative hook graph for PyTorch, configured by files.
 
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
-register_action, register_point, PointInfo, list_targets, format_targets, load_run, open_run, Run (what
-load_run returns), the module hookgraph.patching (sweeps as functions), and the errors
+register_action, register_point, PointInfo, list_targets, format_targets, load_run, open_run, logit_lens,
+Run (what load_run returns), the module hookgraph.patching (sweeps as functions), and the errors
 HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
 RecordBudgetError, UnknownKeyError.
 
@@ -56,6 +56,7 @@ __all__ = [
     "format_targets",
     "list_targets",
     "load_run",
+    "logit_lens",
     "open_run",
     "register_action",
     "register_point",
@@ -69,6 +70,15 @@ def load_run(path, rank=None, *, strict=True):  # noqa: ANN001 - thin lazy forwa
     from hookgraph.runs import load_run as _load_run  # lazy: `import hookgraph` does not load the reader
 
     return _load_run(path, rank, strict=strict)
+
+
+def logit_lens(model, inputs, **options):  # noqa: ANN001, ANN003, ANN201 - thin lazy forwarder keeps `import hookgraph` light
+    """The residual stream after every block decoded through the model's final norm and
+    unembedding, per layer and position (a :class:`~hookgraph.runner.lens.LogitLens`). See
+    hookgraph.runner.lens.logit_lens for the options (metric, top, blocks, norm, unembed)."""
+    from hookgraph.runner.lens import logit_lens as _logit_lens  # lazy: `import hookgraph` does not load the runner
+
+    return _logit_lens(model, inputs, **options)
 
 
 def open_run(run_dir, model, specs, **options):  # noqa: ANN001, ANN003, ANN201 - thin lazy forwarder keeps `import hookgraph` light

@@ -297,3 +297,86 @@ def test_bad_settings_are_named_before_the_model_runs(tmp_path, overrides, error
     assert keys == [key]
     assert summary["status"] == "failed" and summary.get("steps", 0) == 0
     assert all(s["calls"] == 0 for s in summary.get("specs", {}).values())  # no hook ran: the model did not
+
+
+# -- a value that is not there is never a record (issue 33) -----------------------------------
+
+
+def _gpt2(attn: str):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0, attn_implementation=attn)  # fmt: skip
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_recording_the_attention_weights_under_sdpa_is_an_error_naming_eager_never_a_none_record():
+    # Before: SDPA hands None as the attention module's output[1]; record kept it, and the
+    # run counted "1 record(s)". Now the call that holds no tensor raises, naming the setting.
+    model, ids = _gpt2("sdpa"), torch.tensor([[5, 9, 2, 7, 11, 3]])
+    graph = hg.compile(model, {"pat": {"target": "transformer.h.1.attn", "action": "record", "index": 1}})
+    with pytest.raises(hg.HookGraphError) as err, graph.attach():
+        model(ids)
+    msg = str(err.value)
+    assert "record spec 'pat' at 'transformer.h.1.attn' (forward): the value is None" in msg
+    assert "attn_implementation: eager" in msg
+    assert graph.records["pat"].get("transformer.h.1.attn", []) == []
+    # Eager attention has the pattern: kept, and equal to what Hugging Face returns for it.
+    eager = _gpt2("eager")
+    graph = hg.compile(eager, {"pat": {"target": "transformer.h.*.attn", "action": "record", "index": 1}})
+    with graph.attach(), torch.no_grad():
+        eager(ids)
+    with torch.no_grad():  # the oracle on a twin: output_attentions installs Hugging Face's own hooks
+        want = _gpt2("eager")(ids, output_attentions=True).attentions
+    got = graph.records["pat"]
+    assert [got[f"transformer.h.{i}.attn"][0].shape for i in (0, 1)] == [torch.Size([1, 4, 6, 6])] * 2
+    for i in (0, 1):
+        torch.testing.assert_close(got[f"transformer.h.{i}.attn"][0], want[i], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("keep", "to", "clone"), [("all", None, False), ("last", None, False), ("all", "cpu", False), ("all", None, True)]
+)
+def test_no_appender_keeps_a_call_without_a_tensor(keep, to, clone):
+    # Each way record keeps a call (plain, last only, copied to a device, cloned) refuses a
+    # value that holds no tensor: a None output and the empty inputs of a keyword-only call.
+    class Optional(torch.nn.Module):
+        def forward(self, x=None):
+            return None if x is None else x * 2
+
+    model = torch.nn.Sequential()
+    model.add_module("opt", Optional())
+    args = {"keep": keep, "clone": clone, **({"to": to} if to else {})}
+    graph = hg.compile(model, {"out": {"target": "opt", "action": "record", "args": args},
+                               "inp": {"target": "opt", "at": "forward_pre", "action": "record", "args": args}})
+    with graph.attach():
+        model.opt(torch.ones(2))  # both hold a tensor: kept
+        assert [len(graph.records[s]["opt"]) for s in ("out", "inp")] == [1, 1]
+        with pytest.raises(hg.HookGraphError, match=r"record spec 'inp' at 'opt' \(forward_pre\): the value is a "
+                           r"tuple without a tensor \(\(\)\).*keyword arguments only"):
+            model.opt(x=torch.ones(2))
+        with pytest.raises(hg.HookGraphError, match=r"record spec 'inp' at 'opt' \(forward_pre\): the value is a "
+                           r"tuple without a tensor"):
+            model.opt()
+    graph = hg.compile(model, {"out": {"target": "opt", "action": "record", "args": args}})
+    with graph.attach(), pytest.raises(hg.HookGraphError, match=r"record spec 'out' at 'opt' \(forward\): the "
+                                       r"value is None"):
+        model.opt()
+    assert len(graph.records["out"].get("opt", [])) == 0
+
+
+@pytest.mark.slow  # the command line in a subprocess: the issue's own example
+def test_the_command_line_says_so_instead_of_counting_a_none_record(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "hookgraph", "+experiment=induction_patching", "hooks=[]",
+         "+hooks.pat={target: transformer.h.1.attn, action: record, index: 1}", "runner.steps=1",
+         "runner.device=cpu", "runner.progress=false", "sink.figures=false", f"hydra.run.dir={tmp_path / 'r'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "record(s)" not in out.stdout + out.stderr
+    assert "the value is None" in out.stderr and "attn_implementation: eager" in out.stderr

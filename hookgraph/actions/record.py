@@ -414,7 +414,8 @@ def _per_spec(
 
         return one
 
-    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one)
+    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one,
+                     _nothing_to_record(spec, ctx.at))
 
     def traced(target: str) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
         slot = slots[target]
@@ -517,6 +518,30 @@ def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local"
     return pure
 
 
+def _nothing_to_record(spec: str, at: str) -> Callable[[str, Any], HookGraphError]:
+    """The error of a call whose value holds no tensor: a None (Hugging Face attention
+    weights under SDPA or flash attention, an optional output left out) or an empty tuple
+    (the inputs of a module called with keywords only) is never kept and counted as a record."""
+
+    def empty(target: str, value: Any) -> HookGraphError:
+        what = "None" if value is None else f"a {type(value).__name__} without a tensor ({_short(value)})"
+        hint = ""
+        if value is None:
+            hint = ("; Hugging Face attention returns its weights (the pattern) only when the model is built with "
+                    "attn_implementation: eager, or record the softmax inside it as an op point")
+        elif at == "forward_pre" and isinstance(value, tuple) and not value:
+            hint = "; the module was called with keyword arguments only, which forward_pre's inputs do not hold"
+        return HookGraphError(f"record spec {spec!r} at {target!r} ({at}): the value is {what}: nothing to "
+                              f"record{hint}")
+
+    return empty
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _untraceable(spec: str) -> Callable[[Any], Any]:
     def refuse(value: Any) -> Any:
         raise HookGraphError(
@@ -554,6 +579,7 @@ def _appender(
     plain: bool,
     to_host: Callable[[Tensor], Tensor] | None,
     build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
+    empty: Callable[[str, Any], HookGraphError],
 ) -> Callable[[Entries, str], Callable[[Any], None]]:
     """``make(slot, target)``: the hook-side fn for one site, ``one`` per tensor of the value
     and the result into the slot. The variant is chosen here, once per spec.
@@ -569,8 +595,9 @@ def _appender(
 
             def per_device_fn(value: Any) -> None:
                 found = tensors(value)
-                if found:
-                    slot.append_on_device(tree_map(one, value), found[0].device)
+                if not found:
+                    raise empty(target, value)
+                slot.append_on_device(tree_map(one, value), found[0].device)
 
             return per_device_fn
 
@@ -581,6 +608,8 @@ def _appender(
             keep_last, forget, one = slot.keep_last, slot.forget, build_one(slot, target)
 
             def fn(value: Any) -> None:
+                if type(value) is not Tensor and not tensors(value):
+                    raise empty(target, value)
                 forget()  # the entry it replaces needs no watching
                 keep_last(tree_map(one, value))
 
@@ -593,6 +622,8 @@ def _appender(
             append, one = slot.append, build_one(slot, target)
 
             def fn(value: Any) -> None:
+                if type(value) is not Tensor and not tensors(value):
+                    raise empty(target, value)
                 append(tree_map(one, value))
 
             return fn
@@ -614,6 +645,8 @@ def _appender(
                         slot.append(value.detach())  # checked once per step instead (Entries.settle)
                     else:  # what ``one`` does for a plain tensor, without building it per target
                         slot.keep_tensor(value)
+                elif not tensors(value):
+                    raise empty(target, value)
                 else:
                     one = ones.get(target)
                     if one is None:
@@ -639,6 +672,8 @@ def _appender(
                 if slot.fresh:
                     append(t)
                     return
+            elif not tensors(value):
+                raise empty(target, value)
             if one is None:
                 one = build_one(slot, target)
             append(tree_map(one, value))

@@ -99,6 +99,9 @@ class RunnerConfig:
     # null, or {clean: [[token ids]], target: glob, at: forward|forward_pre, heads: bool}: after the steps,
     # attribution patching of the last batch (corrupted) against clean, on runner.metric; patching.csv/png
     attribution: Any = None
+    # null, true, or {top, blocks, norm, unembed}: before the steps, the logit lens of the first batch (each
+    # block's residual through the final norm and unembedding); logit_lens.csv and figures/logit_lens.png
+    logit_lens: Any = None
 
 
 @dataclass

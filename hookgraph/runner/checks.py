@@ -23,6 +23,7 @@ from hookgraph.runner.attribution import check_attribution
 from hookgraph.runner.batches import LOSSES
 from hookgraph.runner.distributed import World, check_distributed
 from hookgraph.runner.generate import check_generate
+from hookgraph.runner.lens import check_lens
 from hookgraph.runner.metrics import check_metric
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
     _check_runner(r)
     check_generate(cfg)  # runner.generate: its keys, and no backward, compile or torchrun beside it
     check_attribution(r)  # runner.attribution: its keys, a metric to differentiate, one eager process
+    check_lens(r)  # runner.logit_lens: its keys, one process
     shard = check_distributed(r)
     if world.ranked and r.distributed == "none" and r.optimizer is not None:
         raise ConfigError(

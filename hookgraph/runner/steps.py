@@ -24,7 +24,8 @@ from hookgraph.runner.attribution import attribute_run
 from hookgraph.runner.batches import call_model, check_token_ids, compute_loss, to_device
 from hookgraph.runner.checks import OPTIMIZERS
 from hookgraph.runner.generate import generation
-from hookgraph.runner.metrics import check_metric_fits, compute_metric
+from hookgraph.runner.lens import lens_run
+from hookgraph.runner.metrics import check_metric_fits, compute_metric, metric_tensor
 from hookgraph.runner.outputs import add_where
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts
@@ -150,6 +151,20 @@ def _attribute(job: Job, parts: Parts) -> None:
         job.summary["attribution_top"] = attribute_run(job.cfg.runner, parts.bare, inputs, job.writer.dir)
 
 
+def _lens(job: Job, parts: Parts) -> None:
+    """runner.logit_lens on the data's first batch, before the run's hooks attach (the lens reads
+    the model as it is, not as the specs edit it)."""
+    inputs, _ = next(iter(_data(job, parts)))
+    check_token_ids(inputs, parts.bare)
+    metric = job.cfg.runner.metric
+    if metric is not None:
+        check_metric_fits(metric, inputs, parts.bare)
+    inputs = to_device(inputs, parts.device, parts.dtype)
+    per_layer = None if metric is None else (lambda logits: metric_tensor(metric, logits, inputs))
+    if job.world.main:
+        job.summary["logit_lens"] = lens_run(job.cfg.runner, parts.bare, inputs, job.writer.dir, per_layer)
+
+
 def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     """runner.steps passes through ``live`` (started here, once the data and the optimizer
     are built); each step's records leave memory as one shard (``live.step``). The caller
@@ -172,6 +187,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     generator = generation(job, parts)  # runner.generate: each step generates instead of one forward
     if r.attribution is not None:
         _attribute(job, parts)
+    if r.logit_lens not in (None, False):
+        _lens(job, parts)
     t = time.perf_counter()
     live.start()
     hide = not r.progress or not world.main or None  # None: tqdm hides itself off a terminal

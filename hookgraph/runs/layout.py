@@ -7,7 +7,7 @@ fails when a name from here is spelled out anywhere else in the package).
 Public names: Entry, RUN_FOLDER, SWEEP_FOLDER, RUN_CONTENT, entry, renamed, MARKER, RESERVE, SUMMARY,
 PLAN, MODULES, PLAN_SVG, STATS, TRACE, RECORDS, RANKS, FIGURES, TENSORBOARD, REPORT, HYDRA,
 CONFIG, OVERRIDES, HYDRA_JOB, LOG, SWEEP_TABLE, SWEEP_FIGURE, JOB_RETURNS, PATCHING_TABLE,
-PATCHING_FIGURE, MULTIRUN, SHARD_SUFFIX, FIGURE_SUFFIX, STATS_FIGURE, shard_name, rank_folder,
+PATCHING_FIGURE, MULTIRUN, SHARD_SUFFIX, FIGURE_SUFFIX, STATS_FIGURE, LENS_TABLE, LENS_FIGURE, shard_name, rank_folder,
 rank_of, rank_file, rank_records, job_return, job_return_num, hist_figure, fmap_figure,
 gradcam_figure.
 
@@ -47,7 +47,7 @@ __all__ = [
     "MARKER", "RESERVE", "SUMMARY", "PLAN", "MODULES", "PLAN_SVG", "STATS", "TRACE", "RECORDS", "RANKS", "FIGURES",
     "TENSORBOARD", "REPORT", "GENERATIONS", "HYDRA", "CONFIG", "OVERRIDES", "HYDRA_JOB", "LOG",
     "SWEEP_TABLE", "SWEEP_FIGURE", "JOB_RETURNS", "PATCHING_TABLE", "PATCHING_FIGURE", "MULTIRUN",
-    "SHARD_SUFFIX", "FIGURE_SUFFIX", "STATS_FIGURE",
+    "SHARD_SUFFIX", "FIGURE_SUFFIX", "STATS_FIGURE", "LENS_TABLE", "LENS_FIGURE",
     "shard_name", "rank_folder", "rank_of", "rank_file", "rank_records", "job_return", "job_return_num",
     "hist_figure", "fmap_figure", "gradcam_figure",
 ]
@@ -95,11 +95,13 @@ CONFIG = f"{HYDRA}/config.yaml"
 OVERRIDES = f"{HYDRA}/overrides.yaml"
 HYDRA_JOB = f"{HYDRA}/hydra.yaml"
 GENERATIONS = "generations.jsonl"
+LENS_TABLE = "logit_lens.csv"
 LOG = "hookgraph.log"  # Hydra's ${hydra.job.name}.log; conf/config.yaml names the job hookgraph
 
 SHARD_SUFFIX = ".safetensors"
 FIGURE_SUFFIX = ".png"
 STATS_FIGURE = "stats_over_steps.png"
+LENS_FIGURE = "logit_lens.png"  # under FIGURES
 
 # A hook point is ``at`` everywhere (a spec, plan.json, graph.stats / graph.rows, the tables,
 # summary.json); folders written before this name was settled say ``point`` in their tables.
@@ -143,6 +145,9 @@ RUN_FOLDER: tuple[Entry, ...] = (
     Entry(GENERATIONS, "one JSON line per generated sample: step, row, prompt_ids, generated_ids, prompt and "
           "text (with data.tokenizer), metric", "runner (runner.generate.Generator.write), every step",
           always=False, when="runner.generate"),
+    Entry(LENS_TABLE, "the logit lens of the first batch: layer, position, next_logprob, top_ids, top_probs, "
+          f"metric (figure: {FIGURES}/{LENS_FIGURE})", "runner (runner.lens.lens_run), rank 0", always=False,
+          when="runner.logit_lens"),
     Entry(RANKS, f"rank-N/ per rank of a torchrun run: its own {SUMMARY}, {STATS}, {TRACE}",
           "each rank (loop._close, loop._write_tables)", always=False, when="a run of several processes",
           folder=True),
