@@ -7,7 +7,6 @@ gradcam, gradcam_figure.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from hookgraph.errors import ConfigError, HookGraphError
+from hookgraph.report.canvas import figure as _figure
+from hookgraph.report.canvas import save as _save
+from hookgraph.report.canvas import title as _title
+from hookgraph.report.patterns import is_pattern, pattern_figure
 from hookgraph.runs import layout
 from hookgraph.runs.reader import load_records
 
@@ -32,23 +35,6 @@ __all__ = [
 ]
 
 
-def _figure(**kwargs: Any) -> Any:
-    """A matplotlib Figure drawn with the Agg canvas, without pyplot: no global backend is
-    chosen (importing hookgraph leaves matplotlib as the user set it) and nothing is kept
-    alive between figures."""
-    from matplotlib.figure import Figure  # lazy: matplotlib costs about a second on import
-
-    # matplotlib's font-cache notices are not ours to show; set when figures are first drawn.
-    logging.getLogger("matplotlib").setLevel(max(logging.getLogger("matplotlib").level, logging.WARNING))
-    return Figure(**kwargs)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    return path
-
-
 def _safe(name: str) -> str:
     """A file-name part for ``name``: ASCII letters, digits, ``_.-`` only. A name that had to
     change gets a short hash of the original, so two names never share a file (``αβ`` and
@@ -57,10 +43,6 @@ def _safe(name: str) -> str:
     if safe == name and safe:
         return safe
     return f"{safe or 'x'}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
-
-
-def _title(text: str) -> str:
-    return text.replace("$", r"\$")  # "$" would start matplotlib mathtext
 
 
 def feature_map_grid(fmap: torch.Tensor, path: Path, title: str, channels: int = 64) -> Path:
@@ -208,13 +190,15 @@ def write_figures(
     image: torch.Tensor | None = None,
     warnings: list[str] | None = None,
     gradcam: Any = None,
+    tokens: Sequence[int] | None = None,
 ) -> list[str]:
     """Figures for a finished run; returns their paths relative to the run folder.
 
     ``image``: the first step's input (sample 0), the picture under a Grad-CAM overlay.
     ``warnings``: when given, a figure that cannot be drawn adds a line there and the others
     are still drawn (the runner's choice: figures never fail a run); otherwise it raises.
-    ``gradcam``: the Grad-CAM settings (default: ``sink.gradcam``).
+    ``gradcam``: the Grad-CAM settings (default: ``sink.gradcam``). ``tokens``: the first
+    step's token ids (sample 0), the labels of attention patterns.
     """
     out_dir = Path(run_dir) / layout.FIGURES
     written: list[Path] = []
@@ -250,7 +234,13 @@ def write_figures(
                 out_dir / layout.hist_figure(_safe(spec)),
                 f"{spec}: values at the first call",
             )
-        maps = [(t, v) for t, v in first.items() if v.dim() == 4]
+        # Attention patterns [batch, heads, query, key] are drawn as such, a panel per head, and
+        # are no feature maps.
+        patterns = {t for t, v in first.items() if is_pattern(v)}
+        for target in patterns:
+            draw(f"attention patterns of {spec!r} {target!r}", pattern_figure, first[target],
+                 out_dir / layout.pattern_figure(_safe(spec), _safe(target)), f"{spec}: {target}", tokens)
+        maps = [(t, v) for t, v in first.items() if v.dim() == 4 and t not in patterns]
         most_maps = max(most_maps, (len(maps), spec))
         for i in picks:
             if -len(maps) <= i < len(maps):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hookgraph.report.figures import _figure, _save
+from hookgraph.report.canvas import figure, save
 
 __all__ = ["lens_figure"]
 
@@ -23,7 +23,7 @@ def lens_figure(lens: Any, tokens: Sequence[int] | None, path: Path) -> Path:
     grid = lens.next_logprob[:, 0].cpu().numpy()  # [layers, positions - 1]
     top = lens.top_ids[:, 0, :, 0].cpu().numpy()  # [layers, positions]
     layers, positions = top.shape
-    fig = _figure(figsize=(2.5 + 0.55 * positions, 1.2 + 0.42 * layers))
+    fig = figure(figsize=(2.5 + 0.55 * positions, 1.2 + 0.42 * layers))
     ax = fig.add_subplot()
     full = np.full((layers, positions), np.nan)
     full[:, : positions - 1] = grid
@@ -39,4 +39,4 @@ def lens_figure(lens: Any, tokens: Sequence[int] | None, path: Path) -> Path:
     ax.set_xlabel("input token (cell: the layer's top next token)")
     ax.set_title("logit lens")
     fig.colorbar(im, ax=ax, label="log p(next input token)")
-    return _save(fig, path)
+    return save(fig, path)

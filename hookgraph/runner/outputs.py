@@ -110,6 +110,7 @@ def write_outputs(job: Job, graph: HookGraph, progress: Progress, gradcam: dict[
                 image=progress.first_input,
                 warnings=progress.warnings,
                 gradcam=gradcam,
+                tokens=progress.first_tokens,
             )
         except Exception as exc:  # the records are the result; figures only show them
             progress.warnings.append(f"figures: {type(exc).__name__}: {exc}")

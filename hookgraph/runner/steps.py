@@ -70,6 +70,14 @@ def _picture(inputs: Any) -> torch.Tensor | None:
     return None
 
 
+def _tokens(inputs: Any) -> list[int] | None:
+    """Sample 0's token ids (a batch dict with input_ids): the labels of attention patterns."""
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] > 0:
+        return [int(t) for t in ids[0]]
+    return None
+
+
 def _shapes(value: Any) -> str:
     """A batch as its shapes: ``(float32[8, 3],)``, ``{input_ids: int64[2, 6]}``; other values by type."""
     if isinstance(value, torch.Tensor):
@@ -205,6 +213,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
                     check_metric_fits(r.metric, inputs, parts.bare)
             if step == 0 and parts.gradcam is not None:
                 progress.first_input = _picture(inputs)
+            if step == 0:
+                progress.first_tokens = _tokens(inputs)
             inputs, labels = to_device(inputs, parts.device, parts.dtype), to_device(labels, parts.device)
             batch = (inputs, labels)
             live.graph.set_batch(inputs)  # record's positions/drop_padding read its mask and token ids

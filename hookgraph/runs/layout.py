@@ -9,7 +9,7 @@ PLAN, MODULES, PLAN_SVG, STATS, TRACE, RECORDS, RANKS, FIGURES, TENSORBOARD, REP
 CONFIG, OVERRIDES, HYDRA_JOB, LOG, SWEEP_TABLE, SWEEP_FIGURE, JOB_RETURNS, PATCHING_TABLE,
 PATCHING_FIGURE, MULTIRUN, SHARD_SUFFIX, FIGURE_SUFFIX, STATS_FIGURE, LENS_TABLE, LENS_FIGURE, shard_name, rank_folder,
 rank_of, rank_file, rank_records, job_return, job_return_num, hist_figure, fmap_figure,
-gradcam_figure.
+pattern_figure, gradcam_figure.
 
 A run folder (``runs/<date>/<time>`` by default)::
 
@@ -49,7 +49,7 @@ __all__ = [
     "SWEEP_TABLE", "SWEEP_FIGURE", "JOB_RETURNS", "PATCHING_TABLE", "PATCHING_FIGURE", "MULTIRUN",
     "SHARD_SUFFIX", "FIGURE_SUFFIX", "STATS_FIGURE", "LENS_TABLE", "LENS_FIGURE",
     "shard_name", "rank_folder", "rank_of", "rank_file", "rank_records", "job_return", "job_return_num",
-    "hist_figure", "fmap_figure", "gradcam_figure",
+    "hist_figure", "fmap_figure", "pattern_figure", "gradcam_figure",
 ]
 
 
@@ -135,6 +135,7 @@ RUN_FOLDER: tuple[Entry, ...] = (
     Entry(REPORT, "the run's page, self-contained", "runner (loop._close, report.write_report); "
           "python -m hookgraph report", always=False, when="after summary.json, unless only listing targets"),
     Entry(FIGURES, f"PNG figures: hist_<spec>{FIGURE_SUFFIX}, fmap_<spec>_<i>_<target>{FIGURE_SUFFIX}, "
+          f"attn_<spec>_<target>{FIGURE_SUFFIX} (attention patterns), "
           f"gradcam_<target>{FIGURE_SUFFIX}, {STATS_FIGURE}", "runner (report.figures.write_figures), rank 0",
           always=False, when="sink.figures and something to draw", folder=True),
     Entry(WEIGHTS, "the model's weights after the last step (its state_dict, tied tensors saved under each "
@@ -259,6 +260,11 @@ def job_return_num(file_name: str) -> int | None:
 def hist_figure(spec: str) -> str:
     """Inside ``figures/``: the histograms of a spec's first records (``spec`` made file-safe)."""
     return f"hist_{spec}{FIGURE_SUFFIX}"
+
+
+def pattern_figure(spec: str, target: str) -> str:
+    """Inside ``figures/``: the attention patterns of a target, a panel per head (both made file-safe)."""
+    return f"attn_{spec}_{target}{FIGURE_SUFFIX}"
 
 
 def fmap_figure(spec: str, index: int, target: str) -> str:
