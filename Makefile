@@ -1,6 +1,6 @@
 # Two commands for a fresh machine (see the README):
-#   make run    set up .venv and run the default job (a small net on synthetic data)
-#   make test   set up .venv and run the test suite
+#   make run    set up .venv (core + the hf extra) and run the default job (a small net on synthetic data)
+#   make test   set up .venv with the test extra and run the test suite
 #   make lint   ruff and mypy, as configured in pyproject.toml
 #   make docs   the documentation as a static site in site/ (mkdocs build --strict)
 # Pass Hydra overrides with ARGS, e.g. make run ARGS="+experiment=clamp_conv".
@@ -15,15 +15,22 @@ PYTEST_ARGS ?=
 
 .PHONY: setup run test lint docs clean
 
-$(BIN)/.installed: pyproject.toml
+# Two stamps: `make run` needs the core and the hf extra (the default job and the README's
+# tour), not the test extra (SAELens, TransformerLens, Lightning, nnsight, playwright, the
+# linters: minutes to install); `make test` adds the test extra on top.
+$(BIN)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[hf]"
+	touch $@
+
+$(BIN)/.installed: $(BIN)/.installed-run
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
 setup: $(BIN)/.installed
 
-run: setup
+run: $(BIN)/.installed-run
 	$(BIN)/python -m hookgraph $(ARGS)
 
 # compileall first: the tests start ~100 Python processes (the command line, sweeps, ranks), and

@@ -2,7 +2,8 @@
 
 Public names: compile, HookGraph, Plan, HookSpec, HookPoint, POINTS, ACTIONS,
 register_action, register_point, PointInfo, list_targets, format_targets, load_run, open_run, logit_lens,
-and the errors HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
+Run (what load_run returns), the module hookgraph.patching (sweeps as functions), and the errors
+HookGraphError, SpecError, ConfigError, ActionError, InplaceBackwardError, NonFiniteError,
 RecordBudgetError, UnknownKeyError.
 
     import hookgraph as hg
@@ -47,6 +48,7 @@ __all__ = [
     "PointInfo",
     "Problem",
     "RecordBudgetError",
+    "Run",
     "SpecError",
     "UnknownKeyError",
     "__version__",
@@ -87,3 +89,11 @@ def open_run(run_dir, model, specs, **options):  # noqa: ANN001, ANN003, ANN201 
     from hookgraph.runner.session import open_run as _open_run  # lazy: `import hookgraph` does not load the runner
 
     return _open_run(run_dir, model, specs, **options)
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module __getattr__: hg.Run loads the reader on first use
+    if name == "Run":
+        from hookgraph.runs.reader import Run  # lazy: `import hookgraph` does not load the reader
+
+        return Run
+    raise AttributeError(f"module 'hookgraph' has no attribute {name!r}")

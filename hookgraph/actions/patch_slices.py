@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from hookgraph.actions.recorded import (
+    check_positions,
     check_source_model,
     position_index,
     recorded_value,
-    resolve_positions,
     source_label,
 )
 from hookgraph.core.points import POINTS
@@ -175,11 +175,29 @@ def _check_heads_now(heads: list[int], n: int | None) -> None:
         raise ValueError(f"heads: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
 
 
+# Masks shared by every patch hook (read-only: torch.where's condition): a sweep binds a new
+# hook per cell, and the same (shape, positions, heads) recurs cell after cell.
+_MASKS: dict[tuple, Tensor] = {}
+_FURTHEST: dict[tuple, int] = {}  # (call length, its indices) -> 1 + the last index patched
+
+
 def _mask(
     view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
 ) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies.
     ``local``: the call's indices along ``dim`` (a slice or an index tensor), None for all."""
+    key = (tuple(view_shape), dim, _key(local), tuple(heads) if heads is not None else None, device)
+    found = _MASKS.get(key)
+    if found is None:
+        if len(_MASKS) > 256:
+            _MASKS.clear()
+        found = _MASKS[key] = _new_mask(view_shape, dim, local, heads, device)
+    return found
+
+
+def _new_mask(
+    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
+) -> Tensor:
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
     if local is not None:
@@ -318,7 +336,13 @@ def _patcher(
         local = pos(length) if pos is not None else None
         if pos is not None and local is None:
             return value  # none of the named positions is in this call
-        reach = offset + (length if local is None else int(torch.arange(length)[local].max()) + 1)
+        lkey = _key(local)
+        last = _FURTHEST.get((length, lkey))
+        if last is None:  # the last index the call patches: once per window, not per call or per hook
+            if len(_FURTHEST) > 256:
+                _FURTHEST.clear()
+            last = _FURTHEST[(length, lkey)] = length if local is None else int(torch.arange(length)[local].max()) + 1
+        reach = offset + last
         if reach > saved.shape[d]:
             raise HookGraphError(
                 f"{label}: the recorded value from {where} covers positions 0..{saved.shape[d] - 1} (shape "
@@ -341,7 +365,7 @@ def _patcher(
             src = source[skey] = head_view(src, n_heads, label) if heads is not None else src
             if heads is not None:
                 _check_heads(heads, src, label)
-        key = (value.device, value.shape, offset, _key(local))
+        key = (value.device, value.shape, offset, lkey)
         m = cache.get(key)
         if m is None:
             m = cache[key] = _mask(src.shape, dim, local, heads, value.device)
@@ -351,7 +375,7 @@ def _patcher(
     # Positions past the source's own sequence are an error now, not at the first call.
     if static is not None and -saved.dim() <= dim < saved.dim():
         try:
-            resolve_positions(static, saved.shape[dim], "positions")
+            check_positions(static, saved.shape[dim], "positions")
         except HookGraphError as exc:
             raise ValueError(f"{exc} (the source, {where}, has shape {list(saved.shape)})") from None
     # What the runner checks against the first batch before the model runs (runner.steps).

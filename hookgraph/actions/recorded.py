@@ -84,6 +84,12 @@ def check_source_model(source: Any, model: nn.Module | None, allow_other_model: 
     records mapping cannot be checked; the former is said with a warning."""
     if model is None or allow_other_model:
         return
+    graph_model = getattr(source, "model", None)  # a HookGraph: on the live model itself, nothing to compare
+    if isinstance(graph_model, nn.Module) and not hasattr(source, "summary"):
+        from hookgraph.core.compiler import unwrap_model  # lazy: the compiler imports the actions
+
+        if unwrap_model(graph_model) is model:
+            return
     theirs = _source_identity(source)
     if theirs is None:
         if isinstance(source, (str, Path)) or hasattr(source, "summary"):
@@ -185,13 +191,18 @@ def position_index(positions: int | Sequence | str | None) -> Any | None:
     )
 
 
-def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:
-    """The per-call form of :func:`position_index`: negative ints resolved, bounds checked."""
+def check_positions(index: Any, length: int, where: str) -> None:
+    """HookGraphError where :func:`resolve_positions` would raise one (nothing built)."""
     if isinstance(index, slice):
-        return index
-    out = []
+        return
     for p in index:
         if not -length <= p < length:
             raise HookGraphError(f"{where}: position {p} is out of range for a sequence of length {length}")
-        out.append(p % length)
-    return torch.tensor(out)
+
+
+def resolve_positions(index: Any, length: int, where: str) -> Tensor | slice:
+    """The per-call form of :func:`position_index`: negative ints resolved, bounds checked."""
+    check_positions(index, length, where)
+    if isinstance(index, slice):
+        return index
+    return torch.tensor([p % length for p in index])

@@ -318,7 +318,7 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     # stable sort on it is the full rank order, and with one order for all there is none to do.
     if len({b.rank[0] for b in bindings}) > 1:
         bindings.sort(key=lambda b: b.rank[0])
-    return HookGraph(model, bindings, store, unmatched=unmatched)
+    return HookGraph(model, bindings, store, unmatched=unmatched, bare=targets.model)
 
 
 def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list[Problem]]:

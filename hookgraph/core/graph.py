@@ -25,6 +25,7 @@ from hookgraph.core.hooks.compiled import HookGuards, compiled_without_breaks, i
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.hooks.traced import block_hooks, refusal_hook
 from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
+from hookgraph.core.rebind import rebind
 from hookgraph.core.sequence import SequenceRecord, assemble, install_clock
 from hookgraph.core.store import Entries, ResultStore
 from hookgraph.core.torch_internals import (
@@ -338,8 +339,9 @@ class HookGraph:
     """
 
     def __init__(self, model: nn.Module, bindings: Sequence[Binding] = (), store: ResultStore | None = None,
-                 *, unmatched: dict[str, str] | None = None):
+                 *, unmatched: dict[str, str] | None = None, bare: nn.Module | None = None):
         self.model = model
+        self.bare = bare if bare is not None else model  # the model behind wrappers: what actions are given
         self.bindings: tuple[Binding, ...] = tuple(bindings)
         self.store = store if store is not None else ResultStore()
         # Specs allowed to match nothing (expect.min: 0) that did: spec -> target and nearest names.
@@ -574,6 +576,14 @@ class HookGraph:
             compiled = self._ran_compiled or is_compiled(self.model)
         return Plan((b.plan_row() for b in self.bindings), compiled=compiled)
 
+    def with_args(self, spec: str, /, **args: Any) -> HookGraph:
+        """This graph with ``spec``'s action arguments changed (the others kept): the action
+        is bound again at the same sites, without compiling (``graph.with_args("patch",
+        positions=3)`` per cell of a patching table). Returns a new graph sharing this one's
+        model and records; this one is unchanged, and each attaches on its own."""
+        bindings = rebind(self.bindings, self.store, self.bare, spec, args)
+        return HookGraph(self.model, bindings, self.store, unmatched=self.unmatched, bare=self.bare)
+
     @property
     def stats(self) -> list[dict]:
         """Rows of statistics; reading them synchronises with the device once."""
@@ -592,6 +602,12 @@ class HookGraph:
 
     def __len__(self) -> int:
         return len(self.bindings)
+
+    def _repr_html_(self) -> str:
+        """The plan as a table, for a notebook."""
+        from hookgraph.runs.display import plan_html  # lazy: only a notebook displays a graph
+
+        return plan_html(list(self.plan()), title=repr(self))
 
     def __repr__(self) -> str:
         specs = len({b.spec.name for b in self.bindings})

@@ -76,7 +76,22 @@ class ActionDef:
 
     @property
     def signature(self) -> inspect.Signature:
-        return inspect.signature(self.factory)
+        try:
+            return _signature(self.factory)
+        except TypeError:  # an unhashable callable: read each time
+            return inspect.signature(self.factory)
+
+
+# Read once per factory: inspect.signature is half of compiling a small spec (0.13 ms).
+_signature = functools.lru_cache(maxsize=1024)(inspect.signature)
+
+
+# (positions, call window) -> the call's indices, shared by every site and every hook: building
+# the index tensor per call was most of a patch hook's cost, and a sweep binds a new hook per
+# cell with the same windows. Callers index with it and never edit it. (A position that is
+# out of range raises each time: errors are not kept.)
+_LOCAL: dict[tuple, Tensor | slice | None] = {}
+_MISSING: Any = object()  # a window not resolved yet (None is a resolution: no position in it)
 
 
 @dataclass
@@ -149,7 +164,12 @@ class ActionContext:
 
         def resolve(length: int) -> Tensor | slice | None:
             offset, prompt, strict = window(length)
-            got = local(offset, length, prompt, where, strict)
+            wkey = (parsed, offset, length, prompt, strict)
+            got = _LOCAL.get(wkey, _MISSING)
+            if got is _MISSING:
+                if len(_LOCAL) > 256:  # a long generation: one window per token, bounded
+                    _LOCAL.clear()
+                got = _LOCAL[wkey] = local(offset, length, prompt, where, strict)
             # What the positions met, for a run's end to say which were never reached.
             reach.seen = True
             reach.hit = reach.hit or got is not None
@@ -370,9 +390,7 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 
 def check_args(defn: ActionDef, args: Mapping[str, Any], key: str) -> list[Problem]:
     """Unknown, missing and mistyped arguments, each as a Problem under ``key``."""
-    sig = defn.signature
-    params = {n: p for n, p in list(sig.parameters.items())[1:]}
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    params, takes_any, required = _parameters(defn)
     problems = []
     for arg, value in args.items():
         if arg not in params:
@@ -385,10 +403,27 @@ def check_args(defn: ActionDef, args: Mapping[str, Any], key: str) -> list[Probl
         ann = hints.get(arg, params[arg].annotation)
         if not _type_ok(value, ann):
             problems.append(Problem(f"{key}.{arg}", f"expected {_ann_name(ann)}, got {value!r}"))
-    for n, p in params.items():
-        if p.kind in _KINDS and p.default is inspect.Parameter.empty and n not in args:
+    for n in required:
+        if n not in args:
             problems.append(Problem(f"{key}.{n}", f"action {defn.name!r} needs argument {n!r}"))
     return problems
+
+
+def _parameters(defn: ActionDef) -> tuple[dict[str, inspect.Parameter], bool, tuple[str, ...]]:
+    """The factory's arguments after ctx, whether it takes ``**kwargs``, and the required ones:
+    read once per factory (a compile of 1,000 specs asked 1,000 times)."""
+    try:
+        return _parameters_of(defn.factory)
+    except TypeError:  # an unhashable callable: read each time
+        return _parameters_of.__wrapped__(defn.factory)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parameters_of(factory: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool, tuple[str, ...]]:
+    params = dict(list(inspect.signature(factory).parameters.items())[1:])
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    required = tuple(n for n, p in params.items() if p.kind in _KINDS and p.default is inspect.Parameter.empty)
+    return params, takes_any, required
 
 
 @functools.lru_cache(maxsize=256)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
@@ -116,11 +119,11 @@ def _schema() -> Any:
 
 def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     """Any accepted input form -> a mapping of spec name -> spec body."""
-    from omegaconf import DictConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-
     if specs is None:
         return {}
     if isinstance(specs, (str, os.PathLike)):
+        from omegaconf import DictConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+
         path = Path(specs)
         if not path.is_file():
             raise SpecError([Problem(str(path), "no such spec file")])
@@ -132,7 +135,9 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
         if isinstance(loaded, DictConfig) and set(loaded.keys()) == {"hooks"}:
             loaded = loaded.hooks
         specs = loaded
-    if isinstance(specs, DictConfig):
+    if _is_omegaconf(specs, "DictConfig"):
+        from omegaconf import DictConfig  # lazy: loaded already, specs is one of its containers
+
         # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
         return {str(k): specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
                 for k in specs}
@@ -146,6 +151,13 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
             )
         return {s.name: s for s in specs}
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
+
+
+def _is_omegaconf(value: Any, *names: str) -> bool:
+    """isinstance(value, omegaconf.<name>) for any of ``names``, without importing OmegaConf:
+    where it is not loaded, nothing can be one of its containers (plain dicts compile without it)."""
+    module = sys.modules.get("omegaconf")
+    return module is not None and isinstance(value, tuple(getattr(module, n) for n in names))
 
 
 class _Unresolved:
@@ -232,25 +244,19 @@ def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
         return None, [*problems, _merge_problem(exc, key)]
 
 
-def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[Problem]]:
-    """Best effort: the spec with its bad fields dropped (or None), and the problems found.
-
-    Returning a partial spec lets the compiler go on to check names and arguments, so one
-    run reports everything wrong at once.
-    """
+def _from_omegaconf(body: Any, key: str) -> tuple[Any, list[Problem], bool]:
+    """A spec body held by OmegaConf -> plain containers, with the problems found; the flag
+    says the body could not be read at all (nothing more to check)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
     from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
 
     problems: list[Problem] = []
-    if isinstance(body, HookSpec):
-        # Objects built in Python go through the same checks as YAML: enums, bounds, types.
-        body = {k: v for k, v in _to_dict(body).items() if k != "name"}
     if isinstance(body, _Unresolved):
         try:
             body = body.cfg[body.k]
         except OmegaConfBaseException as exc:
             raw = body.cfg._get_node(body.k)._value()
-            return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")]
+            return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")], True
     if isinstance(body, DictConfig):
         # Before _resolved: converting (or copying) a list over the bound is the cost refused.
         over = []
@@ -268,6 +274,23 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     if isinstance(body, (DictConfig, ListConfig)):
         body, found = _resolved(body, key)
         problems += found
+    return body, problems, False
+
+
+def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[Problem]]:
+    """Best effort: the spec with its bad fields dropped (or None), and the problems found.
+
+    Returning a partial spec lets the compiler go on to check names and arguments, so one
+    run reports everything wrong at once.
+    """
+    problems: list[Problem] = []
+    if isinstance(body, HookSpec):
+        # Objects built in Python go through the same checks as YAML: enums, bounds, types.
+        body = {k: v for k, v in _to_dict(body).items() if k != "name"}
+    elif isinstance(body, _Unresolved) or _is_omegaconf(body, "DictConfig", "ListConfig"):
+        body, problems, unreadable = _from_omegaconf(body, key)
+        if unreadable:
+            return None, problems
     if not isinstance(body, Mapping):
         return None, [*problems, Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
     reported = {p.key for p in problems}
@@ -309,11 +332,15 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     # Python objects in args (a HookGraph or Run as a patch source) cannot pass through
     # OmegaConf; such args skip the merge and are checked against the action's signature.
     objects = clean.pop("args") if isinstance(clean.get("args"), Mapping) and _holds_objects(clean["args"]) else None
-    merged, found = _merge_fields(clean, key)
-    problems += found
-    if merged is None:
-        return None, problems
-    spec = cast(HookSpec, OmegaConf.to_object(merged))
+    spec = _direct(clean, name)
+    if spec is None:  # a value OmegaConf converts, or refuses with the message the tests hold it to
+        merged, found = _merge_fields(clean, key)
+        problems += found
+        if merged is None:
+            return None, problems
+        from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+
+        spec = cast(HookSpec, OmegaConf.to_object(merged))
     if objects is not None:
         spec = replace(spec, args=dict(objects))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):
@@ -321,7 +348,112 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
             Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}")
         )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
-    return replace(spec, name=name), problems
+    return (spec if spec.name == name else replace(spec, name=name)), problems
+
+
+# -- the direct path: plain values that OmegaConf would take as they are -----------------------
+#
+# Merging a spec onto the OmegaConf schema costs ~1.5 ms (deep copies of the schema's nodes),
+# 10x the model walk. A field whose value already has its declared type exactly (an int for
+# int, a str without "${" for str, a member name for an enum, plain containers for Any) comes
+# out of the merge unchanged but for copies, so it is copied here instead. Any other value
+# (a "3" for an int, a float for a bool, an interpolation, a tuple key, an object) sends the
+# whole spec through the merge, which converts it or words the problem as before.
+
+
+class _Slow(Exception):
+    """A value the direct path leaves to OmegaConf."""
+
+
+def _plain_value(value: Any) -> Any:
+    """A copy of a YAML-typed value as OmegaConf's to_object returns it (tuples as lists)."""
+    kind = type(value)
+    if kind is str:
+        if "${" in value:  # an interpolation: OmegaConf resolves it
+            raise _Slow
+        return value
+    if kind in (int, float, bool) or value is None:
+        return value
+    if kind in (list, tuple):
+        return [_plain_value(v) for v in value]
+    if kind is dict:
+        return {_plain_key(k): _plain_value(v) for k, v in value.items()}
+    raise _Slow
+
+
+def _plain_key(key: Any) -> str:
+    if type(key) is not str or "${" in key:
+        raise _Slow
+    return key
+
+
+def _converter(kind: Any) -> Any:
+    """value -> the field's value, for one declared type (raising _Slow where OmegaConf must decide)."""
+    if kind is Any:
+        return _plain_value
+    if kind in (bool, int, str):
+        def exact(value: Any) -> Any:
+            if type(value) is not kind or (kind is str and "${" in value):
+                raise _Slow
+            return value
+        return exact
+    if kind is dict:
+        def mapping(value: Any) -> Any:
+            if type(value) is not dict:
+                raise _Slow
+            return _plain_value(value)
+        return mapping
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        def member(value: Any) -> Any:
+            if isinstance(value, kind):
+                return value
+            if type(value) is str and value in kind.__members__:
+                return kind[value]
+            raise _Slow
+        return member
+    if isinstance(kind, type) and hasattr(kind, "__dataclass_fields__"):
+        convert = _converters(kind)
+
+        def nested(value: Any) -> Any:
+            if type(value) is not dict or not value.keys() <= convert.keys():
+                raise _Slow
+            return kind(**{k: convert[k](v) for k, v in value.items()})
+        return nested
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            some = _converter(inner[0])
+            return lambda value: None if value is None else some(value)
+
+    def unknown(value: Any) -> Any:  # a field type this path does not know: OmegaConf's call
+        raise _Slow
+    return unknown
+
+
+@functools.cache
+def _converters(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _converter(hints[f.name]) for f in fields(cls) if f.name != "name"}
+
+
+def plain_args(args: Mapping[str, Any]) -> dict:
+    """Action arguments given in Python, as a spec holds them: YAML's values copied as the
+    merge would (tuples as lists); where a value is not one of them (a HookGraph as a patch
+    source), the arguments as given, for the action's signature check to judge."""
+    try:
+        return {_plain_key(k): _plain_value(v) for k, v in args.items()}
+    except _Slow:
+        return dict(args)
+
+
+def _direct(clean: dict, name: str = "") -> HookSpec | None:
+    """The spec built from ``clean`` without OmegaConf, or None where a value needs it."""
+    convert = _converters(HookSpec)
+    try:
+        return HookSpec(**{k: convert[k](v) for k, v in clean.items()}, name=name)
+    except (_Slow, KeyError):
+        return None
 
 
 def _too_many(key: str, n: int) -> Problem:

@@ -109,6 +109,11 @@ class Run:
     def status(self) -> str:
         return str(self.summary.get("status", "unknown"))
 
+    def _repr_html_(self) -> str:  # a notebook's display: summary, metric, figures, records
+        from hookgraph.runs.display import run_html  # lazy: only a notebook displays a run
+
+        return run_html(self)
+
     @property
     def plan(self) -> list:
         """plan.json: one dict per binding (spec, target, type, at, action, order, when,
