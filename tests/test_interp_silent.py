@@ -380,3 +380,16 @@ def test_the_command_line_says_so_instead_of_counting_a_none_record(tmp_path):
     assert out.returncode != 0
     assert "record(s)" not in out.stdout + out.stderr
     assert "the value is None" in out.stderr and "attn_implementation: eager" in out.stderr
+
+
+def test_a_gradient_that_does_not_flow_is_said_once_and_never_counted():
+    # The input of a first layer has no gradient unless it asks for one: PyTorch hands None.
+    # Not an error (nothing is wrong with the spec), not a record either: a warning per site.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    graph = hg.compile(model, {"g": {"target": "*", "at": "backward", "action": "record"}})
+    with graph.attach(), pytest.warns(UserWarning, match=r"record spec 'g' at '0' \(backward\): the value is None "
+                                                         r"\(no gradient flows there\)"):
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+    assert len(graph.records["g"]["1"]) == 2 and graph.records["g"].get("0", []) == []
+    assert sum(len(v) for v in graph.records["g"].values()) == 2

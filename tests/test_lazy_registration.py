@@ -19,7 +19,7 @@ def test_inactive_full_backward_binding_registers_nothing_until_its_step():
     model = _model()
     graph = hg.compile(model, {"g": {"target": "0", "at": "backward", "action": "record", "when": {"steps": "5:"}}})
     before = hook_snapshot(model)
-    x = torch.randn(2, 3)
+    x = torch.randn(2, 3, requires_grad=True)  # a gradient flows into layer 0: its grad_input holds a tensor
     with graph.attach():
         assert hook_snapshot(model) == before  # no BackwardHookFunction inserted on forward
         out = model(x)

@@ -546,12 +546,16 @@ def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local"
     return pure
 
 
-def _nothing_to_record(spec: str, at: str) -> Callable[[str, Any], HookGraphError]:
-    """The error of a call whose value holds no tensor: a None (Hugging Face attention
-    weights under SDPA or flash attention, an optional output left out) or an empty tuple
-    (the inputs of a module called with keywords only) is never kept and counted as a record."""
+def _nothing_to_record(spec: str, at: str) -> Callable[[str, Any], None]:
+    """What a call whose value holds no tensor does: it is never kept nor counted as a record.
+    At an activation (a None output, such as Hugging Face's attention weights under SDPA or
+    flash attention; the empty inputs of a module called with keywords only) that is an error:
+    the value the spec names is not there. At a gradient point, a None is PyTorch saying no
+    gradient flows there (the input of a first layer): skipped, with a warning once per site."""
+    activation = POINTS[at].activation
+    warned: set[str] = set()
 
-    def empty(target: str, value: Any) -> HookGraphError:
+    def empty(target: str, value: Any) -> None:
         what = "None" if value is None else f"a {type(value).__name__} without a tensor ({_short(value)})"
         hint = ""
         if value is None:
@@ -559,8 +563,13 @@ def _nothing_to_record(spec: str, at: str) -> Callable[[str, Any], HookGraphErro
                     "attn_implementation: eager, or record the softmax inside it as an op point")
         elif at == "forward_pre" and isinstance(value, tuple) and not value:
             hint = "; the module was called with keyword arguments only, which forward_pre's inputs do not hold"
-        return HookGraphError(f"record spec {spec!r} at {target!r} ({at}): the value is {what}: nothing to "
-                              f"record{hint}")
+        if activation:
+            raise HookGraphError(f"record spec {spec!r} at {target!r} ({at}): the value is {what}: nothing to "
+                                 f"record{hint}")
+        if target not in warned:
+            warned.add(target)
+            warnings.warn(f"record spec {spec!r} at {target!r} ({at}): the value is {what} (no gradient flows "
+                          "there); such calls are not recorded", stacklevel=2)
 
     return empty
 
@@ -607,7 +616,7 @@ def _appender(
     plain: bool,
     to_host: Callable[[Tensor], Tensor] | None,
     build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
-    empty: Callable[[str, Any], HookGraphError],
+    empty: Callable[[str, Any], None],
 ) -> Callable[[Entries, str], Callable[[Any], None]]:
     """``make(slot, target)``: the hook-side fn for one site, ``one`` per tensor of the value
     and the result into the slot. The variant is chosen here, once per spec.
@@ -624,7 +633,7 @@ def _appender(
             def per_device_fn(value: Any) -> None:
                 found = tensors(value)
                 if not found:
-                    raise empty(target, value)
+                    return empty(target, value)
                 slot.append_on_device(tree_map(one, value), found[0].device)
 
             return per_device_fn
@@ -637,7 +646,7 @@ def _appender(
 
             def fn(value: Any) -> None:
                 if type(value) is not Tensor and not tensors(value):
-                    raise empty(target, value)
+                    return empty(target, value)
                 forget()  # the entry it replaces needs no watching
                 keep_last(tree_map(one, value))
 
@@ -651,7 +660,7 @@ def _appender(
 
             def fn(value: Any) -> None:
                 if type(value) is not Tensor and not tensors(value):
-                    raise empty(target, value)
+                    return empty(target, value)
                 append(tree_map(one, value))
 
             return fn
@@ -674,7 +683,7 @@ def _appender(
                     else:  # what ``one`` does for a plain tensor, without building it per target
                         slot.keep_tensor(value)
                 elif not tensors(value):
-                    raise empty(target, value)
+                    return empty(target, value)
                 else:
                     one = ones.get(target)
                     if one is None:
@@ -701,7 +710,7 @@ def _appender(
                     append(t)
                     return
             elif not tensors(value):
-                raise empty(target, value)
+                return empty(target, value)
             if one is None:
                 one = build_one(slot, target)
             append(tree_map(one, value))
