@@ -19,7 +19,7 @@ from torch import Tensor
 
 from hookgraph.core.dtensors import is_dtensor, plain_tensor
 from hookgraph.core.dtypes import DTYPES
-from hookgraph.core.points import POINTS
+from hookgraph.core.points import POINTS, HookPoint
 from hookgraph.core.registry import ActionContext, register_action
 from hookgraph.core.sequence import Span
 from hookgraph.core.store import Entries
@@ -546,7 +546,7 @@ def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local"
     return pure
 
 
-def _nothing_to_record(spec: str, at: str) -> Callable[[str, Any], None]:
+def _nothing_to_record(spec: str, at: HookPoint) -> Callable[[str, Any], None]:
     """What a call whose value holds no tensor does: it is never kept nor counted as a record.
     At an activation (a None output, such as Hugging Face's attention weights under SDPA or
     flash attention; the empty inputs of a module called with keywords only) that is an error:
