@@ -203,20 +203,29 @@ def head_patching(
     ``transformer.h.*.attn.c_proj`` input (``at: forward_pre``, the default) or
     TransformerLens's ``blocks.*.attn.hook_z`` (``at: forward``)."""
     names, record = _record(model, sites, at, None, clean)
-    counts = [_heads(model, n, n_heads) for n in names]
-    heads = list(range(max(counts, default=0)))
-    values = torch.full((len(names), len(heads)), float("nan"), dtype=torch.float64)
-    with _bar(sum(counts), progress, "head patching") as bar:
-        for i, name in enumerate(names):
-            graph = compile_graph(model, {"patch": {
-                "target": name, "at": at, "action": "head_patch",
-                "args": {"run": record, "spec": "clean", "heads": 0, "positions": positions, "n_heads": counts[i]}}})
-            for h in range(counts[i]):
-                values[i, h] = _measure(model, corrupted, metric, graph.with_args("patch", heads=h))
-                bar.update()
+    values, heads = _per_head(model, names, n_heads, at, "head_patch",
+                              {"run": record, "spec": "clean", "positions": positions}, corrupted, metric, progress,
+                              "head patching")
     return Table(values, ("site", "head"), {"site": names, "head": heads},
                  corrupted=_measure(model, corrupted, metric), clean=_measure(model, clean, metric),
                  title="head patching")
+
+
+def _per_head(model: nn.Module, names: list[str], n_heads: int | None, at: str, action: str, args: dict,
+              inputs: Any, metric: Callable[[Any], Any], progress: bool | None, what: str) -> tuple[Tensor, list[int]]:
+    """The metric on ``inputs`` with ``action`` on one head at a time, [site, head] (NaN past a
+    site's heads): one compile per site, then one re-targeted graph per head."""
+    counts = [_heads(model, n, n_heads) for n in names]
+    heads = list(range(max(counts, default=0)))
+    values = torch.full((len(names), len(heads)), float("nan"), dtype=torch.float64)
+    with _bar(sum(counts), progress, what) as bar:
+        for i, name in enumerate(names):
+            spec = {"target": name, "at": at, "action": action, "args": {**args, "heads": 0, "n_heads": counts[i]}}
+            graph = compile_graph(model, {"head": spec})
+            for h in range(counts[i]):
+                values[i, h] = _measure(model, inputs, metric, graph.with_args("head", heads=h))
+                bar.update()
+    return values, heads
 
 
 def head_ablation(
@@ -237,17 +246,8 @@ def head_ablation(
     target = sites if isinstance(sites, str) else list(sites)
     probe = compile_graph(model, {"heads": {"target": target, "at": at, "action": "record"}}, prefix="sites")
     names = [b.target for b in probe.bindings]
-    counts = [_heads(model, n, n_heads) for n in names]
-    heads = list(range(max(counts, default=0)))
-    values = torch.full((len(names), len(heads)), float("nan"), dtype=torch.float64)
-    with _bar(sum(counts), progress, "head ablation") as bar:
-        for i, name in enumerate(names):
-            graph = compile_graph(model, {"ablate": {
-                "target": name, "at": at, "action": "head_mask",
-                "args": {"heads": 0, "value": value, "positions": positions, "n_heads": counts[i]}}})
-            for h in range(counts[i]):
-                values[i, h] = _measure(model, inputs, metric, graph.with_args("ablate", heads=h))
-                bar.update()
+    values, heads = _per_head(model, names, n_heads, at, "head_mask", {"value": value, "positions": positions},
+                              inputs, metric, progress, "head ablation")
     return Table(values, ("site", "head"), {"site": names, "head": heads},
                  corrupted=_measure(model, inputs, metric), title="head ablation")
 
