@@ -228,11 +228,13 @@ def test_patching_sweep_page_shows_distinct_labels_the_heatmaps_and_failed_jobs(
     SweepTable().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(root)}}}))
     v = Visit(browser, root / "report.html", tmp_path / "report-patching-sweep.png")
     try:
-        ticks = v.page.eval_on_selector_all("svg.heatmap text.xtick", "els => els.map(e => e.lastChild.textContent)")
-        assert ticks == ["0", "3"]  # was "transforme" twice: every label cut to 10 characters
-        full = v.page.eval_on_selector_all("svg.heatmap text.xtick title", "els => els.map(e => e.textContent)")
+        # Layers are the rows (issue 37: one orientation), each label whole in its tooltip.
+        ticks = v.page.eval_on_selector_all("svg.heatmap text.ytick", "els => els.map(e => e.lastChild.textContent)")
+        assert len(ticks) == 2 and len(set(ticks)) == 2  # was "transforme" twice: every label cut to 10 characters
+        full = v.page.eval_on_selector_all("svg.heatmap text.ytick title", "els => els.map(e => e.textContent)")
         assert full == ["transformer.h.0", "transformer.h.3"]
-        assert "transformer.h.\u2026" in v.page.locator("svg.heatmap text.axis").first.text_content()
+        cols = v.page.eval_on_selector_all("svg.heatmap text.xtick title", "els => els.map(e => e.textContent)")
+        assert cols == ["0", "3"]  # the positions that ran; 9 failed in both layers
         assert v.page.locator("svg.heatmap g.cell").count() == 4  # the failed jobs' cells stay blank
         assert v.page.locator('#patching img[alt="patching.png"]').count() == 1
         assert v.page.locator('#figure img[alt="sweep.png"]').count() == 1
@@ -310,7 +312,7 @@ def test_a_patching_sweep_page_has_one_orientation(browser, tmp_path):
     v = Visit(browser, sweep, tmp_path / "report-patching-sweep.png")
     try:
         assert v.page.locator("svg.metric-plot path.series").count() == 2
-        title = v.page.inner_text("svg.heatmap text.title")
+        title = v.page.locator("svg.heatmap text.title").text_content()
         assert title.endswith("hooks.patch.target (rows) x hooks.patch.args.positions (columns)")
         v.screenshot()
         check_clean(v)
