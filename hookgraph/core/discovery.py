@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
@@ -86,6 +87,49 @@ def list_targets(
         for n, m in modules.items()
         if n in keep
     ]
+
+
+def list_ops(model: nn.Module, target: str = "**", inputs: Any = None) -> list[dict]:
+    """The calls each module matching ``target`` makes in its own forward (not its children's),
+    from one forward of ``model`` on ``inputs``: what a spec's ``op`` can name (as nnsight's
+    ``module.source`` shows). ``inputs``: a tensor (``model(inputs)``), a tuple of positional
+    inputs, or a mapping of keyword inputs.
+
+    Returns:
+        Rows ``{module, op, name, index, inputs, output}`` in call order per module: ``op``
+        is the spelling a spec uses (``matmul.1``: the second matmul), ``inputs`` the shape
+        of each positional input (None where not a tensor), ``output`` the output's shape.
+
+    Example:
+        >>> import torch, torch.nn as nn
+        >>> class Net(nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.softmax(x @ x.T, dim=-1)
+        >>> [r["op"] for r in list_ops(Net(), "", torch.ones(2, 3))]
+        ['matmul.0', 'softmax.0']
+    """
+    import torch  # lazy: the discovery of names needs no forward
+
+    from hookgraph.core.ops import list_calls
+
+    bare = unwrap_model(model)
+    named = dict(bare.named_modules())
+    keep = set(match_names([target], list(named)))
+    if target in ("", "**"):
+        keep.add("")
+    if not keep:
+        _no_rows(target, list(named), "module")
+    chosen = {n: m for n, m in named.items() if n in keep}
+
+    def run() -> Any:
+        with torch.no_grad():
+            if isinstance(inputs, Mapping):
+                return model(**inputs)
+            if isinstance(inputs, tuple):
+                return model(*inputs)
+            return model(inputs)
+
+    return [c.row() for c in list_calls(chosen, run)]
 
 
 def _no_rows(pattern: str, names: list[str], kind: str) -> None:
