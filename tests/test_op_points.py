@@ -220,3 +220,47 @@ def test_gqa_llama_pattern_equals_a_hand_computation():
         s = s.masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf"))
     torch.testing.assert_close(got, s.softmax(-1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, out.attentions[0], rtol=0, atol=0)
+
+
+def test_generate_with_kv_cache_records_each_steps_pattern_as_hf_does():
+    model, ids = _gpt2(), _ids()
+    ref = model.generate(ids, max_new_tokens=3, do_sample=False, output_attentions=True,
+                         return_dict_in_generate=True, pad_token_id=0)  # the oracle first (its hooks predate ours)
+    graph = hg.compile(model, {"pat": {"target": "transformer.h.0.attn", "op": "softmax", "action": "record"}})
+    with graph.attach(), torch.no_grad():
+        seq = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(seq, ref.sequences)
+    got = graph.records["pat"]["transformer.h.0.attn:softmax.0"]
+    assert [tuple(t.shape) for t in got] == [(2, 4, 7, 7), (2, 4, 1, 8), (2, 4, 1, 9)]  # queries: new tokens only
+    for step, t in enumerate(got):
+        torch.testing.assert_close(t, ref.attentions[step][0], rtol=0, atol=0)
+
+
+class _Block(torch.nn.Module):
+    """An MLP whose activation is a function call in its forward, as the seed nets' are."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+        self.out = torch.nn.Linear(6, 1)
+
+    def forward(self, x):
+        return self.out(torch.nn.functional.gelu(self.fc(x)))
+
+
+def test_open_run_writes_op_records_that_load_run_reads(tmp_path):
+    torch.manual_seed(0)
+    model = _Block()
+    xs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    specs = {"act": {"target": "", "op": "gelu", "action": "record"},
+             "half": {"target": "", "op": "gelu", "action": "scale", "args": {"factor": 0.5}, "order": 1}}
+    with hg.open_run(tmp_path / "run", model, specs, figures=False) as run:
+        for x in xs:
+            model(x).sum().backward()
+            run.step()
+    r = hg.load_run(tmp_path / "run")
+    assert r.ok
+    with torch.no_grad():
+        for step, x in enumerate(xs):
+            hand = torch.nn.functional.gelu(model.fc(x))
+            torch.testing.assert_close(r.records["act"].entry(":gelu.0", step), hand, rtol=0, atol=0)

@@ -108,9 +108,9 @@ def list_ops(model: nn.Module, target: str = "**", inputs: Any = None) -> list[d
         >>> [r["op"] for r in list_ops(Net(), "", torch.ones(2, 3))]
         ['matmul.0', 'softmax.0']
     """
-    import torch  # lazy: the discovery of names needs no forward
+    import torch  # lazy: `import hookgraph` stays light (test_startup)
 
-    from hookgraph.core.ops import list_calls
+    from hookgraph.core.ops import list_calls  # lazy: `import hookgraph` stays light (test_startup)
 
     bare = unwrap_model(model)
     named = dict(bare.named_modules())

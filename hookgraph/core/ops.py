@@ -20,6 +20,7 @@ op specs get none of this: they pay nothing.
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -237,51 +238,64 @@ def _no_match(b: Binding, calls: list[str]) -> HookGraphError:
     return HookGraphError(msg)
 
 
-def register(b: Binding, st: SpecState) -> list[RemovableHandle]:
-    """The hooks of an op binding (eager only: a compiled attachment refuses op specs)."""
-    if st.log is not None:
-        raise HookGraphError(
-            f"{full_key(b.key, 'op')}: op points are not traced under torch.compile (attach(compiled=True)); "
-            "attach without compiled=True (eager) to act on the calls inside a forward"
-        )
-    sites = b.fn
-    assert isinstance(sites, OpSites)
-    patterns, at, want = b.spec.ops, b.at, b.want_training
-    chosen: dict[str, Any] = {}  # call -> (call(value, inputs, output), unwrap, rewrap), or None
-    switch = Switch()
-    checked = [False]
+class _Actor:
+    """One op binding at its module: what it does to a chosen call's inputs or output."""
 
-    def caller(name: str, call: str) -> Any:
-        if not _matches(patterns, name, call):
-            return None
-        key = op_key(b.target, call)
-        sub = replace(b, target=key, fn=sites(key))
-        return make_caller(sub), *tuple_io(sub), sub
+    def __init__(self, b: Binding, st: SpecState, switch: Switch):
+        self.b, self.st, self.switch = b, st, switch
+        self.sites = cast(OpSites, b.fn)
+        self.chosen: dict[str, Any] = {}  # call -> (call(value, inputs, output), unwrap, rewrap), or None
+        self.checked = False
 
-    def act(name: str, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
-        got = chosen.get(call, _NOT_CHOSEN)
+    def _caller(self, name: str, call: str) -> Any:
+        got = self.chosen.get(call, _NOT_CHOSEN)
         if got is _NOT_CHOSEN:
-            got = chosen[call] = caller(name, call)
-        if got is None or not st.active or not switch.on:
-            return _NOT_CHOSEN
+            got = None
+            if _matches(self.b.spec.ops, name, call):
+                key = op_key(self.b.target, call)
+                sub = replace(self.b, target=key, fn=self.sites(key))
+                got = (make_caller(sub), *tuple_io(sub))
+            self.chosen[call] = got
+        if got is None or not self.st.active or not self.switch.on:
+            return None
+        want = self.b.want_training  # when.mode: train or eval only
+        if want is not None and self.b.module.training is not want:
+            return None
+        return got
+
+    def _count(self) -> bool:
+        """Whether the action runs at this call (counted), or is skipped (recomputation)."""
         if recomputing():
-            st.recomputed += 1
-            if not b.action.replaces:
-                return _NOT_CHOSEN
-        else:
-            st.calls += 1
-        run, unwrap, rewrap, sub = got
+            self.st.recomputed += 1
+            return self.b.action.replaces
+        self.st.calls += 1
+        return True
+
+    def pre(self, name: str, call: str, args: tuple) -> tuple:
+        if self.b.at is not HookPoint.forward_pre:
+            return args
+        got = self._caller(name, call)
+        if got is None or not self._count():
+            return args
+        run, unwrap, rewrap = got
+        new = run(unwrap(args), args, None)
+        return args if new is None else rewrap(args, new)
+
+    def post(self, name: str, call: str, args: tuple, out: Any) -> Any:
+        at = self.b.at
         if at is HookPoint.forward_pre:
-            new = run(unwrap(args), args, None)
-            if new is not None:
-                args = rewrap(args, new)
-            return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+            return out
+        got = self._caller(name, call)
+        if got is None:
+            return out
+        run = got[0]
         if at is HookPoint.forward:
+            if not self._count():
+                return out
             new = run(out, args, out)
             return out if new is None else new
         if isinstance(out, Tensor) and out.requires_grad:  # output_grad: the gradient of the op's output
-            st.calls -= 1  # counted when the gradient arrives
+            st, switch = self.st, self.switch
             switch.placed += 1
 
             def grad_hook(grad: Tensor) -> Tensor | None:
@@ -294,18 +308,76 @@ def register(b: Binding, st: SpecState) -> list[RemovableHandle]:
             out.register_hook(grad_hook)
         return out
 
-    def done(mode: _Mode) -> None:
-        if checked[0] or not st.active:
+    def done(self, mode: _Mode) -> None:
+        """After the first forward: a spec whose op matched no call is an error naming the calls."""
+        if self.checked or not self.st.active:
             return
-        checked[0] = True
+        self.checked = True
         calls = [f"{n}.{i}" for n, c in mode.counts.items() for i in range(c)]
-        if not any(v is not None for v in chosen.values()) and not any(
-            _matches(patterns, c.rsplit(".", 1)[0], c) for c in calls
-        ):
-            raise _no_match(b, calls)
+        if not any(_matches(self.b.spec.ops, c.rsplit(".", 1)[0], c) for c in calls):
+            raise _no_match(self.b, calls)
 
-    handles = _bracket(b.module, lambda: _Mode(act, None, b.target), done, want)
-    return [*handles, cast(RemovableHandle, switch)]
+
+class _Shared:
+    """The one mode bracket of a module, shared by its op bindings: each call of its forward
+    passes them in rank order (a lower ``order`` sees the value first, as at module points)."""
+
+    def __init__(self, module: nn.Module, target: str):
+        self.module = module
+        self.actors: list[_Actor] = []
+        self.handles = _bracket(module, lambda: _Mode(self.act, None, target), self.done)
+
+    def act(self, name: str, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        for a in self.actors:
+            args = a.pre(name, call, args)
+        out = func(*args, **kwargs)
+        for a in self.actors:
+            out = a.post(name, call, args, out)
+        return out
+
+    def done(self, mode: _Mode) -> None:
+        for a in self.actors:
+            a.done(mode)
+
+
+# Modules with op bindings attached: their shared bracket (gone with the last binding).
+_SHARED: weakref.WeakKeyDictionary[nn.Module, _Shared] = weakref.WeakKeyDictionary()
+
+
+class _Leave:
+    """The handle of one op binding: removing it takes its actor out, and the bracket's
+    hooks with the last one."""
+
+    def __init__(self, shared: _Shared, actor: _Actor):
+        self.shared, self.actor = shared, actor
+
+    def remove(self) -> None:
+        shared = self.shared
+        if self.actor in shared.actors:
+            shared.actors.remove(self.actor)
+        if not shared.actors:
+            for h in shared.handles:
+                h.remove()
+            shared.handles = []
+            if _SHARED.get(shared.module) is shared:
+                del _SHARED[shared.module]
+
+
+def register(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    """The hooks of an op binding (eager only: a compiled attachment refuses op specs)."""
+    if st.log is not None:
+        raise HookGraphError(
+            f"{full_key(b.key, 'op')}: op points are not traced under torch.compile (attach(compiled=True)); "
+            "attach without compiled=True (eager) to act on the calls inside a forward"
+        )
+    shared = _SHARED.get(b.module)
+    if shared is None:
+        shared = _SHARED[b.module] = _Shared(b.module, b.target)
+    switch = Switch()
+    actor = _Actor(b, st, switch)
+    shared.actors.append(actor)
+    shared.actors.sort(key=lambda a: a.b.rank)
+    return [cast(RemovableHandle, _Leave(shared, actor)), cast(RemovableHandle, switch)]
 
 
 def _logger(log: list[OpCall], name: str) -> Callable[[], _Mode]:
