@@ -264,3 +264,18 @@ def test_open_run_writes_op_records_that_load_run_reads(tmp_path):
         for step, x in enumerate(xs):
             hand = torch.nn.functional.gelu(model.fc(x))
             torch.testing.assert_close(r.records["act"].entry(":gelu.0", step), hand, rtol=0, atol=0)
+
+
+def test_cli_list_targets_with_ops_lists_the_calls(tmp_path):
+    from tests.cli_helpers import run_cli_here
+
+    proc = run_cli_here(["model=gpt2_tiny", "data=tokens", "list_targets=transformer.h.0.attn", "ops=true",
+                         "+model.kwargs.config.attn_implementation=eager", f"hydra.run.dir={tmp_path / 'run'}"],
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].split() == ["module", "op", "inputs", "output"]
+    softmax = [line.split() for line in lines if " softmax.0 " in line]
+    assert len(softmax) == 1 and softmax[0][0] == "transformer.h.0.attn"
+    assert softmax[0][2] == softmax[0][3]  # the pattern: same shape in and out, [batch, heads, query, key]
+    assert not any(" addmm." in line for line in lines)  # c_attn/c_proj's calls are theirs

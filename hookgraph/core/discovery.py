@@ -149,3 +149,16 @@ def format_targets(rows: list[dict]) -> str:
         return "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
 
     return "\n".join([fmt(header), *map(fmt, cells)])
+
+
+def format_ops(rows: list[dict]) -> str:
+    """list_ops rows as a table: module, op (the spelling a spec's ``op`` uses), shapes."""
+    def shape(s: Any) -> str:
+        return "-" if s is None else str(s).replace(" ", "")
+
+    lines = [("module", "op", "inputs", "output")]
+    lines += [(r["module"] or "(root)", r["op"], " ".join(shape(i) for i in r["inputs"]) or "-", shape(r["output"]))
+              for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(3)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line[:3], widths, strict=True)), line[3]]).rstrip()
+                     for line in lines)
