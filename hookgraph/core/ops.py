@@ -142,7 +142,11 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        name = canonical(func) if not self.suspended else None
+        if self.suspended:
+            return func(*args, **kwargs)
+        name = _NAMES.get(func, _NOT_CHOSEN)
+        if name is _NOT_CHOSEN:
+            name = _NAMES[func] = canonical(func)
         if name is None:
             return func(*args, **kwargs)
         i = self.counts.get(name, 0)
@@ -157,6 +161,7 @@ class _Mode(TorchFunctionMode):
 
 
 _NOT_CHOSEN: Any = object()
+_NAMES: dict[Any, Any] = {}  # func -> its canonical name (or None): one lookup per call, not a parse
 
 
 class _Suspend:
