@@ -486,6 +486,10 @@ def _op_sites(spec: HookSpec, key: str, defn: ActionDef, name: str, module: nn.M
               model: nn.Module) -> tuple[Any, Problem | None]:
     """An op spec's fn: the action's function per op call (ops.OpSites), its arguments
     checked here once, against the module's site."""
+    if defn.name in ("head_mask", "head_patch"):  # they read heads as [..., head, d_head]; a pattern has them at dim 1
+        return None, Problem(full_key(key, "action"), f"{defn.name} does not act at an op point yet (a pattern "
+                             "[batch, heads, query, key] has its heads at dim 1); mask a head there with action: "
+                             "mask, args: {index: <head>, dim: 1}")
     ctx = ActionContext(spec.name, name, spec.at, type(module).__name__, store, key, model=model)
     factory, args = defn.factory, spec.args
     per_spec = getattr(factory, "per_spec", None)
