@@ -286,7 +286,7 @@ def test_head_mask_at_an_op_is_refused_naming_mask_at_dim_1_which_ablates_the_he
     with pytest.raises(SpecError, match=r"hooks\.hm\.action: head_mask does not act at an op point.*dim: 1"):
         hg.compile(model, {"hm": {"target": "transformer.h.0.attn", "op": "softmax", "action": "head_mask",
                                   "args": {"heads": 1}}})
-    # The way it names: head 1's pattern zeroed equals HF's pattern with head 1 zeroed by hand.
+    # The way it names: mask at dim 1 zeroes head 1's whole pattern; the spec after it (order 1) sees that.
     graph = hg.compile(model, {
         "hm": {"target": "transformer.h.0.attn", "op": "softmax", "action": "mask", "args": {"index": 1, "dim": 1}},
         "after": {"target": "transformer.h.0.attn", "op": "softmax", "action": "record", "order": 1},
