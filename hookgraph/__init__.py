@@ -15,7 +15,7 @@ RecordBudgetError, UnknownKeyError.
 
 from hookgraph.actions import ACTIONS, ActionContext, register_action
 from hookgraph.core.compiler import compile  # noqa: A004 - hg.compile, as torch.compile: the public name
-from hookgraph.core.discovery import format_targets, list_targets
+from hookgraph.core.discovery import format_targets, list_ops, list_targets
 from hookgraph.core.graph import HookGraph, Plan
 from hookgraph.core.points import POINTS, HookPoint, PointInfo, register_point
 from hookgraph.core.spec import HookSpec
@@ -55,6 +55,7 @@ __all__ = [
     "compile",
     "format_targets",
     "list_targets",
+    "list_ops",
     "load_run",
     "logit_lens",
     "open_run",

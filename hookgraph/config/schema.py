@@ -163,6 +163,7 @@ class HookgraphConfig:
     dry_run: bool = False  # print the compiled plan and stop, without running the model
     list_targets: str | None = None  # a glob: print the model's matching names, types and shapes, and stop
     list_params: bool = False  # with list_targets: list parameters instead of modules
+    ops: bool = False  # with list_targets: one forward on the data, listing each module's op calls
 
 
 def register_configs() -> None:

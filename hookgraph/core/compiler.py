@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from hookgraph.core import ops
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2
@@ -434,6 +436,16 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 )
             )
             continue
+        if spec.op is not None:
+            fn, found = _op_sites(spec, key, defn, name, module, store, model)
+            if found is not None:
+                problems.append(found)
+                break
+            bindings.append(
+                Binding(spec, name, at, module, None, defn, fn, (order, spec_index, target_index), key, start, stop,
+                        want_training)
+            )
+            continue
         try:
             if site is None:
                 ctx = ActionContext(spec_name, name, at, type(param if param is not None else module).__name__,
@@ -468,6 +480,32 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
         )
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]
     return bindings, problems
+
+
+def _op_sites(spec: HookSpec, key: str, defn: ActionDef, name: str, module: nn.Module, store: ResultStore,
+              model: nn.Module) -> tuple[Any, Problem | None]:
+    """An op spec's fn: the action's function per op call (ops.OpSites), its arguments
+    checked here once, against the module's site."""
+    if defn.name in ("head_mask", "head_patch"):  # they read heads as [..., head, d_head]; a pattern has them at dim 1
+        return None, Problem(full_key(key, "action"), f"{defn.name} does not act at an op point yet (a pattern "
+                             "[batch, heads, query, key] has its heads at dim 1); mask a head there with action: "
+                             "mask, args: {index: <head>, dim: 1}")
+    ctx = ActionContext(spec.name, name, spec.at, type(module).__name__, store, key, model=model)
+    factory, args = defn.factory, spec.args
+    per_spec = getattr(factory, "per_spec", None)
+    try:
+        if per_spec is not None:
+            make = per_spec(ctx, **args)
+        else:
+            factory(ctx, **args)  # checks the arguments; each call gets its own below
+
+            def make(site: str) -> Any:
+                return factory(replace(ctx, target=site), **args)
+    except (TypeError, ValueError) as exc:
+        return None, Problem(full_key(key, "args"), f"{defn.name}: {exc}")
+    except Exception as exc:
+        return None, Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}")
+    return ops.OpSites(make), None
 
 
 def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
@@ -88,6 +89,49 @@ def list_targets(
     ]
 
 
+def list_ops(model: nn.Module, target: str = "**", inputs: Any = None) -> list[dict]:
+    """The calls each module matching ``target`` makes in its own forward (not its children's),
+    from one forward of ``model`` on ``inputs``: what a spec's ``op`` can name (as nnsight's
+    ``module.source`` shows). ``inputs``: a tensor (``model(inputs)``), a tuple of positional
+    inputs, or a mapping of keyword inputs.
+
+    Returns:
+        Rows ``{module, op, name, index, inputs, output}`` in call order per module: ``op``
+        is the spelling a spec uses (``matmul.1``: the second matmul), ``inputs`` the shape
+        of each positional input (None where not a tensor), ``output`` the output's shape.
+
+    Example:
+        >>> import torch, torch.nn as nn
+        >>> class Net(nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.softmax(x @ x.T, dim=-1)
+        >>> [r["op"] for r in list_ops(Net(), "", torch.ones(2, 3))]
+        ['matmul.0', 'softmax.0']
+    """
+    import torch  # lazy: `import hookgraph` stays light (test_startup)
+
+    from hookgraph.core.ops import list_calls  # lazy: `import hookgraph` stays light (test_startup)
+
+    bare = unwrap_model(model)
+    named = dict(bare.named_modules())
+    keep = set(match_names([target], list(named)))
+    if target in ("", "**"):
+        keep.add("")
+    if not keep:
+        _no_rows(target, list(named), "module")
+    chosen = {n: m for n, m in named.items() if n in keep}
+
+    def run() -> Any:
+        with torch.no_grad():
+            if isinstance(inputs, Mapping):
+                return model(**inputs)
+            if isinstance(inputs, tuple):
+                return model(*inputs)
+            return model(inputs)
+
+    return [c.row() for c in list_calls(chosen, run)]
+
+
 def _no_rows(pattern: str, names: list[str], kind: str) -> None:
     raise ConfigError("list_targets", f"no {kind} name matches {pattern!r}; {no_match_hint([pattern], names)}")
 
@@ -105,3 +149,16 @@ def format_targets(rows: list[dict]) -> str:
         return "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
 
     return "\n".join([fmt(header), *map(fmt, cells)])
+
+
+def format_ops(rows: list[dict]) -> str:
+    """list_ops rows as a table: module, op (the spelling a spec's ``op`` uses), shapes."""
+    def shape(s: Any) -> str:
+        return "-" if s is None else str(s).replace(" ", "")
+
+    lines = [("module", "op", "inputs", "output")]
+    lines += [(r["module"] or "(root)", r["op"], " ".join(shape(i) for i in r["inputs"]) or "-", shape(r["output"]))
+              for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(3)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line[:3], widths, strict=True)), line[3]]).rstrip()
+                     for line in lines)

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookgraph.core import ops
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.hooks import fsdp2
 from hookgraph.core.hooks.binding import Binding
@@ -227,6 +228,8 @@ class Attachment:
     def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
         """The binding's hooks, by its point's registrar: the traced one where dynamo traces
         them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
+        if b.spec.op is not None:  # an op point: its hooks bracket the module's forward (core/ops.py)
+            return ops.register(b, st)
         if st.log is not None and b.traced_hooks:
             return TRACED_REGISTRARS[b.at](b, st)
         if b.param is None and b.shard is None:  # a module point: fsdp2.registrar has nothing to say

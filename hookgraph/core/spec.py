@@ -36,7 +36,7 @@ __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs
 # `re:` pattern says the same in one line (docs/specs.md).
 MAX_PATTERNS = 10_000  # strings in one spec's target, exclude or types
 MAX_SPECS = 10_000  # specs under hooks:
-_LISTS = ("target", "exclude", "types")
+_LISTS = ("target", "exclude", "types", "op")
 
 
 class Mode(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() in messages
@@ -71,6 +71,7 @@ class HookSpec:
     types: Any = None  # class names (Conv2d) or dotted paths; subclasses match too
     leaf: bool = False  # only modules without children (after target/exclude/types)
     at: HookPoint = HookPoint.forward
+    op: Any = None  # glob(s) over the calls the target's own forward makes (softmax, matmul.1): core/ops.py
     action: Any = "record"  # registered name, or {_target_: pkg.fn} for a user callable
     args: dict = field(default_factory=dict)
     index: Any = None  # pick one element of a tuple/list/dict value (int or key)
@@ -83,6 +84,10 @@ class HookSpec:
     @property
     def targets(self) -> tuple[str, ...]:
         return _as_tuple(self.target)
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return _as_tuple(self.op)
 
     @property
     def excludes(self) -> tuple[str, ...]:
@@ -348,6 +353,9 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
             Problem(f"{key}.expect", f"need 0 <= min <= max, got min={spec.expect.min}, max={spec.expect.max}")
         )
         spec = replace(spec, expect=Expect())  # so the target is still resolved, against the default bounds
+    if spec.op is not None and str(spec.at) not in _OP_POINTS:
+        problems.append(Problem(f"{key}.at", f"an op point acts at {', '.join(_OP_POINTS)}, not {str(spec.at)!r}"))
+        spec = replace(spec, op=None)
     return (spec if spec.name == name else replace(spec, name=name)), problems
 
 
@@ -454,6 +462,10 @@ def _direct(clean: dict, name: str = "") -> HookSpec | None:
         return HookSpec(**{k: convert[k](v) for k, v in clean.items()}, name=name)
     except (_Slow, KeyError):
         return None
+
+
+# Where an op point acts: its inputs, its output, its output's gradient (core/ops.py).
+_OP_POINTS = ("forward_pre", "forward", "output_grad")
 
 
 def _too_many(key: str, n: int) -> Problem:

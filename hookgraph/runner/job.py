@@ -30,8 +30,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hookgraph.core.discovery import format_targets, list_targets
+from hookgraph.core.discovery import format_ops, format_targets, list_ops, list_targets
 from hookgraph.core.graph import HookGraph
+from hookgraph.runner.batches import to_device
 from hookgraph.runner.checks import check_compiled, check_settings
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
@@ -41,7 +42,7 @@ from hookgraph.runner.parts import as_config, build_parts, compile_specs, open_t
 from hookgraph.runner.ranks import RankFailedError
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
-from hookgraph.runner.steps import run_steps
+from hookgraph.runner.steps import first_inputs, run_steps
 
 __all__ = ["run"]
 
@@ -146,6 +147,13 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
 
 def _list(job: Job, parts: Parts) -> dict[str, Any]:
     """list_targets: the model's matching names, printed; nothing compiles or runs."""
+    if job.cfg.ops:  # the calls inside each matching module's forward, from one batch of the data
+        inputs = to_device(first_inputs(job, parts), parts.device, parts.dtype)
+        rows = list_ops(parts.bare, job.cfg.list_targets, inputs)
+        if job.world.main:
+            print(format_ops(rows))
+        job.summary.update(status="listed", targets=len({r["module"] for r in rows}), ops=len(rows))
+        return job.summary
     rows = list_targets(parts.bare, job.cfg.list_targets, params=job.cfg.list_params, require_match=True)
     if job.world.main:
         print(format_targets(rows))

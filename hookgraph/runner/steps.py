@@ -173,6 +173,12 @@ def _lens(job: Job, parts: Parts) -> None:
         job.summary["logit_lens"] = lens_run(job.cfg.runner, parts.bare, inputs, job.writer.dir, per_layer)
 
 
+def first_inputs(job: Job, parts: Parts) -> Any:
+    """The inputs of the data's first batch (list_targets with ops=true runs one forward on them)."""
+    inputs, _ = next(iter(_data(job, parts)))
+    return inputs
+
+
 def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     """runner.steps passes through ``live`` (started here, once the data and the optimizer
     are built); each step's records leave memory as one shard (``live.step``). The caller
