@@ -25,7 +25,7 @@ BODIES = {
     # Values only OmegaConf converts: the direct path hands them over.
     "order_str": {"target": "0", "order": "3"},
     "steps_int": {"target": "0", "when": {"steps": 7}},
-    "bool_str": {"target": "0", "leaf": "true"},
+    "bad_bool_str": {"target": "0", "leaf": "true"},  # booleans are booleans (issue 36), on both paths
     "interp": {"target": "0", "args": {"x": 1, "y": "${.x}"}},
     # And values OmegaConf refuses, with its messages.
     "bad_bool": {"target": "0", "leaf": 1.5},
