@@ -29,9 +29,13 @@ run: setup
 # compileall first: the tests start ~100 Python processes (the command line, sweeps, ranks), and
 # where PYTHONDONTWRITEBYTECODE is set (as on the project's machines) each recompiled hookgraph,
 # ~0.3 s of its start; compileall writes the caches whatever that variable says.
+#
+# -n auto: pytest-xdist runs the suite on every core (one worker a core; conftest.py gives each its
+# share of torch's threads). --dist loadgroup hands out single tests, except those marked
+# xdist_group(name), which stay together on one worker. Pass PYTEST_ARGS="-n 0" for one process.
 test: setup
 	$(BIN)/python -m compileall -q hookgraph hydra_plugins >/dev/null
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check hookgraph hydra_plugins tests benchmarks
