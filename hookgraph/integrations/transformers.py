@@ -69,7 +69,10 @@ class HookGraphCallback(TrainerCallback):
         log_stats: also log the ``stats`` specs' rows with ``trainer.log`` at the steps the
             Trainer logs (``logging_steps``), as ``hookgraph/<spec>/<target>/<statistic>`` (the
             mean over the step's calls), and after each evaluation as ``eval/hookgraph/...``.
-        max_bytes, figures, tensorboard, compiled: as :func:`hookgraph.open_run`.
+        max_bytes: bound the records written, as in :func:`hookgraph.open_run`.
+        figures: write ``figures/`` at the end, as in :func:`hookgraph.open_run`.
+        tensorboard: also write ``tensorboard/``, as in :func:`hookgraph.open_run`.
+        compiled: the model runs under ``torch.compile``, as in :func:`hookgraph.open_run`.
 
     Pass it to the Trainer when building it (``Trainer(callbacks=[...])``): added later with
     ``add_callback`` it learns of its Trainer only at ``train()``, and an ``evaluate()`` or
