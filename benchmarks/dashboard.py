@@ -79,6 +79,25 @@ def write_section(name: str, body: str, path: Path | str = RESULTS) -> None:
     path.write_text(replace_section(text, name, body))
 
 
+def publish(name: str, title: str, table: list[str], reading: str, extra: str = "",
+            path: Path | str = RESULTS) -> None:
+    """Write benchmark ``name``'s section in the dashboard's form: its title, the command that
+    made it (this process's own) with :func:`provenance`, the table, and how to read it."""
+    import shlex  # lazy: only a benchmark that publishes needs it
+    import sys
+
+    command = f"python -m benchmarks.{name} " + shlex.join(sys.argv[1:])
+    body = [f"## {name}: {title}", "", f"`{command.strip()}`; {provenance(extra)}.", "", *table, "", reading.strip()]
+    write_section(name, "\n".join(body), path)
+    print(f"wrote the section {name!r} of {path}", file=sys.stderr)
+
+
+def add_results_option(parser) -> None:  # noqa: ANN001 - an argparse.ArgumentParser
+    """``--results [FILE]``: also rewrite this benchmark's section of the dashboard."""
+    parser.add_argument("--results", nargs="?", const=str(RESULTS), metavar="FILE",
+                        help="rewrite this benchmark's section of the dashboard (default benchmarks/RESULTS.md)")
+
+
 def git_commit() -> str:
     """The short commit of this checkout, marked when its files differ from it."""
     root = Path(__file__).resolve().parents[1]

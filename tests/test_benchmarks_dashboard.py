@@ -78,3 +78,17 @@ def test_provenance_names_date_commit_and_machine():
     line = dashboard.provenance("20 rounds")
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC, (commit [0-9a-f]+|commit unknown|not a git checkout)", line)
     assert "cores" in line and "torch " in line and line.endswith("; 20 rounds")
+
+
+def test_a_benchmark_publishes_its_section_with_command_provenance_table_and_reading(tmp_path, monkeypatch):
+    page = tmp_path / "RESULTS.md"
+    page.write_text(PAGE)
+    monkeypatch.setattr("sys.argv", ["bigmodel.py", "--modules", "100", "--results", str(page)])
+    table = ["| modules | compile ms |", "|---|---|", "| 102 | 38.3 |"]
+    dashboard.publish("c", "a title", table, "How to read it.", extra="1 thread", path=page)
+    (name, start, stop), = [s for s in dashboard.sections(page.read_text()) if s[0] == "c"]
+    lines = page.read_text()[start:stop].splitlines()
+    assert lines[1:3] == ["## c: a title", ""]
+    assert lines[3].startswith(f"`python -m benchmarks.c --modules 100 --results {page}`; ")
+    assert lines[3].endswith("; 1 thread.")
+    assert lines[5:8] == table and lines[-2] == "How to read it."
