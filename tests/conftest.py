@@ -43,21 +43,6 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` a module-scoped fixture is built once per worker whose tests
-    use it: the tests of one file that share one (a GPT-2, the multirun of every experiment)
-    go to one worker as the group ``xdist_group(<file>)``, so it is built once. Session
-    fixtures (``clamp_run``...) are cheap enough to build on each worker."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module"]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-
-
 @pytest.fixture(autouse=True)
 def hydra_cleared():
     """Hydra's GlobalHydra is a process-wide singleton: a test that fails inside
