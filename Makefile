@@ -36,9 +36,15 @@ run: $(BIN)/.installed-run
 # compileall first: the tests start ~100 Python processes (the command line, sweeps, ranks), and
 # where PYTHONDONTWRITEBYTECODE is set (as on the project's machines) each recompiled hookgraph,
 # ~0.3 s of its start; compileall writes the caches whatever that variable says.
+#
+# -n auto: pytest-xdist runs the suite on every core (one worker a core; conftest.py gives each its
+# share of torch's threads). --dist loadfile hands out whole files: a module-scoped fixture (a
+# GPT-2, the multirun of every experiment) is built once, not once per worker. (loadgroup would
+# split files finer, but under pytest 9.2 xdist 3.8's groups are silently ignored: it renames
+# item._nodeid, which pytest 9 no longer reads.) Pass PYTEST_ARGS="-n 0" for one process.
 test: setup
 	$(BIN)/python -m compileall -q hookgraph hydra_plugins >/dev/null
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check hookgraph hydra_plugins tests benchmarks

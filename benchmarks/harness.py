@@ -1,6 +1,9 @@
 """Benchmark harness: every variant of a workload timed in one process, interleaved.
 
-    python -m benchmarks.harness --workloads W1,W3,W4 --rounds 20 --out benchmarks/RESULTS.md
+    python -m benchmarks.harness --workloads W1,W3,W4 --rounds 20 --results
+
+``--results`` rewrites each workload's own section of the dashboard, benchmarks/RESULTS.md
+(``harness: W1`` ...; see dashboard.py); ``--out FILE`` writes the whole report to a file of its own.
 
 Each variant attaches its hooks once (``setup``), on its own deep copy of the model, as a
 user would. For each workload: a check pass (one step per variant: records per iteration,
@@ -36,6 +39,7 @@ from typing import Any
 
 import torch
 
+from . import dashboard
 from .common import Variant, Workload
 
 DEFAULT_WORKLOADS = "W1,W2,W3,W4,W5"
@@ -514,7 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compile-backend", default="inductor", help="torch.compile backend of W1C/W3C/G1-G4 (default inductor)"
     )
-    p.add_argument("--out", help="also write the markdown report to this file")
+    p.add_argument("--out", help="also write the whole markdown report to this file")
+    p.add_argument(
+        "--results", nargs="?", const=str(dashboard.RESULTS), metavar="FILE",
+        help="rewrite each workload's section (harness: W1, ...) of the dashboard (default benchmarks/RESULTS.md)",
+    )
     p.add_argument("--json", help="write raw samples to this JSON file")
     args = p.parse_args(argv)
 
@@ -571,6 +579,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             f.write(report)
         log(f"wrote {args.out}")
+    if args.results:
+        command = "python -m benchmarks.harness " + shlex.join(sys.argv[1:] if argv is None else argv)
+        where = dashboard.provenance(f"{args.rounds} rounds, torch threads {torch.get_num_threads()}")
+        for key, lines in zip(keys, tables, strict=True):
+            title, *rest = lines  # "### W1: title", then the table and the target lines
+            dashboard.write_section(f"harness: {key}", "\n".join([title, "", f"`{command}`; {where}.", *rest]),
+                                    args.results)
+        log(f"wrote the sections {', '.join(keys)} of {args.results}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": dict(machine), "argv": sys.argv[1:], "workloads": raw}, f, indent=1)

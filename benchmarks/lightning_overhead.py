@@ -35,6 +35,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks import dashboard
+
 WIDTH, BATCH, WARMUP = 256, 64, 5
 
 
@@ -178,11 +180,21 @@ def memory(steps: int) -> None:
           f"{rss[steps]:.1f} MiB (growth {rss[steps] - rss[200]:.1f} MiB), records written {written:.1f} MiB")
 
 
+READING = """One fit per variant and round, in an order rotated per round (an MLP of 4 Linear layers of
+width 256, batch 64), every Linear's output recorded each step and written as one file per step,
+timed from the 6th batch to the last: `none` without hooks, `hand` forward hooks and `save_file`
+per step, `hand_fsync` the same written as the run folder writes (a temporary name, fsync,
+rename), `hookgraph` the callback with figures off. The paired ratios are what compare; the
+milliseconds follow the machine's load. `--memory N` measures RSS growth over an N-step fit
+instead (issue 20's bound: 50 MB)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--memory", type=int, default=0, help="instead: RSS over one fit of this many steps")
+    dashboard.add_results_option(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.memory:
@@ -195,12 +207,15 @@ def main() -> None:
     vs_fsync = statistics.median(h / m for h, m in zip(times["hookgraph"], times["hand_fsync"], strict=True))
     print(f"commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
           f"{args.rounds} rounds of {args.steps} steps, wall {time.time() - t:.0f} s")
-    print("| variant | median ms/step | min ms/step |")
-    print("|---|---|---|")
+    lines = ["| variant | median ms/step | min ms/step |", "|---|---|---|"]
     for name, values in times.items():
-        print(f"| `{name}` | {1000 * statistics.median(values):.2f} | {1000 * min(values):.2f} |")
-    print(f"- hookgraph/hand_fsync (paired per round, median): **{vs_fsync:.3f}**; hookgraph/hand: {ratio:.3f}; "
-          f"hookgraph/none: {vs_none:.3f}")
+        lines.append(f"| `{name}` | {1000 * statistics.median(values):.2f} | {1000 * min(values):.2f} |")
+    lines += ["", f"- hookgraph/hand (paired per round, median): **{ratio:.3f}**; "
+              f"hookgraph/hand_fsync: {vs_fsync:.3f}; hookgraph/none: {vs_none:.3f}"]
+    print("\n".join(lines))
+    if args.results:
+        dashboard.publish("lightning_overhead", "HookGraphCallback in a Lightning loop", lines, READING,
+                          extra=f"{args.rounds} rounds of {args.steps} steps, 1 torch thread", path=args.results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Host memory while recording many steps: peak RSS against steps, in fresh processes.
 
-    python -m benchmarks.memory [--steps 5,40] [--out FILE]
+    python -m benchmarks.memory [--steps 5,40] [--out FILE] [--results]
 
 Each run records every Conv2d output of resnet18 (batch 8 at 64x64, forward only) through
 ``hookgraph.runner.run`` for N steps, in its own process, and reports the bytes written
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from benchmarks import dashboard
 from benchmarks.common import run_child
 
 CHILD = r"""
@@ -30,6 +31,11 @@ print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_max
 """
 
 
+READING = """Every Conv2d output of resnet18 (batch 8 at 64x64, forward only) recorded through the runner,
+each configuration in a fresh process, peak RSS from `getrusage`. Records leave memory as one
+shard per step, so the peak stays flat while the bytes written grow with the steps."""
+
+
 def measure(steps: int, hooks: bool) -> dict:
     return run_child(CHILD, steps, hooks)
 
@@ -38,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="5,40")
     ap.add_argument("--out")
+    dashboard.add_results_option(ap)
     args = ap.parse_args()
     rows = []
     for steps in [int(s) for s in args.steps.split(",")]:
@@ -53,6 +60,8 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.results:
+        dashboard.publish("memory", "host memory while recording", lines, READING, path=args.results)
 
 
 if __name__ == "__main__":

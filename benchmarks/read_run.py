@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import dashboard
+
 
 def _maps() -> int:
     with open("/proc/self/maps") as f:
@@ -103,12 +105,21 @@ def child(entries: int, targets: int, width: int) -> dict:
     return out
 
 
+READING = """One record spec over the targets, one float32 tensor per target and step, one shard per step,
+written with `RunWriter` and read back with `load_run`, each size in a fresh process. `read all`
+reads every target's list; `entry()` is 1,000 random single calls from a fresh index (what
+`patch` does); `x load_file` is `read all` over safetensors' own `load_file` of every shard (the
+floor for reading every tensor); `maps over baseline` is the lines added to `/proc/self/maps`
+while every tensor read is still alive."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", default="10000,100000")
     ap.add_argument("--targets", type=int, default=500)
     ap.add_argument("--width", type=int, default=4, help="float32 elements per record")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    dashboard.add_results_option(ap)
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.targets, args.width)))
@@ -121,19 +132,22 @@ def main() -> None:
         rows.append(
             json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.splitlines()[-1])
         )
-    print(
+    lines = [
         "| entries | targets x steps | on disk | write s | index s | read all s | x load_file | us/entry (all) "
-        "| entry() us | maps over baseline | peak RSS MB (start / written / indexed / all read) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+        "| entry() us | maps over baseline | peak RSS MB (start / written / indexed / all read) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        print(
+        lines.append(
             f"| {r['entries']:,} | {r['targets']} x {r['steps']} | {r['bytes_on_disk'] / 1e6:.1f} MB "
             f"| {r['write_s']:.2f} | {r['index_s']:.2f} | {r['read_all_s']:.2f} | {r['read_all_x_load_file']:.2f} "
             f"| {r['read_us_per_entry']:.1f} | {r['entry_us']:.0f} | {r['maps_over_baseline']} "
             f"| {r['rss_start_mb']:.0f} / {r['rss_after_write_mb']:.0f} / "
             f"{r['rss_after_index_mb']:.0f} / {r['rss_after_read_all_mb']:.0f} |"
         )
+    print("\n".join(lines))
+    if args.results:
+        dashboard.publish("read_run", "reading large run folders", lines, READING, path=args.results)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import dashboard
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The child: time stamps around each phase, written as JSON to the path in argv[1].
@@ -128,15 +130,29 @@ def phase_table(repeat: int) -> list[str]:
     return rows
 
 
+READING = """Medians of fresh processes; `import torch` and `import hookgraph` alternate and the
+difference is the median of the pairs (target: hookgraph adds at most 150 ms). The dry run's
+phases are split by time stamps in a driver that calls the command line's `main()`.
+`tests/test_startup.py` checks that nothing heavy comes with `import hookgraph`."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--only", choices=["import", "cli"])
+    dashboard.add_results_option(ap)
     args = ap.parse_args()
+    tables: list[str] = []
     if args.only != "cli":
-        print("\n".join(import_table(args.repeat)), end="\n\n", flush=True)
+        tables += import_table(args.repeat)
+        print("\n".join(tables), end="\n\n", flush=True)
     if args.only != "import":
-        print("\n".join(phase_table(max(1, args.repeat // 2))))
+        phases = phase_table(max(1, args.repeat // 2))
+        print("\n".join(phases))
+        tables += [""] * bool(tables) + phases
+    if args.results:
+        dashboard.publish("startup", "`import hookgraph` against `import torch`, and a dry run's phases", tables,
+                          READING, path=args.results)
 
 
 if __name__ == "__main__":

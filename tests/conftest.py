@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -26,6 +27,31 @@ from tests.models import hook_snapshot
 from tests.runs import make_run
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto``) each worker takes its share of the
+    cores for torch's intra-op threads, and so do the processes its tests start: N workers each
+    running as many threads as there are cores made OpenMP spin against each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ.setdefault("OMP_NUM_THREADS", share)
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores()
+
+
+@pytest.fixture(autouse=True)
+def hydra_cleared():
+    """Hydra's GlobalHydra is a process-wide singleton: a test that fails inside
+    ``initialize_config_dir`` (or calls ``initialize`` without the context manager) must not
+    leave it set for the next test on the same worker, where a second initialize raises."""
+    yield
+    loaded = sys.modules.get("hydra.core.global_hydra")  # a test that never loaded Hydra has none to clear
+    if loaded is not None and loaded.GlobalHydra.instance().is_initialized():
+        loaded.GlobalHydra.instance().clear()
 
 
 @pytest.fixture(autouse=True)

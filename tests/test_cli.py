@@ -32,7 +32,7 @@ def all_experiments(tmp_path_factory) -> dict[str, Path]:
     """Every packaged experiment with its default steps (one, or three for scale_weights), in one multirun."""
     root = tmp_path_factory.mktemp("experiments")
     proc = run_cli(["-m", f"+experiment=glob(*,exclude=[{','.join(LONG)}])", f"hydra.sweep.dir={root / 'sweep'}"],
-                   cwd=root)
+                   cwd=root, timeout=900)  # 20 experiments in one process; 300 s ran out on a shared, loaded machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}
     for job in (root / "sweep").iterdir():

@@ -23,7 +23,7 @@ from hookgraph.models.build import build_model
 from hookgraph.report.__main__ import main as report_main
 from hookgraph.runner import run
 from hookgraph.runs.files import DamagedFileError
-from tests.cli_helpers import run_cli, run_cli_here
+from tests.cli_helpers import run_cli_here
 from tests.runs import mlp_cfg, strict_json
 
 # -- a config nested too deep -------------------------------------------------------------------
@@ -68,17 +68,16 @@ def test_an_override_nested_too_deep_is_refused_before_hydra_parses_it():
     assert app._deep_override([fine, quoted]) is None
 
 
-@pytest.mark.slow  # the command line in a subprocess
 def test_the_command_line_says_one_line_for_a_deep_override(tmp_path):
-    # Before: Hydra's override parser recursed until a RecursionError traceback.
-    result = run_cli(["+hooks.x=" + "{a: " * 400 + "1" + "}" * 400], cwd=tmp_path, timeout=120)
+    # Before: Hydra's override parser recursed until a RecursionError traceback. In this process:
+    # the message and exit code are the entry point's, which a subprocess would only import again.
+    result = run_cli_here(["+hooks.x=" + "{a: " * 400 + "1" + "}" * 400], cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"hookgraph: error: +hooks.x: the override nests more than {app.MAX_YAML_DEPTH} levels deep; flatten it"
     )
 
 
-@pytest.mark.slow  # the command line in a subprocess
 def test_the_command_line_says_one_line_for_a_deep_primary_config(tmp_path):
     conf = tmp_path / "conf"
     conf.mkdir()
@@ -298,10 +297,9 @@ def test_gpt2_fed_float_data_names_the_embedding(tmp_path):
     assert "Long" in error["message"]
 
 
-@pytest.mark.slow  # the command line in a subprocess
 def test_the_command_line_says_one_line_and_logs_the_traceback(tmp_path):
-    result = run_cli(["model=conv_net", "data=random", "data.shape=[3]", "runner.device=cpu",
-                      "hydra.run.dir=out"], cwd=tmp_path, timeout=120)  # fmt: skip
+    result = run_cli_here(["model=conv_net", "data=random", "data.shape=[3]", "runner.device=cpu",
+                           "hydra.run.dir=out"], cwd=tmp_path, timeout=120)  # fmt: skip
     out = tmp_path / "out"
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
@@ -431,7 +429,7 @@ def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
 # -- a full disk ----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # the command line in a subprocess, until the disk is full
+@pytest.mark.slow  # the command line, until the disk is full
 def test_a_full_disk_mid_run_is_said_once_and_the_summary_is_written(small_disk, tmp_path):
     out = small_disk / "run"
     result = run_cli_here(

@@ -4,7 +4,6 @@ numbers checked against hand-written PyTorch on the same seed."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import hookgraph as hg
-from tests.cli_helpers import run_cli, run_cli_here
+from tests.cli_helpers import run_cli_here
 from tests.user_helpers import GPT2_SMALL, LINES, train_tokenizer, write_mnist
 
 pytestmark = pytest.mark.slow
@@ -269,15 +268,15 @@ def test_from_pretrained_with_a_local_folder(tmp_path):
     assert torch.allclose(run.records["m"]["transformer.h.1.mlp"][0], mine["transformer.h.1.mlp"][0], atol=1e-6)
 
 
-def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
+def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     root = user_folder(
         tmp_path, {"fake/timm/__init__.py": "raise ModuleNotFoundError(\"No module named 'timm'\", name='timm')\n"}
     )
-    proc = run_cli(
-        ["model=timm", f"hydra.run.dir={root / 'run'}"],
-        cwd=root,
-        env={"PYTHONPATH": os.pathsep.join([str(root / "fake"), os.environ.get("PYTHONPATH", "")])},
-    )
+    # In this process: the fake timm first on the path, and a timm another test imported out of
+    # the way (monkeypatch puts both back); the message and exit code are the entry point's.
+    monkeypatch.syspath_prepend(str(root / "fake"))
+    monkeypatch.delitem(sys.modules, "timm", raising=False)
+    proc = run_cli_here(["model=timm", f"hydra.run.dir={root / 'run'}"], cwd=root)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()

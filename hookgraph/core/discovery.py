@@ -38,7 +38,7 @@ def list_targets(
         shapes) or parameter rows ``{name, type, shape, dtype, requires_grad}`` (type of
         the owning module), in the model's order.
 
-    Example:
+    Examples:
         >>> import torch.nn as nn
         >>> [r["name"] for r in list_targets(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), "*")]
         ['0', '1']

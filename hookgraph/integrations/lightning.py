@@ -54,7 +54,10 @@ class HookGraphCallback(pl.Callback):
         log_stats: also log the ``stats`` specs' rows through ``pl_module.log_dict``, as
             ``hookgraph/<spec>/<target>/<statistic>`` per optimizer step (the mean over the
             step's calls) and ``eval/hookgraph/...`` per evaluation (the mean over its batches).
-        max_bytes, figures, tensorboard, compiled: as :func:`hookgraph.open_run`.
+        max_bytes: bound the records written, as in :func:`hookgraph.open_run`.
+        figures: write ``figures/`` at the end, as in :func:`hookgraph.open_run`.
+        tensorboard: also write ``tensorboard/``, as in :func:`hookgraph.open_run`.
+        compiled: the model runs under ``torch.compile``, as in :func:`hookgraph.open_run`.
 
     Raises:
         HookGraphError: an unknown argument (named, with the nearest one); at the start of a

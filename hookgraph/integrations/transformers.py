@@ -63,7 +63,10 @@ class HookGraphCallback(TrainerCallback):
         log_stats: also put the ``stats`` specs' rows in the log lines the Trainer writes
             (``logging_steps``), as ``hookgraph/<spec>/<target>/<statistic>`` (the mean over the
             step's calls), and in each evaluation's line as ``eval/hookgraph/...``.
-        max_bytes, figures, tensorboard, compiled: as :func:`hookgraph.open_run`.
+        max_bytes: bound the records written, as in :func:`hookgraph.open_run`.
+        figures: write ``figures/`` at the end, as in :func:`hookgraph.open_run`.
+        tensorboard: also write ``tensorboard/``, as in :func:`hookgraph.open_run`.
+        compiled: the model runs under ``torch.compile``, as in :func:`hookgraph.open_run`.
 
     Given in ``Trainer(callbacks=[...])`` it covers ``train()``; an exception inside
     ``train()`` is not an event, so use ``with callback.attach(trainer):`` to have the hooks
