@@ -41,7 +41,7 @@ class _MaskBos(TorchFunctionMode):
 
 def _hand(model: torch.nn.Module) -> list:
     handles = []
-    for block in model.transformer.h:
+    for block in model.transformer.h:  # type: ignore[union-attr]  # GPT2LMHeadModel's ModuleList
         mode = _MaskBos()
 
         def pre(m, a, mode=mode):  # noqa: ANN001, ANN202 - a forward pre-hook
@@ -67,7 +67,8 @@ def main() -> None:
     a = p.parse_args()
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=a.heads, vocab_size=1000,
-                                  n_positions=max(a.seq, 8), attn_implementation="eager")
+                                  n_positions=max(a.seq, 8),
+                                  attn_implementation="eager")  # type: ignore[call-arg]  # a PretrainedConfig kwarg
     model = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 1000, (a.batch, a.seq))
     graph = hg.compile(model, {"no_bos": {"target": "transformer.h.*.attn", "op": "softmax", "action": "mask",

@@ -16,6 +16,7 @@ from hookgraph.errors import ConfigError
 from hookgraph.runs.writer import RunWriter, digest
 from tests.runs import PaddedTokens, shard_digest
 from tests.runs import cfg as conv_cfg
+from tests.trainers import probe_run as _probe_run
 
 
 def _records(**values: list) -> dict:
@@ -508,26 +509,6 @@ def test_dataset_memory_bounded(tmp_path):
 
 
 # -- a linear probe from YAML --------------------------------------------------------------------
-
-def _probe_run(path, steps=12, d=16, metric=False):
-    """Token tables whose class (token 0 or 1) moves the activation along a known unit
-    direction ``u``; returns ``u``."""
-    gen = torch.Generator().manual_seed(0)
-    u = torch.randn(d, generator=gen)
-    u /= u.norm()
-    w = RunWriter(path, fsync="never")
-    metrics = []
-    for s in range(steps):
-        token = torch.randint(0, 2, (40,), generator=gen)
-        if metric:  # one class per step, told by the step's metric
-            token = torch.full((40,), s % 2)
-            metrics.append(0.9 if s % 2 else 0.1)
-        values = torch.randn(40, d, generator=gen) + 3.0 * (2 * token - 1).float()[:, None] * u
-        table = {"values": values, "row": torch.arange(40), "position": torch.zeros(40, dtype=torch.int64),
-                 "token": token}
-        w.flush_records({"resid": {"h.1": [table]}}, s)
-    w.json("summary.json", {"status": "completed", "manifest": w.manifest(), "metrics": metrics})
-    return u
 
 
 @pytest.mark.slow

@@ -10,55 +10,18 @@ every hook and leaves a failed summary; the run folder reads back with load_run.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from torch import nn
 
 import hookgraph as hg
 from tests.models import HandHooks
+from tests.trainers import HFNet, hf_data, hf_trainer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 from hookgraph.integrations.transformers import HookGraphCallback  # noqa: E402
 
-
-class Net(nn.Module):
-    """A tiny regression model in the Trainer's shape: a dict with the loss."""
-
-    def __init__(self, fail_at: int | None = None):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 1))
-        self.fail_at, self.calls = fail_at, 0
-
-    def forward(self, x, labels=None):
-        if self.training:
-            self.calls += 1
-            if self.calls == self.fail_at:
-                raise RuntimeError("planted failure")
-        out = self.net(x)
-        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
-
-
-def _data(n: int) -> list[dict]:
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
-    return [{"x": x[i], "labels": y[i]} for i in range(n)]
-
-
-def _trainer(tmp_path: Path, model: nn.Module, callbacks: list, **kw) -> transformers.Trainer:
-    opts = dict(
-        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2, learning_rate=0.1,
-        report_to=[], disable_tqdm=True, use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
-    )
-    opts.update(kw)
-    args = transformers.TrainingArguments(**opts)
-    return transformers.Trainer(model=model, args=args, train_dataset=_data(16), eval_dataset=_data(8),
-                                callbacks=callbacks)
-
-
+Net, _data, _trainer = HFNet, hf_data, hf_trainer  # shared with test_process_state (tests/trainers.py)
 
 
 SPECS = {

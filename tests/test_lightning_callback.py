@@ -19,61 +19,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import hookgraph as hg
 from tests.models import HandHooks
+from tests.trainers import lit_data, lit_net_class, lit_trainer
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402 - after the importorskip
 
 from hookgraph.integrations.lightning import HookGraphCallback  # noqa: E402
 
-
-class Net(pl.LightningModule):
-    """A tiny regression net; keeps each micro-batch's unscaled loss for the test."""
-
-    def __init__(self, fail_at: int | None = None):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 1))
-        self.losses: list[torch.Tensor] = []
-        self.fail_at = fail_at
-
-    def training_step(self, batch, batch_idx):
-        if batch_idx == self.fail_at:
-            raise RuntimeError("planted failure")
-        x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
-        self.losses.append(loss.detach())
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
-
-    def test_step(self, batch, batch_idx):
-        self.validation_step(batch, batch_idx)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def _data(n: int = 16, batch: int = 2) -> DataLoader:
-    g = torch.Generator().manual_seed(1)
-    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=batch)
-
-
-def _trainer(tmp_path: Path, callbacks: list, **kw) -> pl.Trainer:
-    opts = dict(
-        accelerator="cpu", max_steps=3, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, logger=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
-    )
-    opts.update(kw)
-    return pl.Trainer(callbacks=callbacks, **opts)
-
-
+Net, _data, _trainer = lit_net_class(), lit_data, lit_trainer  # shared with test_process_state (tests/trainers.py)
 
 
 SPECS = {

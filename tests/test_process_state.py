@@ -103,7 +103,7 @@ def _library_calls(tmp_path: Path) -> None:
     from hookgraph.config.instantiate import import_target
     from hookgraph.probe import train_probe
     from hookgraph.report.patching_sweep import patching_heatmap
-    from tests.test_caching import _probe_run
+    from tests.trainers import probe_run as _probe_run
 
     # compile / attach / detach: also the caller's young garbage is not moved past its young collections.
     model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(2500)])
@@ -156,7 +156,8 @@ def _library_calls(tmp_path: Path) -> None:
 
 def _hf_train(tmp_path: Path, name: str, callback: Any) -> tuple[dict, Any]:
     transformers = pytest.importorskip("transformers")
-    from tests.test_hf_callback import Net, _trainer
+    from tests.trainers import HFNet as Net
+    from tests.trainers import hf_trainer as _trainer
 
     torch.manual_seed(123)
     random.seed(123)
@@ -172,7 +173,11 @@ def _hf_train(tmp_path: Path, name: str, callback: Any) -> tuple[dict, Any]:
 
 def _lightning_fit(tmp_path: Path, name: str, callback: Any) -> tuple[dict, Any]:
     pytest.importorskip("lightning.pytorch")
-    from tests.test_lightning_callback import Net, _data, _trainer
+    from tests.trainers import lit_data as _data
+    from tests.trainers import lit_net_class
+    from tests.trainers import lit_trainer as _trainer
+
+    Net = lit_net_class()
 
     torch.manual_seed(123)
     random.seed(123)
