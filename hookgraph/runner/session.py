@@ -45,7 +45,7 @@ from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World
-from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
+from hookgraph.runner.lifecycle import RunInterrupted, live_claim, signals_as_interrupts
 from hookgraph.runner.messages import closing_lines
 from hookgraph.runner.outputs import close, fail, write, write_outputs
 from hookgraph.runner.parts import as_config, write_plan
@@ -432,6 +432,13 @@ def _free(root: Path, overwrite: bool) -> None:
             f"{root} holds an earlier run ({', '.join(found)}); choose a new folder, or pass "
             "overwrite=True to replace that run's files",
         )
+    live = live_claim(root)
+    if live is not None:  # its process would go on writing into files no longer its own
+        raise ConfigError(
+            "run_dir",
+            f"{root} holds a run that may still be writing it ({live}); overwrite=True never replaces a live "
+            "run's files: choose a new folder, or end that run first",
+        )
     import shutil  # lazy: only an overwrite removes anything
 
     for name in found:
@@ -518,7 +525,7 @@ def open_run(
     cfg = as_config({"sink": {"max_bytes": max_bytes, "figures": figures, "tensorboard": tensorboard}})
 
     def claim_job() -> Job:
-        job = claim(cfg, root, {}, world)
+        job = claim(cfg, root, {}, world, key="run_dir")
         del job.summary["steps_requested"]  # a loop of its own: hookgraph does not know how many
         if start_step:
             job.summary["first_step"] = int(start_step)
