@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from hookgraph.core.yamlfile import YamlLimitError, load_yaml
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.runs import layout, load_run
 from hookgraph.runs.dataset import ActivationStream
@@ -83,7 +84,11 @@ def _config(files: list[str], overrides: list[str], given: dict | None = None) -
     schema = OmegaConf.structured(ProbeConfig)
     try:
         layers = [OmegaConf.load(DEFAULTS)] if DEFAULTS.is_file() else []
-        layers += [OmegaConf.load(f) for f in files]
+        for f in files:  # bytes and alias expansion bounded before OmegaConf parses
+            try:
+                layers.append(load_yaml(f))
+            except (YamlLimitError, OSError) as exc:
+                raise ConfigError("probe", str(exc)) from None
         if given is not None:
             layers.append(OmegaConf.create(given))
         layers.append(OmegaConf.from_dotlist(overrides))

@@ -41,6 +41,7 @@ from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
 from hookgraph.core.spec import MAX_PATTERNS
+from hookgraph.core.yamlfile import YamlLimitError, check_yaml
 from hookgraph.errors import ConfigError, HookGraphError, SpecError
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
@@ -250,7 +251,9 @@ def _yaml_syntax(argv: list[str]) -> str | None:
                     f"file (a spec's target, exclude and types hold at most {MAX_PATTERNS:,} patterns)"
                 )
             try:
-                for document in yaml.compose_all(path.read_text(), Loader=yaml.SafeLoader):
+                text = path.read_text()
+                check_yaml(text, str(path), MAX_CONFIG_BYTES)  # aliases expanding past any bound, before Hydra
+                for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
                     if document is not None and _yaml_depth(document) > MAX_YAML_DEPTH:
                         return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except yaml.MarkedYAMLError as exc:
@@ -258,6 +261,8 @@ def _yaml_syntax(argv: list[str]) -> str | None:
                 at = f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
                 what = " ".join(x for x in (exc.context, exc.problem) if x)
                 return f"{path}:{at}: YAML syntax error: {what}"
+            except YamlLimitError as exc:
+                return str(exc)
             except RecursionError:  # the YAML parser itself recurses once per flow level
                 return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -286,6 +291,9 @@ def _deep_override(argv: list[str]) -> str | None:
     """The first override nested deeper than a config file may be: Hydra's override parser
     recurses once per level and fails with a bare RecursionError at a few hundred."""
     for arg in argv:
+        if len(arg) > MAX_CONFIG_BYTES:  # Hydra parses it as a whole; as long as a config file may be
+            key = arg.split("=", 1)[0][:80]
+            return f"{key}: the override is {len(arg) / 2**20:.1f} MiB, over the limit of {MAX_CONFIG_BYTES >> 20} MiB"
         if _override_depth(arg) > MAX_YAML_DEPTH:
             key = arg.split("=", 1)[0]
             return f"{key}: the override nests more than {MAX_YAML_DEPTH} levels deep; flatten it"

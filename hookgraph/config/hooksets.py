@@ -25,6 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from hookgraph.core.yamlfile import load_yaml
+
 __all__ = ["packaged_conf_dir", "packaged_specs", "require_matches_where_retargeted"]
 
 log = logging.getLogger("hookgraph")
@@ -49,7 +51,7 @@ def _load_packaged(conf_dir: Path | None, shadowing: tuple[Path, ...] = ()) -> d
     for path in sorted((conf_dir / "hooks").glob("*.yaml")):
         if any((d / "hooks" / path.name).is_file() for d in shadowing):
             continue  # a folder of the user's has this option: it was composed, not the packaged one
-        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        loaded = OmegaConf.to_container(load_yaml(path), resolve=False)  # bounded: bytes, alias expansion
         if isinstance(loaded, dict):
             out.update({str(k): v for k, v in loaded.items() if isinstance(v, dict)})
     return out

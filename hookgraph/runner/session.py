@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hookgraph.core.compiler import compile_graph, unwrap_model
 from hookgraph.core.graph import Attachment, HookGraph
+from hookgraph.core.yamlfile import YamlLimitError, load_yaml
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim
@@ -456,7 +457,10 @@ def _specs_of(specs: Any) -> Any:
         path = Path(specs)
         if not path.is_file():
             raise ConfigError("specs", f"no such file {path} (a YAML file of specs, or a dict of specs)")
-        specs = OmegaConf.load(path)
+        try:
+            specs = load_yaml(path)  # bytes and alias expansion bounded before OmegaConf parses
+        except (YamlLimitError, OSError) as exc:
+            raise ConfigError("specs", str(exc)) from None
     if isinstance(specs, (Mapping, DictConfig)) and "hooks" in specs:
         inner = specs["hooks"]
         mappings = (Mapping, DictConfig)
