@@ -205,3 +205,16 @@ def test_entry_points_may_name_a_folder_attribute_and_a_function_of_plain_action
     with graph.attach():
         torch.testing.assert_close(model(x), expected)
     assert "halve" not in ACTIONS
+
+
+@pytest.mark.parametrize("value", ["not a module", "pkg:attr:more", "pkg::attr", "", "pkg-name:x", "pkg:"])
+def test_an_entry_point_value_that_is_no_python_name_is_one_problem_naming_it(site, value):
+    # importlib.metadata's own load of such a value: AttributeError: 'NoneType' object has no attribute 'group'.
+    write_library(site, "odd-hooks", {}, {"hookgraph.actions": {"odd": value}, "hookgraph.conf": {"oddc": value}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "cannot load its actions" warning with a traceback's words
+        refresh()
+    problems = [p for p in searchpath.library_problems() if "odd-hooks" in p]
+    assert len(problems) == 2, problems
+    assert all("the value must be module or module:attribute" in p and "NoneType" not in p for p in problems)
+    assert "odd" not in load_action_libraries()
