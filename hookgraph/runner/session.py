@@ -411,8 +411,13 @@ def _as_config(config: Any, specs: Any) -> DictConfig | None:
     try:
         cfg = OmegaConf.create({} if config is None else config)
     except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(config, (Mapping, DictConfig)):  # a mapping, one of whose values OmegaConf refuses: say which
+            where = getattr(exc, "full_key", None)
+            key = f"config.{where}" if where else "config"
+            raise ConfigError(key, f"{type(exc).__name__}: {first}") from None
         raise ConfigError(
-            "config", f"expected a mapping (a dict or a DictConfig), got {type(config).__name__}: {exc}"
+            "config", f"expected a mapping (a dict or a DictConfig), got {type(config).__name__}: {first}"
         ) from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError("config", f"expected a mapping, got {type(config).__name__}")
