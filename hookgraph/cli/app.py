@@ -300,9 +300,30 @@ def _deep_override(argv: list[str]) -> str | None:
     return None
 
 
+def _nested_choice(argv: list[str]) -> str | None:
+    """The first top-level override (a config group: ``hooks=``, ``model=``...) whose list holds
+    a list or mapping: Hydra takes option names there, and fails on a nested one with a bare
+    TypeError from its defaults list."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: only with such an override
+
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not eq or "." in key or "/" in key or key.startswith("-") or not value.lstrip().startswith("["):
+            continue
+        try:
+            parsed = OverridesParser.create().parse_overrides([arg])[0].value()
+        except Exception:  # noqa: BLE001 - a syntax error is Hydra's to report, with its own words
+            continue
+        if isinstance(parsed, list) and any(isinstance(v, (list, dict)) for v in parsed):
+            return (f"{key}: a config group takes option names ({key}=[a,b]), not a nested list or mapping: "
+                    f"{value}")
+    return None
+
+
 def main() -> None:
     register_configs()
-    bad = _deep_override(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
+    bad = _deep_override(sys.argv[1:]) or _nested_choice(sys.argv[1:]) or _yaml_syntax(sys.argv[1:])
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)
