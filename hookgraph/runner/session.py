@@ -494,7 +494,8 @@ def open_run(
     Args:
         run_dir: the folder (made if missing). One that holds an earlier run is refused
             (:class:`ConfigError` naming it) unless ``overwrite=True``, which removes that
-            run's files (only what hookgraph writes) first.
+            run's files (only what hookgraph writes) first; never a live run's (its claim
+            names a live process, this one included, and its summary has not ended).
         model: the model the specs bind to (bare or wrapped, as :func:`hookgraph.compile`).
         specs: a dict of specs, an OmegaConf DictConfig, or a YAML file path (a file or
             mapping with a top-level ``hooks:`` gives its ``hooks``). Compiled here: a spec
