@@ -169,3 +169,22 @@ def test_lists_where_lists_belong_are_not_refused_as_nested_choices(arg):
     from hookgraph.cli import app as cli_app
 
     assert cli_app._nested_choice([arg]) is None
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    ("sink.fsync=bogus", "sink.fsync: 'bogus' is not a durability setting"),
+    ("sink.fsync=stepp", "sink.fsync: 'stepp' is not a durability setting"),
+])
+def test_a_sweep_job_failing_a_config_check_keeps_its_error_in_the_table(tmp_path, bad, words):
+    import csv
+
+    from tests.cli_helpers import run_cli_here
+
+    key, value = bad.split("=")
+    proc = run_cli_here(["-m", "model=mlp", "runner.steps=1", "runner.device=cpu", "sink.figures=false",
+                         "runner.progress=false", f"{key}={value},never", f"hydra.sweep.dir={tmp_path / 'sw'}"],
+                        cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    rows = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert [r["status"] for r in rows] == ["failed", "completed"]
+    assert rows[0]["error"].startswith(words) and "never started" not in rows[0]["error"]

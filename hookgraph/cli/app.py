@@ -188,7 +188,9 @@ def _app(cfg: DictConfig) -> float | None:
         else:
             _error(f"{where}{exc}" + (f"\n(run folder: {out_dir})" if kept else ""))
         if sweep:
-            return None  # the summary says failed; SweepTable marks the job and the sweep exits 1 at the end
+            # The summary says failed, or (a config check before it was written) the job's row will.
+            callbacks.job_failed(str(exc) if isinstance(exc, HookGraphError) else f"{type(exc).__name__}: {exc}")
+            return None  # SweepTable marks the job and the sweep exits 1 at the end
         sys.exit(2)
     for level, line in closing_lines(summary):
         _say(level, line)
