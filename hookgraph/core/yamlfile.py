@@ -50,7 +50,7 @@ def check_yaml(text: str, where: str, max_bytes: int = MAX_YAML_BYTES) -> None:
     try:
         documents = list(yaml.compose_all(text, Loader=_loader()))
     except RecursionError:
-        raise YamlLimitError(f"{where}: YAML nested more than {MAX_YAML_DEPTH} levels deep; flatten it") from None
+        raise YamlLimitError(f"{where}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it") from None
     except yaml.YAMLError:
         return  # the parser that follows names the syntax error
     total = 0
@@ -59,7 +59,7 @@ def check_yaml(text: str, where: str, max_bytes: int = MAX_YAML_BYTES) -> None:
             nodes, depth = _expanded(doc, where)
             total += nodes
             if depth > MAX_YAML_DEPTH:
-                raise YamlLimitError(f"{where}: YAML nested more than {MAX_YAML_DEPTH} levels deep; flatten it")
+                raise YamlLimitError(f"{where}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it")
     if total > MAX_YAML_NODES:
         raise YamlLimitError(
             f"{where}: YAML whose aliases (*name) expand to more than {MAX_YAML_NODES:,} nodes"
