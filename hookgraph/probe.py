@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from hookgraph.core.yamlfile import YamlLimitError, load_yaml
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.runs import layout, load_run
 from hookgraph.runs.dataset import ActivationStream
@@ -74,13 +77,18 @@ class ProbeConfig:
     val_fraction: float = 0.2  # of the recorded calls, drawn with seed
     seed: int = 0
     out: str = "probe.safetensors"
+    replace: bool = False  # an existing out file is replaced only when asked
 
 
 def _config(files: list[str], overrides: list[str], given: dict | None = None) -> ProbeConfig:
     schema = OmegaConf.structured(ProbeConfig)
     try:
         layers = [OmegaConf.load(DEFAULTS)] if DEFAULTS.is_file() else []
-        layers += [OmegaConf.load(f) for f in files]
+        for f in files:  # bytes and alias expansion bounded before OmegaConf parses
+            try:
+                layers.append(load_yaml(f))
+            except (YamlLimitError, OSError) as exc:
+                raise ConfigError("probe", str(exc)) from None
         if given is not None:
             layers.append(OmegaConf.create(given))
         layers.append(OmegaConf.from_dotlist(overrides))
@@ -166,6 +174,8 @@ def train_probe(cfg: ProbeConfig | dict) -> dict:
         raise ConfigError("flatten", f"{cfg.flatten!r}: a probe trains on tokens or samples")
     if not 0 <= cfg.val_fraction < 1:
         raise ConfigError("val_fraction", f"{cfg.val_fraction} is not in [0, 1)")
+    _check_numbers(cfg)
+    out = _checked_out(cfg)
     run = load_run(cfg.run)
     ds = run.dataset(cfg.spec, targets=cfg.target, flatten=cfg.flatten)
     if len(ds.targets) != 1:
@@ -240,12 +250,56 @@ def train_probe(cfg: ProbeConfig | dict) -> dict:
     direction = direction / direction.norm().clamp_min(1e-12)
     facts = {"run": str(cfg.run), "spec": cfg.spec, "target": ds.targets[0], "classes": classes, "d": d,
              "train_items": n_train, "val_items": n_val_items, "train_accuracy": train_acc, "val_accuracy": val_acc}
-    out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"weight": w.contiguous(), "bias": probe.bias.detach().clone(), "direction": direction.contiguous()},
-              str(out), metadata={"hookgraph_probe": json.dumps(facts),
-                                  "config": json.dumps(dataclasses.asdict(cfg))})
+    # Written beside the target, then renamed over it: an interrupted write never leaves half a file.
+    part = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        save_file({"weight": w.contiguous(), "bias": probe.bias.detach().clone(),
+                   "direction": direction.contiguous()},
+                  str(part), metadata={"hookgraph_probe": json.dumps(facts),
+                                       "config": json.dumps(dataclasses.asdict(cfg))})
+        os.replace(part, out)
+    except (OSError, SafetensorError) as exc:
+        part.unlink(missing_ok=True)
+        raise ConfigError("out", f"{cfg.out!r} cannot be written ({exc})") from None
     return {**facts, "out": str(out)}
+
+
+_MAX_EPOCHS = 1_000_000  # far beyond any probe; a typo such as epochs=1e12 is refused, not run for years
+
+
+def _check_numbers(cfg: ProbeConfig) -> None:
+    """Each number in range, by key: a NaN learning rate trains nothing and says nothing."""
+    if not 1 <= cfg.epochs <= _MAX_EPOCHS:
+        raise ConfigError("epochs", f"{cfg.epochs} is not in [1, {_MAX_EPOCHS:,}]")
+    if not 1 <= cfg.batch_size <= 2**31:
+        raise ConfigError("batch_size", f"{cfg.batch_size} is not in [1, 2**31]")
+    for key in ("lr", "weight_decay"):
+        value = getattr(cfg, key)
+        if not math.isfinite(value) or value < 0 or (key == "lr" and value == 0):
+            raise ConfigError(key, f"{value} is not a finite number {'> 0' if key == 'lr' else '>= 0'}")
+    if cfg.classes is not None and not 2 <= cfg.classes <= 2**20:
+        raise ConfigError("classes", f"{cfg.classes} is not in [2, {2**20:,}]")
+
+
+def _checked_out(cfg: ProbeConfig) -> Path:
+    """``out``, resolved; refused where writing it would overwrite data: inside the run folder
+    the probe reads (its shards, its summary), a directory, or an existing file unless
+    ``replace=true``."""
+    out = Path(cfg.out).expanduser()
+    run = Path(cfg.run).expanduser()
+    try:
+        inside = out.resolve().is_relative_to(run.resolve())
+    except (OSError, RuntimeError) as exc:  # a link loop
+        raise ConfigError("out", f"{cfg.out!r} cannot be resolved ({exc})") from None
+    if inside:
+        raise ConfigError("out", f"{cfg.out!r} is inside the run folder {cfg.run!r} the probe reads; "
+                          "write the probe outside it (e.g. out=probe.safetensors)")
+    if out.is_dir():
+        raise ConfigError("out", f"{cfg.out!r} is a directory; name a file, e.g. out={out / 'probe.safetensors'}")
+    if (out.exists() or out.is_symlink()) and not cfg.replace:
+        raise ConfigError("out", f"{cfg.out!r} exists; pass replace=true to replace it, or name another file")
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -581,6 +581,61 @@ def test_probe_config_errors(tmp_path):
     assert main([f"run={run}", "spec=nope", f"out={tmp_path / 'x.safetensors'}"]) == 1
 
 
+def _run_files(run):
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out", ["records/step-000000.safetensors", "summary.json", "probe.safetensors",
+                                 "records/new/probe.safetensors", "link-into-run", "./records/../summary.json"])
+def test_probe_never_writes_inside_the_run_it_reads(tmp_path, out):
+    from hookgraph.probe import _config, train_probe
+
+    run = tmp_path / "run"
+    _probe_run(run, steps=2)
+    (tmp_path / "link-into-run").symlink_to(run / "summary.json")
+    target = tmp_path / out if out == "link-into-run" else run / out
+    before = _run_files(run)
+    with pytest.raises(ConfigError, match=r"out: .* is inside the run folder"):
+        train_probe(_config([], [f"run={run}", "spec=resid", "epochs=1", f"out={target}", "replace=true"]))
+    assert _run_files(run) == before
+    assert hg.load_run(run).ok
+
+
+def test_probe_replaces_an_existing_file_only_when_asked(tmp_path):
+    from hookgraph.probe import _config, train_probe
+
+    _probe_run(tmp_path / "run", steps=2)
+    out = tmp_path / "probe.safetensors"
+    out.write_bytes(b"someone's file")
+    argv = [f"run={tmp_path / 'run'}", "spec=resid", "epochs=1", f"out={out}"]
+    with pytest.raises(ConfigError, match=r"out: .* exists; pass replace=true"):
+        train_probe(_config([], argv))
+    assert out.read_bytes() == b"someone's file"
+    train_probe(_config([], [*argv, "replace=true"]))
+    assert set(load_file(str(out))) == {"weight", "bias", "direction"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(ConfigError, match=r"out: .* is a directory"):
+        train_probe(_config([], [*argv[:-1], f"out={tmp_path / 'adir'}", "replace=true"]))
+
+
+@pytest.mark.parametrize(("arg", "key"), [
+    ("lr=nan", "lr"), ("lr=inf", "lr"), ("lr=-0.1", "lr"), ("lr=0", "lr"), ("weight_decay=nan", "weight_decay"),
+    ("epochs=0", "epochs"), ("epochs=-3", "epochs"), ("epochs=1000000000000", "epochs"),
+    ("batch_size=0", "batch_size"), ("classes=1", "classes"),
+])
+def test_probe_numbers_out_of_range_are_one_message_by_key(tmp_path, arg, key):
+    from hookgraph.probe import main
+
+    _probe_run(tmp_path / "run", steps=2)
+    out = tmp_path / "probe.safetensors"
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
+        from hookgraph.probe import _config, train_probe
+
+        train_probe(_config([], [f"run={tmp_path / 'run'}", "spec=resid", arg, f"out={out}"]))
+    assert main([f"run={tmp_path / 'run'}", "spec=resid", arg, f"out={out}"]) == 1 and not out.exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_records_reach_the_shard_through_pinned_copies(tmp_path):
     # Records kept on the GPU: the writer copies them into pinned host buffers, waits once.

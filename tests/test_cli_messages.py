@@ -147,3 +147,44 @@ def test_an_error_is_printed_once(tmp_path, override, text):
     assert (proc.stdout + proc.stderr).count(text) == 1, proc.stdout + proc.stderr
     assert "nope" not in proc.stdout  # hydra.utils' own log line is gone too
     assert text in (tmp_path / "run" / "hookgraph.log").read_text()  # and the log file has it
+
+
+@pytest.mark.parametrize("arg", ["hooks=[[]]", "hooks=[nan_watch,[a]]", "hooks=[{a: 1}]", "+hooks=[[x]]",
+                                 "model=[[mlp]]"])
+def test_a_nested_list_for_a_config_group_is_one_message_by_key(tmp_path, arg):
+    from hookgraph.cli import app as cli_app
+    from tests.cli_helpers import run_cli_here
+
+    key = arg.split("=")[0].lstrip("+")
+    message = cli_app._nested_choice(["model=mlp", arg])
+    assert message is not None and message.startswith(f"{key}: a config group takes option names")
+    proc = run_cli_here(["model=mlp", arg, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "TypeError" not in proc.stderr, proc.stderr
+    assert f"hookgraph: error: {key}: a config group takes option names" in proc.stderr
+
+
+@pytest.mark.parametrize("arg", ["hooks=[nan_watch,act_stats]", "hooks=[]", "runner.lrs=[[1,2]]",
+                                 "data.kwargs.ids=[[5,9],[1,2]]", "hooks.x.target=[a,b]"])
+def test_lists_where_lists_belong_are_not_refused_as_nested_choices(arg):
+    from hookgraph.cli import app as cli_app
+
+    assert cli_app._nested_choice([arg]) is None
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    ("sink.fsync=bogus", "sink.fsync: 'bogus' is not a durability setting"),
+    ("sink.fsync=stepp", "sink.fsync: 'stepp' is not a durability setting"),
+])
+def test_a_sweep_job_failing_a_config_check_keeps_its_error_in_the_table(tmp_path, bad, words):
+    import csv
+
+    from tests.cli_helpers import run_cli_here
+
+    key, value = bad.split("=")
+    proc = run_cli_here(["-m", "model=mlp", "runner.steps=1", "runner.device=cpu", "sink.figures=false",
+                         "runner.progress=false", f"{key}={value},never", f"hydra.sweep.dir={tmp_path / 'sw'}"],
+                        cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    rows = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert [r["status"] for r in rows] == ["failed", "completed"]
+    assert rows[0]["error"].startswith(words) and "never started" not in rows[0]["error"]

@@ -205,3 +205,85 @@ def test_entry_points_may_name_a_folder_attribute_and_a_function_of_plain_action
     with graph.attach():
         torch.testing.assert_close(model(x), expected)
     assert "halve" not in ACTIONS
+
+
+@pytest.mark.parametrize("value", ["not a module", "pkg:attr:more", "pkg::attr", "", "pkg-name:x", "pkg:"])
+def test_an_entry_point_value_that_is_no_python_name_is_one_problem_naming_it(site, value):
+    # importlib.metadata's own load of such a value: AttributeError: 'NoneType' object has no attribute 'group'.
+    write_library(site, "odd-hooks", {}, {"hookgraph.actions": {"odd": value}, "hookgraph.conf": {"oddc": value}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "cannot load its actions" warning with a traceback's words
+        refresh()
+    problems = [p for p in searchpath.library_problems() if "odd-hooks" in p]
+    assert len(problems) == 2, problems
+    assert all("the value must be module or module:attribute" in p and "NoneType" not in p for p in problems)
+    assert "odd" not in load_action_libraries()
+
+
+# -- two chosen hook sets defining one spec name (issue 36, "also left from earlier issues") ---------
+
+
+def _chosen(overrides):
+    from hookgraph.config.hooksets import chosen_hook_sets
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        compose("config", overrides=overrides)  # composes as the run does
+        return chosen_hook_sets("config", overrides)
+
+
+@pytest.mark.parametrize(("sets", "shared"), [
+    ("[nan_watch,clash/nan_watch]", "nan_watch"),
+    ("[clash/nan_watch,nan_watch]", "nan_watch"),
+    ("[act_stats,clash/two]", "act_stats"),
+    ("[clash/two,grad_stats]", "grad_stats"),
+])
+def test_two_chosen_hook_sets_defining_one_spec_are_refused_naming_both_files(site, sets, shared):
+    from hookgraph.config.hooksets import refuse_shared_specs
+
+    write_library(site, "clash-hooks", {
+        "clash_hooks/__init__.py": "",
+        "clash_hooks/conf/hooks/nan_watch.yaml": "nan_watch: {target: fc1, action: stats}\n",
+        "clash_hooks/conf/hooks/two.yaml": ("act_stats: {target: fc1, action: record}\n"
+                                            "grad_stats: {target: fc2, action: record}\n"),
+    }, {"hookgraph.conf": {"clash": "clash_hooks.conf"}})
+    refresh()
+    chosen = _chosen(["model=mlp", f"hooks={sets}"])
+    with pytest.raises(hg.ConfigError) as err:
+        refuse_shared_specs(chosen)
+    assert err.value.key == f"hooks.{shared}"
+    files = [f for _, f, names in chosen if shared in names]
+    assert len(files) == 2 and all(f in str(err.value) for f in files), err.value
+    assert any("clash_hooks" in f for f in files) and any(str(Path(CONFIG_DIR) / "hooks") in f for f in files)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=mlp", "hooks=[nan_watch,act_stats,grad_stats]"],
+    ["model=mlp", "hooks=[nan_watch,lab/grad_watch,lab/nan_watch]"],  # lab's nan_watch set defines lab_nan
+    ["+experiment=lab/probe"],
+    ["+experiment=lab/probe", "hooks=[lab/grad_watch,nan_watch]"],  # an experiment's own set plus another
+])
+def test_hook_sets_with_distinct_spec_names_compose(site, overrides):
+    from hookgraph.config.hooksets import refuse_shared_specs
+
+    lab(site)
+    chosen = _chosen(overrides)
+    assert chosen and all(files for _, files, _ in chosen)
+    refuse_shared_specs(chosen)  # nothing shared: no error
+
+
+def test_a_run_choosing_two_hook_sets_that_share_a_spec_name_is_refused_before_it_runs(tmp_path):
+    from tests.cli_helpers import run_cli_here
+
+    mine = tmp_path / "mine"
+    (mine / "hooks").mkdir(parents=True)
+    (mine / "hooks" / "watch.yaml").write_text("nan_watch: {target: fc1, action: record}\n")
+    base = ["--config-dir", str(mine), "model=mlp", "runner.steps=1", "runner.device=cpu", "sink.figures=false",
+            "runner.progress=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_cli_here([*base, "hooks=[nan_watch,watch]"], cwd=tmp_path)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "hooks.nan_watch" in err and str(mine / "hooks" / "watch.yaml") in err and "nan_watch.yaml" in err, err
+    assert "Traceback" not in err
+    ok = run_cli_here([*base[:-1], f"hydra.run.dir={tmp_path / 'run2'}", "hooks=[act_stats,watch]"], cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr

@@ -411,3 +411,18 @@ def test_tensorboard_gets_the_histograms_and_the_stats_scalars(tmp_path):
     events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
     assert hg.load_run(tmp_path / "run").ok
+
+
+@pytest.mark.parametrize(("config", "key", "words"), [
+    ({"lr": "${oops"}, "config.lr", "GrammarParseError"),
+    ({"opt": {"lr": "${x:"}}, "config.opt.lr", "GrammarParseError"),
+    ({"obj": object()}, "config.obj", "UnsupportedValueType"),
+    ([1, 2], "config", "expected a mapping"),
+    (5, "config", "expected a mapping"),
+])
+def test_a_config_omegaconf_cannot_hold_is_named_by_its_key(tmp_path, config, key, words):
+    with pytest.raises(hg.ConfigError) as err:
+        hg.open_run(tmp_path / "run", mlp(), SPECS, config=config)
+    assert err.value.key == key and words in str(err.value), err.value
+    assert "got dict" not in str(err.value)
+    assert not (tmp_path / "run").exists()

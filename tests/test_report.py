@@ -385,3 +385,29 @@ def test_cli_sweep_and_report_command(tmp_path):
         assert 'id="status">completed<' in (sweep / job / "report.html").read_text()
     r = run_cli_here(["report", str(tmp_path / "nowhere")], cwd=tmp_path)
     assert r.returncode == 2 and "not a hookgraph run folder" in r.stderr
+
+
+@pytest.mark.parametrize("blocker", ["empty-dir", "full-dir", "read-only-folder"])
+def test_a_page_that_cannot_be_written_is_one_message_naming_it(tmp_path, blocker):
+    import os
+    import stat
+
+    out = make_run(tmp_path / "run", "model=mlp", "runner.steps=1", "sink.figures=false")
+    page = out / "report.html"
+    page.unlink(missing_ok=True)
+    if blocker != "read-only-folder":
+        page.mkdir()
+        if blocker == "full-dir":
+            (page / "mine.txt").write_text("kept")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        out.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.raises(hg.HookGraphError, match=r"report\.html (is a directory|cannot be written)"):
+            write_report(out)
+    finally:
+        out.chmod(stat.S_IRWXU)
+    if blocker == "full-dir":
+        assert (page / "mine.txt").read_text() == "kept"
+    assert not [p for p in out.iterdir() if p.name.startswith(".report.html.tmp")]

@@ -135,8 +135,8 @@ def test_a_run_that_claims_the_folder_between_check_and_claim_wins(tmp_path, mon
     other = json.dumps({"hookgraph": "0.1", "pid": 1}).encode()
     check = claiming.check_run_dir
 
-    def check_then_lose_the_race(out_dir):
-        check(out_dir)  # the folder is new ...
+    def check_then_lose_the_race(out_dir, *key):
+        check(out_dir, *key)  # the folder is new ...
         (tmp_path / MARKER).write_bytes(other)  # ... and another run claims it now
 
     monkeypatch.setattr(claiming, "check_run_dir", check_then_lose_the_race)
@@ -149,7 +149,7 @@ def test_a_run_that_claims_the_folder_between_check_and_claim_wins(tmp_path, mon
 
 
 def test_claiming_the_same_folder_twice_refuses_the_second(tmp_path, monkeypatch):
-    monkeypatch.setattr(claiming, "check_run_dir", lambda out_dir: None)  # both passed the check
+    monkeypatch.setattr(claiming, "check_run_dir", lambda out_dir, *key: None)  # both passed the check
     conf = as_config(cfg())
     first = claiming.claim(conf, tmp_path, {})
     marker = (tmp_path / MARKER).read_bytes()
@@ -160,3 +160,103 @@ def test_claiming_the_same_folder_twice_refuses_the_second(tmp_path, monkeypatch
     # The first run is still running there: its claim and the room it keeps for its summary.
     with pytest.raises(hg.ConfigError, match=r"holds an earlier run \(\.hookgraph, \.reserve\)"):
         check_run_dir(tmp_path)
+
+
+# ------------------------------------------------ open_run(overwrite=True) and live runs (issue 36 item 8)
+
+_SPECS = {"acts": {"target": "0", "action": "record"}}
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _files(root):
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_open_run_overwrite_never_replaces_the_folder_of_a_live_run_in_this_process(tmp_path):
+    model = _mlp()
+    x = torch.randn(3, 4)
+    with hg.open_run(tmp_path / "run", model, _SPECS, figures=False) as first:
+        model(x)
+        first.step()
+        held = _files(tmp_path / "run")
+        with pytest.raises(hg.ConfigError, match=r"run_dir: .* may still be writing it \(claimed by this process"):
+            hg.open_run(tmp_path / "run", _mlp(), _SPECS, overwrite=True, figures=False)
+        assert _files(tmp_path / "run") == held  # nothing removed
+        model(x)
+        first.step()
+    r = hg.load_run(tmp_path / "run")  # strict: every shard is the first run's own
+    assert r.status == "completed" and len(r.records["acts"]["0"]) == 2
+    assert torch.equal(r.records["acts"]["0"][0], model[0](x))  # the oracle: the layer called by hand
+    # Ended: now it may be replaced.
+    with hg.open_run(tmp_path / "run", model, {"s": {"target": "0", "action": "stats"}}, overwrite=True,
+                     figures=False) as again:
+        model(x)
+        again.step()
+    assert "acts" not in hg.load_run(tmp_path / "run").records
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.parametrize(("claimant", "status", "live"), [
+    ("other-live-process", None, True),
+    ("other-live-process", "running", True),
+    ("other-host", "running", True),
+    ("this-process", "running", True),
+    ("other-live-process", "completed", False),
+    ("other-live-process", "failed", False),
+    ("dead-process", "running", False),
+    ("dead-process", None, False),
+])
+def test_open_run_overwrite_refuses_every_live_claim_and_replaces_a_dead_one(tmp_path, claimant, status, live):
+    import socket
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid = {"other-live-process": sleeper.pid, "other-host": sleeper.pid, "this-process": os.getpid(),
+               "dead-process": _dead_pid()}[claimant]
+        host = "another-host.invalid" if claimant == "other-host" else socket.gethostname()
+        root = tmp_path / "run"
+        root.mkdir()
+        (root / MARKER).write_text(json.dumps({"hookgraph": "0.3", "pid": pid, "host": host}))
+        if status is not None:
+            (root / "summary.json").write_text(json.dumps({"status": status}))
+        before = _files(root)
+        if live:
+            with pytest.raises(hg.ConfigError, match=r"run_dir: .* may still be writing it .*end that run first"):
+                hg.open_run(root, _mlp(), _SPECS, overwrite=True, figures=False)
+            assert _files(root) == before
+        else:
+            model = _mlp()
+            with hg.open_run(root, model, _SPECS, overwrite=True, figures=False) as run_:
+                model(torch.randn(2, 4))
+                run_.step()
+            assert hg.load_run(root).status == "completed"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_loser_of_two_open_runs_racing_for_a_folder_is_told_run_dir(tmp_path, monkeypatch):
+    from hookgraph.runner import session as session_mod
+
+    model = _mlp()
+    with hg.open_run(tmp_path / "run", model, _SPECS, figures=False):
+        monkeypatch.setattr(session_mod, "_free", lambda root, overwrite: None)  # both passed the check
+        with pytest.raises(hg.ConfigError) as err:
+            with hg.open_run(tmp_path / "run", _mlp(), _SPECS, figures=False):
+                pass
+    assert err.value.key == "run_dir" and "hydra" not in str(err.value), err.value
+    assert hg.load_run(tmp_path / "run").status == "completed"

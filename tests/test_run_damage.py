@@ -232,3 +232,128 @@ def test_an_unreadable_shard_is_damaged_not_fatal(tmp_path):
     _shard(tmp_path, 1).chmod(0)
     run, warned = _load_damaged(tmp_path)
     assert run.damaged == ["records/step-000001.safetensors"] and "Permission denied" in warned[0]
+
+
+# -- the digest, run id and stamp on every read path (issue 36 item 3) ---------------------
+
+
+def _table_run(path, seed: int, steps: int = 4):
+    """A completed run whose summary holds each shard's digest and run id: spec 'resid',
+    target 'h', a token table per step (40 rows of d=8, tokens 0/1 telling the class)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = RunWriter(path, fsync="never")
+    for s in range(steps):
+        token = torch.randint(0, 2, (40,), generator=gen)
+        values = torch.randn(40, 8, generator=gen) + 3.0 * (2 * token - 1).float()[:, None]
+        w.flush_records({"resid": {"h": [{"values": values, "row": torch.arange(40),
+                                          "position": torch.zeros(40, dtype=torch.int64), "token": token}]}}, s)
+    w.json("summary.json", {"status": "completed", "manifest": w.manifest()})
+    return path
+
+
+def _flip_data_byte(file, keep_time: bool) -> None:
+    """One byte of tensor data changed, the header intact; ``keep_time``: the same size and
+    modification time after, so only the digest can tell."""
+    st = file.stat()
+    raw = bytearray(file.read_bytes())
+    header = int.from_bytes(raw[:8], "little")
+    raw[8 + header + 5] ^= 0x40
+    with open(file, "r+b") as f:  # in place: the same inode
+        f.write(raw)
+    if keep_time:
+        os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+_MUTATIONS = {
+    "byte-same-size-and-time": lambda shard, other: _flip_data_byte(shard, keep_time=True),
+    "byte-new-time": lambda shard, other: _flip_data_byte(shard, keep_time=False),
+    "another-runs-shard": lambda shard, other: os.replace(other, shard),
+}
+
+
+def _every_item(ds, how: str) -> None:
+    from torch.utils.data import DataLoader
+
+    if how == "map":
+        for i in range(len(ds)):
+            ds[i]
+    elif how == "iterable":
+        list(ds)
+    else:  # through DataLoader workers (each reads and checks in its own process)
+        list(DataLoader(ds, batch_size=None if how == "iterable-workers" else 16, num_workers=2))
+
+
+@pytest.mark.parametrize("mutation", list(_MUTATIONS))
+@pytest.mark.parametrize("how", ["map", "iterable", "map-workers", "iterable-workers"])
+def test_a_dataset_refuses_a_shard_changed_after_it_was_built(tmp_path, mutation, how):
+    run_dir = _table_run(tmp_path / "run", seed=0)
+    _table_run(tmp_path / "other", seed=1)  # another run, the same layout
+    kwargs = {"iterable": how.startswith("iterable"), "batch_size": 16 if how == "iterable-workers" else None}
+    ds = hg.load_run(run_dir).dataset("resid", **kwargs)  # the index read while the shards are as written
+    _MUTATIONS[mutation](_shard(run_dir, 2), _shard(tmp_path / "other", 2))
+    with pytest.raises(hg.HookGraphError, match=r"records/step-000002\.safetensors is damaged"):
+        _every_item(ds, how)
+
+
+def test_a_dataset_of_an_intact_run_reads_every_shard_once_checked(tmp_path):
+    # The oracle: the token tables as written (safetensors' own reader), item by item.
+    from safetensors.torch import load_file
+
+    run_dir = _table_run(tmp_path / "run", seed=0)
+    ds = hg.load_run(run_dir).dataset("resid")
+    want = torch.cat([next(v for k, v in sorted(load_file(str(_shard(run_dir, s))).items())
+                           if v.dtype == torch.float32) for s in range(4)])
+    assert torch.equal(torch.stack([ds[i]["x"] for i in range(len(ds))]), want)
+
+
+@pytest.mark.parametrize("mutation", list(_MUTATIONS))
+def test_probe_refuses_a_shard_whose_bytes_changed(tmp_path, capsys, mutation):
+    from hookgraph.probe import main
+
+    run_dir = _table_run(tmp_path / "run", seed=0)
+    _table_run(tmp_path / "other", seed=1)
+    _MUTATIONS[mutation](_shard(run_dir, 1), _shard(tmp_path / "other", 1))
+    out = tmp_path / "probe.safetensors"
+    assert main([f"run={run_dir}", "spec=resid", "epochs=1", f"out={out}"]) == 1
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "step-000001.safetensors" in err and ("damaged" in err or "another run" in err), err
+
+
+def _read_in_thread(read, fifo, seconds: float = 20.0):
+    """``read()`` on a thread; a read still blocked after ``seconds`` is unblocked (a writer
+    opens the FIFO) and reported, so a regression fails instead of hanging the suite."""
+    import threading
+
+    box: dict = {}
+
+    def go():
+        try:
+            box["value"] = read()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(5)
+        pytest.fail(f"reading blocked on a FIFO in the shard's place for {seconds} s")
+    return box
+
+
+@pytest.mark.parametrize("how", ["records", "map", "iterable"])
+def test_a_fifo_in_a_shards_place_after_indexing_is_refused_not_waited_on(tmp_path, how):
+    run_dir = _table_run(tmp_path / "run", seed=0)
+    run = hg.load_run(run_dir)
+    ds = run.dataset("resid", iterable=how == "iterable")
+    shard = _shard(run_dir, 1)
+    shard.unlink()
+    os.mkfifo(shard)
+    reads = {"records": lambda: run.records["resid"]["h"], "map": lambda: [ds[i] for i in range(len(ds))],
+             "iterable": lambda: list(ds)}
+    box = _read_in_thread(reads[how], shard)
+    assert isinstance(box.get("error"), hg.HookGraphError), box
+    assert "records/step-000001.safetensors is damaged" in str(box["error"])

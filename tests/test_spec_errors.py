@@ -652,3 +652,18 @@ def test_frozen_parameters_matched_by_a_glob_make_one_problem():
         hg.compile(model, {"g": {"target": "**", "at": "param_grad", "action": "record"}})
     (problem,) = err.value.problems
     assert problem.message.startswith("'0.weight', '0.bias', '2.weight' are frozen (requires_grad=False)")
+
+
+@jit_script_deprecated
+@pytest.mark.parametrize("at", ["forward", "forward_pre", "output_grad", "param_value"])
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_a_torchscript_module_is_named_by_how_it_was_made(at, how):
+    inner = nn.Linear(4, 2)
+    made = torch.jit.script(inner) if how == "script" else torch.jit.trace(inner, torch.randn(1, 4))
+    model = nn.Sequential(nn.Linear(4, 4), made)
+    target = "1.weight" if at == "param_value" else "1"
+    with pytest.raises(hg.SpecError) as err:
+        hg.compile(model, {"s": {"target": target, "at": at, "action": "record"}})
+    (problem,) = err.value.problems
+    other = "trace" if how == "script" else "script"
+    assert f"(torch.jit.{how})" in problem.message and f"torch.jit.{other}" not in problem.message

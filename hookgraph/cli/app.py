@@ -46,6 +46,7 @@ from hookgraph.config.schema import HookgraphConfig
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
 from hookgraph.core import gcpause
 from hookgraph.core.spec import MAX_PATTERNS
+from hookgraph.core.yamlfile import YamlLimitError, check_yaml
 from hookgraph.errors import ConfigError, HookGraphError, SpecError, nearest
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
@@ -192,7 +193,9 @@ def _app(cfg: DictConfig) -> float | None:
         else:
             _error(f"{where}{exc}" + (f"\n(run folder: {out_dir})" if kept else ""))
         if sweep:
-            return None  # the summary says failed; SweepTable marks the job and the sweep exits 1 at the end
+            # The summary says failed, or (a config check before it was written) the job's row will.
+            callbacks.job_failed(str(exc) if isinstance(exc, HookGraphError) else f"{type(exc).__name__}: {exc}")
+            return None  # SweepTable marks the job and the sweep exits 1 at the end
         sys.exit(2)
     for level, line in closing_lines(summary):
         _say(level, line)
@@ -255,7 +258,9 @@ def _yaml_syntax(argv: list[str]) -> str | None:
                     f"file (a spec's target, exclude and types hold at most {MAX_PATTERNS:,} patterns)"
                 )
             try:
-                for document in yaml.compose_all(path.read_text(), Loader=yaml.SafeLoader):
+                text = path.read_text()
+                check_yaml(text, str(path), MAX_CONFIG_BYTES)  # aliases expanding past any bound, before Hydra
+                for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
                     if document is not None and _yaml_depth(document) > MAX_YAML_DEPTH:
                         return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except yaml.MarkedYAMLError as exc:
@@ -263,6 +268,8 @@ def _yaml_syntax(argv: list[str]) -> str | None:
                 at = f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
                 what = " ".join(x for x in (exc.context, exc.problem) if x)
                 return f"{path}:{at}: YAML syntax error: {what}"
+            except YamlLimitError as exc:
+                return str(exc)
             except RecursionError:  # the YAML parser itself recurses once per flow level
                 return f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it"
             except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -345,9 +352,33 @@ def _deep_override(argv: list[str]) -> str | None:
     """The first override nested deeper than a config file may be: Hydra's override parser
     recurses once per level and fails with a bare RecursionError at a few hundred."""
     for arg in argv:
+        if len(arg) > MAX_CONFIG_BYTES:  # Hydra parses it as a whole; as long as a config file may be
+            key = arg.split("=", 1)[0][:80]
+            return f"{key}: the override is {len(arg) / 2**20:.1f} MiB, over the limit of {MAX_CONFIG_BYTES >> 20} MiB"
         if _override_depth(arg) > MAX_YAML_DEPTH:
             key = arg.split("=", 1)[0]
             return f"{key}: the override nests more than {MAX_YAML_DEPTH} levels deep; flatten it"
+    return None
+
+
+def _nested_choice(argv: list[str]) -> str | None:
+    """The first top-level override (a config group: ``hooks=``, ``model=``...) whose list holds
+    a list or mapping: Hydra takes option names there, and fails on a nested one with a bare
+    TypeError from its defaults list."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: only with such an override
+
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not eq or "." in key or "/" in key or key.startswith("-") or not value.lstrip().startswith("["):
+            continue
+        try:
+            parsed = OverridesParser.create().parse_overrides([arg])[0].value()
+        except Exception:  # noqa: BLE001 - a syntax error is Hydra's to report, with its own words
+            continue
+        if isinstance(parsed, list) and any(isinstance(v, (list, dict)) for v in parsed):
+            return (f"{key}: a config group takes option names ({key}=[a,b]), not a nested list or mapping: "
+                    f"{value}")
     return None
 
 
@@ -356,7 +387,8 @@ def main() -> None:
     gcpause.PROMOTE = True
     register_configs()
     argv = sys.argv[1:]
-    bad = _deep_override(argv) or _yaml_syntax(argv) or _unknown_hook_set(argv) or _plus_on_a_field(argv)
+    bad = (_deep_override(argv) or _nested_choice(argv) or _yaml_syntax(argv) or _unknown_hook_set(argv)
+           or _plus_on_a_field(argv))
     if bad is not None:
         print(f"hookgraph: error: {bad}", file=sys.stderr)
         sys.exit(2)

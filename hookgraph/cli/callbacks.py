@@ -55,7 +55,8 @@ log = logging.getLogger("hookgraph")
 
 # What this process learned about its run: set by the callbacks, read by the command line
 # (callbacks run in the process that launched the jobs, the command line's own).
-_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None, "command_line_pid": None}
+_state: dict[str, Any] = {"fresh": set(), "failed": [], "sweep_error": None, "command_line_pid": None,
+                          "job_error": None}
 
 
 def reset() -> None:
@@ -80,6 +81,12 @@ def created_by_this_run(path: str | Path) -> bool:
 def failed_jobs() -> list[tuple[int | str, str]]:
     """(job, status) of the last sweep's jobs that did not complete."""
     return list(_state["failed"])
+
+
+def job_failed(error: str) -> None:
+    """Why this sweep job failed, for its row: a config check that fails before the job's
+    summary.json is written would otherwise read as a job killed or never started."""
+    _state["job_error"] = error
 
 
 def sweep_error() -> str | None:
@@ -159,8 +166,9 @@ class SweepTable(Callback):
         # Runs in the job's process, wherever the launcher put it (see the module's docstring).
         if OmegaConf.select(config, "hydra.mode") != RunMode.MULTIRUN:
             return
+        error, _state["job_error"] = _state["job_error"], None  # this job's own, never the next one's
         try:
-            write_job_return(config, job_return)
+            write_job_return(config, job_return, error=error)
         except Exception as exc:  # the driver still reads the job's folder, or says missing
             log.warning("job %s: its sweep row was not written: %s: %s", config.hydra.job.num, type(exc).__name__, exc)
 

@@ -1,6 +1,7 @@
 """Packaged hook sets stay tolerant only while they are used as packaged.
 
-Public names: packaged_conf_dir, packaged_specs, require_matches_where_retargeted.
+Public names: packaged_conf_dir, packaged_specs, require_matches_where_retargeted, chosen_hook_sets,
+refuse_shared_specs.
 
 The hook sets in ``conf/hooks`` allow zero matches (``expect: {min: 0}``) so that one set
 serves every model. Once a user points such a spec somewhere else (``target``, ``exclude``
@@ -24,6 +25,9 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+
+from hookgraph.core.yamlfile import load_yaml
+from hookgraph.errors import ConfigError
 
 __all__ = ["packaged_conf_dir", "packaged_specs", "require_matches_where_retargeted"]
 
@@ -52,7 +56,7 @@ def _load_packaged(conf_dir: Path | None, shadowing: tuple[Path, ...] = ()) -> d
     for path in paths:
         if any((d / "hooks" / path.name).is_file() for d in shadowing):
             continue  # a folder of the user's has this option: it was composed, not the packaged one
-        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        loaded = OmegaConf.to_container(load_yaml(path), resolve=False)  # bounded: bytes, alias expansion
         if isinstance(loaded, dict):
             for k, v in loaded.items():
                 if isinstance(v, dict) and (str(k) not in out or not (conf_dir / "experiment" / path.name).is_file()):
@@ -154,3 +158,62 @@ def require_matches_where_retargeted(
             OmegaConf.update(node, "expect.min", 1, force_add=True)
         log.debug("hooks.%s: retargeted from its packaged hook set, so it must match (expect.min=1)", name)
     return hooks
+
+
+def chosen_hook_sets(
+    config_name: str | None = None, overrides: Sequence[str] | None = None
+) -> list[tuple[str, str, list[str]]]:
+    """The hook sets this composition chose, in order: (option, its file, its spec names), each
+    from the first folder Hydra searches that has it (a shadowed one is not chosen). Defaults
+    to the running Hydra app's config and command line; [] where no Hydra is initialised."""
+    from hydra.core.global_hydra import GlobalHydra  # lazy: only a composed run asks
+    from hydra.types import RunMode  # lazy: as above
+
+    if config_name is None or overrides is None:
+        if not HydraConfig.initialized():
+            return []
+        hc = HydraConfig.get()
+        config_name = hc.job.config_name if config_name is None else config_name
+        overrides = _task_overrides() if overrides is None else overrides
+    if not GlobalHydra.instance().is_initialized():
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    try:  # Hydra's defaults tree for this command line: which hook sets it chose (choices holds no list)
+        defaults = loader.compute_defaults_list(config_name, list(overrides or []), RunMode.RUN).defaults
+    except Exception as exc:  # the composition itself succeeded: this check never stops a run on its own failure
+        log.debug("the chosen hook sets could not be listed: %s", exc)
+        return []
+    sources = loader.get_sources()
+    out: list[tuple[str, str, list[str]]] = []
+    for d in defaults:
+        path = d.config_path or ""
+        if not path.startswith("hooks/") or any(o == path.removeprefix("hooks/") for o, _, _ in out):
+            continue
+        for source in sources:
+            if not source.is_config(path):
+                continue
+            finder = getattr(source, "file", None)  # a library's source maps hooks/<ns>/x to its hooks/x
+            file = str(finder(f"{path}.yaml") if finder else Path(source.path or "") / f"{path}.yaml")
+            cfg = source.load_config(path).config
+            names = [str(k) for k in cfg.keys()] if isinstance(cfg, DictConfig) else []
+            out.append((path.removeprefix("hooks/"), file, names))
+            break
+    return out
+
+
+def refuse_shared_specs(chosen: Sequence[tuple[str, str, list[str]]] | None = None) -> None:
+    """Refuse two chosen hook sets that define one spec name: Hydra would merge the two bodies
+    into one spec, silently (the later set's keys over the earlier's). ConfigError naming
+    the spec and both files."""
+    chosen = chosen_hook_sets() if chosen is None else chosen
+    first: dict[str, tuple[str, str]] = {}
+    for option, file, names in chosen:
+        for name in names:
+            if name in first and first[name][0] != option:
+                other, other_file = first[name]
+                raise ConfigError(
+                    f"hooks.{name}",
+                    f"defined by two chosen hook sets, {other} ({other_file}) and {option} ({file}); together "
+                    "they would merge into one spec. Rename the spec in one of the files, or choose one set",
+                )
+            first.setdefault(name, (option, file))

@@ -55,6 +55,8 @@ USER_SCHEME = "hookgraph-user"
 LIBRARY_SCHEME = "hookgraph-lib"
 USER_PROVIDER = "hookgraph: your configs"
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What an entry point's value may be (importlib.metadata's pattern, without extras): module[:attr].
+_VALUE = re.compile(r"[\w.]+\s*(:\s*[\w.]+\s*)?")
 
 _user_dirs: list[Path] = []
 
@@ -133,6 +135,10 @@ def _scan() -> tuple[tuple[Library, ...], tuple[str, ...]]:
             lib = Library(ep.name, _distribution(ep), group, ep.value, ep)
             if not _NAMESPACE.fullmatch(ep.name):
                 problems.append(f"{lib.label}: the namespace must be a Python identifier; not used")
+                continue
+            if not _VALUE.fullmatch(ep.value.strip()):  # importlib's own load says only "'NoneType' ... 'group'"
+                problems.append(f"{lib.label}: the value must be module or module:attribute "
+                                "(dotted Python names); not used")
                 continue
             found.append(lib)
     owners: dict[str, set[str]] = {}

@@ -166,11 +166,16 @@ def _holders(modules: dict[str, nn.Module]) -> dict[int, tuple[nn.Module, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def _torchscript_kind(module: nn.Module) -> str:
+    # A TracedModule is a ScriptModule too; the message names what the user called.
+    return "traced" if isinstance(module, torch.jit.TracedModule) else "script"
+
+
 def _unhookable(spec: Any, module: nn.Module, param: nn.Parameter | None) -> str | None:
-    """Why PyTorch would refuse this target at attach ("script", "frozen"), or None."""
+    """Why PyTorch would refuse this target at attach ("script", "traced", "frozen"), or None."""
     tensor_only = POINTS[spec.at].tensor_only  # hooks on the parameter itself, not on a module
     if not tensor_only and isinstance(module, torch.jit.ScriptModule):
-        return "script"
+        return _torchscript_kind(module)
     if param is not None and tensor_only and not param.requires_grad:
         return "frozen"
     return None
@@ -182,14 +187,15 @@ def _refusal(key: str, spec: Any, why: str, names: list[str]) -> Problem:
     one = len(names) == 1
     if why in fsdp2.REFUSALS:
         return Problem(full_key(key, "target"), fsdp2.REFUSALS[why](spec.at, shown, one))
-    if why == "script":
+    if why in ("script", "traced"):
         owner = "" if not POINTS[spec.at].on_params else (" belongs to" if one else " belong to")
         verb = owner or (" is" if one else " are")
+        made, done = ("torch.jit.script", "scripted") if why == "script" else ("torch.jit.trace", "traced")
         return Problem(
             full_key(key, "target"),
-            f"{shown}{verb} a TorchScript module (torch.jit.script), and PyTorch cannot register "
-            f"{POINTS[spec.at].mechanism} (at: {spec.at}) on a ScriptModule; hook the unscripted "
-            "module that calls it, or a module that is not scripted (exclude: the scripted names)",
+            f"{shown}{verb} a TorchScript module ({made}), and PyTorch cannot register "
+            f"{POINTS[spec.at].mechanism} (at: {spec.at}) on a ScriptModule; hook the un{done} "
+            f"module that calls it, or a module that is not {done} (exclude: the {done} names)",
         )
     return Problem(
         full_key(key, "target"),
@@ -422,7 +428,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 continue
             hooked.add(mid)
             param = shard = None
-            why = "script" if isinstance(module, script_module) else None  # _unhookable, inlined for modules
+            why = _torchscript_kind(module) if isinstance(module, script_module) else None  # _unhookable, inlined
         if why is not None:
             refused.setdefault(why, []).append(name)
             continue

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported where used: `import hookgraph` does not load Omega
     from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.core.points import HookPoint
+from hookgraph.core.yamlfile import YamlLimitError, load_yaml
 from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs", "MAX_PATTERNS", "MAX_SPECS"]
@@ -127,13 +128,15 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     if specs is None:
         return {}
     if isinstance(specs, (str, os.PathLike)):
-        from omegaconf import DictConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
+        from omegaconf import DictConfig  # lazy: `import hookgraph` stays light (test_startup)
 
         path = Path(specs)
         if not path.is_file():
             raise SpecError([Problem(str(path), "no such spec file")])
         try:
-            loaded = OmegaConf.load(path)
+            loaded = load_yaml(path)  # bytes and alias expansion bounded before OmegaConf parses
+        except YamlLimitError as exc:
+            raise SpecError([Problem(str(path), str(exc).removeprefix(f"{path}: "))]) from None
         except Exception as exc:  # yaml.YAMLError and friends: report, don't crash
             raise SpecError([Problem(str(path), f"not valid YAML: {exc}")]) from exc
         # A file may hold the specs directly or under a top-level "hooks:" key.

@@ -336,7 +336,12 @@ def write_report(run_dir: str | Path, modules: list[dict] | None = None) -> Path
     root = Path(run_dir)
     if not (root / layout.SUMMARY).is_file() and not (root / layout.PLAN).is_file():
         raise HookGraphError(f"{root} is not a hookgraph run folder (no {layout.SUMMARY} or {layout.PLAN})")
-    html = render_run_page(read_run_page(root, modules))
     path = root / layout.REPORT
-    atomic_write(path, html.encode())
+    if path.is_dir() and not path.is_symlink():  # os.replace of a file over a directory: IsADirectoryError
+        raise HookGraphError(f"{path} is a directory, not the run's page; move it away to write the page")
+    html = render_run_page(read_run_page(root, modules))
+    try:
+        atomic_write(path, html.encode())
+    except OSError as exc:
+        raise HookGraphError(f"{path} cannot be written ({exc.strerror or exc})") from None
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ __all__ = ["claim"]
 _ONE = World()  # a single process
 
 
-def claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE) -> Job:
-    """The :class:`Job` of a run in ``out_dir``, its folder claimed; ``summary`` says ``running``."""
+def claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE,
+          key: str = "hydra.run.dir") -> Job:
+    """The :class:`Job` of a run in ``out_dir``, its folder claimed; ``summary`` says ``running``.
+    ``key``: the setting that chose the folder, as a refusal names it (``run_dir`` for open_run)."""
     if not world.ranked:
-        writer = _claim_folder(cfg, out_dir, None)
+        writer = _claim_folder(cfg, out_dir, None, key)
     elif world.main:
-        writer = _claim_and_tell(cfg, out_dir, world)
+        writer = _claim_and_tell(cfg, out_dir, world, key)
     else:
         writer = _join(cfg, out_dir, world)
     summary.update(status="running", steps=0, steps_requested=cfg.runner.steps, versions=versions())
@@ -41,22 +44,24 @@ def claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: 
     return Job(cfg, writer, world, summary)
 
 
-def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None) -> RunWriter:
-    check_run_dir(out_dir)
-    marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid()}, indent=2) + "\n"
+def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None, key: str) -> RunWriter:
+    check_run_dir(out_dir, key)
+    # pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's
+    marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
+                        indent=2) + "\n"
     try:
         writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, fsync=cfg.sink.fsync)
-        claim_run_dir(writer.dir, marker.encode())  # exclusive: a run that got here first keeps the folder
+        claim_run_dir(writer.dir, marker.encode(), key)  # exclusive: a run that got here first keeps the folder
         writer.reserve_room()  # only in a folder that is now this run's
     except OSError as exc:
         raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
     return writer
 
 
-def _claim_and_tell(cfg: DictConfig, out_dir: str | Path, world: World) -> RunWriter:
+def _claim_and_tell(cfg: DictConfig, out_dir: str | Path, world: World, key: str) -> RunWriter:
     """Rank 0: claim the folder, then tell the other ranks where it is (or why there is none)."""
     try:
-        writer = _claim_folder(cfg, out_dir, world.rank)
+        writer = _claim_folder(cfg, out_dir, world.rank, key)
     except Exception as exc:
         broadcast((None, str(exc)), world)
         raise

@@ -1,22 +1,26 @@
 """A run's claim on its folder and its response to signals.
 
-Public names: MARKER, check_run_dir, claim_run_dir, RunInterrupted, RunFolderError, signals_as_interrupts.
+Public names: MARKER, check_run_dir, claim_run_dir, live_claim, RunInterrupted, RunFolderError, signals_as_interrupts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hookgraph.errors import ConfigError, HookGraphError
-from hookgraph.runs.layout import MARKER
+from hookgraph.runs.layout import MARKER, SUMMARY
 from hookgraph.runs.reader import run_content
 
-__all__ = ["MARKER", "check_run_dir", "claim_run_dir", "RunInterrupted", "RunFolderError", "signals_as_interrupts"]
+__all__ = ["MARKER", "check_run_dir", "claim_run_dir", "live_claim", "RunInterrupted", "RunFolderError",
+           "signals_as_interrupts"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -31,15 +35,16 @@ class RunFolderError(HookGraphError):
     """The run folder could not be written (read-only, full disk, removed midway)."""
 
 
-def check_run_dir(out_dir: str | Path) -> None:
-    """Refuse a folder that holds anything an earlier hookgraph run wrote (finished or not)."""
+def check_run_dir(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a folder that holds anything an earlier hookgraph run wrote (finished or not);
+    ``key`` is the setting that chose the folder (``run_dir`` for open_run)."""
     root = Path(out_dir)
     found = run_content(root)  # what load_run would read: the two must agree on what a run folder is
     if found:
-        raise _earlier_run(root, found)
+        raise _earlier_run(root, found, key)
 
 
-def claim_run_dir(out_dir: str | Path, marker: bytes) -> None:
+def claim_run_dir(out_dir: str | Path, marker: bytes, key: str = "hydra.run.dir") -> None:
     """Write the marker into ``out_dir`` (which exists) only if no run has claimed it yet.
 
     The exclusive create makes check-then-claim safe: of two runs given the same folder that
@@ -50,15 +55,48 @@ def claim_run_dir(out_dir: str | Path, marker: bytes) -> None:
         with open(root / MARKER, "xb") as f:
             f.write(marker)
     except FileExistsError:
-        raise _earlier_run(root, run_content(root) or [MARKER]) from None
+        raise _earlier_run(root, run_content(root) or [MARKER], key) from None
 
 
-def _earlier_run(root: Path, found: list[str]) -> ConfigError:
-    return ConfigError(
-        "hydra.run.dir",
-        f"{root} holds an earlier run ({', '.join(found)}); choose a new folder (the default "
-        "runs/<date>/<time> is new for every run)",
-    )
+def _earlier_run(root: Path, found: list[str], key: str) -> ConfigError:
+    hint = " (the default runs/<date>/<time> is new for every run)" if key == "hydra.run.dir" else ""
+    return ConfigError(key, f"{root} holds an earlier run ({', '.join(found)}); choose a new folder{hint}")
+
+
+def live_claim(out_dir: str | Path) -> str | None:
+    """Why ``out_dir`` belongs to a run that may still be writing it (None: no live claim):
+    its claim names a process on this host that is alive (this one included) and its summary
+    does not say it ended; a claim from another host whose summary does not say it ended
+    cannot be told from a live one, so it counts as live. A run killed on this host is not live."""
+    root = Path(out_dir)
+    try:
+        claim = json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        return None  # no claim (or none readable): nothing says a process holds the folder
+    if not isinstance(claim, dict):
+        return None
+    try:
+        status = json.loads((root / SUMMARY).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None  # not written yet: the run has not ended
+    if status not in (None, "running"):
+        return None  # it ended (completed, failed, interrupted...): its process no longer writes here
+    pid, host = claim.get("pid"), claim.get("host")
+    if host is not None and host != socket.gethostname():
+        return f"claimed by process {pid} on host {host}, which this host cannot check, and not ended"
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    if pid == os.getpid():
+        return f"claimed by this process ({pid}), whose run there has not ended"
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # exists, another user's
+    except OSError:
+        return None
+    return f"claimed by live process {pid}, whose run there has not ended"
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hookgraph.config.hooksets import _task_overrides, require_matches_where_retargeted
+from hookgraph.config.hooksets import _task_overrides, refuse_shared_specs, require_matches_where_retargeted
 from hookgraph.config.schema import HookgraphConfig, check_booleans, check_known_keys
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.fingerprint import model_identity
@@ -104,6 +104,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
 def compile_specs(job: Job, parts: Parts, progress: Progress) -> HookGraph:
     """The specs compiled against the model (the wrapped one: it runs)."""
     t = time.perf_counter()
+    refuse_shared_specs()  # two chosen hook sets defining one spec name would merge silently
     require_matches_where_retargeted(job.cfg.hooks)  # a packaged hook set pointed elsewhere must match
     graph = compile_graph(parts.model, job.cfg.hooks, prefix="hooks")
     progress.lap("compile_s", t)

@@ -41,11 +41,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from hookgraph.core.compiler import compile_graph, unwrap_model
 from hookgraph.core.graph import Attachment, HookGraph
+from hookgraph.core.yamlfile import YamlLimitError, load_yaml
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World
-from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
+from hookgraph.runner.lifecycle import RunInterrupted, live_claim, signals_as_interrupts
 from hookgraph.runner.messages import closing_lines, keep_shown
 from hookgraph.runner.outputs import close, fail, write, write_outputs
 from hookgraph.runner.parts import as_config, write_plan
@@ -414,8 +415,13 @@ def _as_config(config: Any, specs: Any) -> DictConfig | None:
     try:
         cfg = OmegaConf.create({} if config is None else config)
     except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(config, (Mapping, DictConfig)):  # a mapping, one of whose values OmegaConf refuses: say which
+            where = getattr(exc, "full_key", None)
+            key = f"config.{where}" if where else "config"
+            raise ConfigError(key, f"{type(exc).__name__}: {first}") from None
         raise ConfigError(
-            "config", f"expected a mapping (a dict or a DictConfig), got {type(config).__name__}: {exc}"
+            "config", f"expected a mapping (a dict or a DictConfig), got {type(config).__name__}: {first}"
         ) from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError("config", f"expected a mapping, got {type(config).__name__}")
@@ -436,6 +442,13 @@ def _free(root: Path, overwrite: bool) -> None:
             f"{root} holds an earlier run ({', '.join(found)}); choose a new folder, or pass "
             "overwrite=True to replace that run's files",
         )
+    live = live_claim(root)
+    if live is not None:  # its process would go on writing into files no longer its own
+        raise ConfigError(
+            "run_dir",
+            f"{root} holds a run that may still be writing it ({live}); overwrite=True never replaces a live "
+            "run's files: choose a new folder, or end that run first",
+        )
     import shutil  # lazy: only an overwrite removes anything
 
     for name in found:
@@ -453,7 +466,10 @@ def _specs_of(specs: Any) -> Any:
         path = Path(specs)
         if not path.is_file():
             raise ConfigError("specs", f"no such file {path} (a YAML file of specs, or a dict of specs)")
-        specs = OmegaConf.load(path)
+        try:
+            specs = load_yaml(path)  # bytes and alias expansion bounded before OmegaConf parses
+        except (YamlLimitError, OSError) as exc:
+            raise ConfigError("specs", str(exc)) from None
     if isinstance(specs, (Mapping, DictConfig)) and "hooks" in specs:
         inner = specs["hooks"]
         mappings = (Mapping, DictConfig)
@@ -482,7 +498,8 @@ def open_run(
     Args:
         run_dir: the folder (made if missing). One that holds an earlier run is refused
             (:class:`ConfigError` naming it) unless ``overwrite=True``, which removes that
-            run's files (only what hookgraph writes) first.
+            run's files (only what hookgraph writes) first; never a live run's (its claim
+            names a live process, this one included, and its summary has not ended).
         model: the model the specs bind to (bare or wrapped, as :func:`hookgraph.compile`).
         specs: a dict of specs, an OmegaConf DictConfig, or a YAML file path (a file or
             mapping with a top-level ``hooks:`` gives its ``hooks``). Compiled here: a spec
@@ -522,7 +539,7 @@ def open_run(
     cfg = as_config({"sink": {"max_bytes": max_bytes, "figures": figures, "tensorboard": tensorboard}})
 
     def claim_job() -> Job:
-        job = claim(cfg, root, {}, world)
+        job = claim(cfg, root, {}, world, key="run_dir")
         del job.summary["steps_requested"]  # a loop of its own: hookgraph does not know how many
         if start_step:
             job.summary["first_step"] = int(start_step)

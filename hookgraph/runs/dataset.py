@@ -4,10 +4,11 @@ Public names: ActivationDataset, ActivationStream, FLATTEN.
 
 ``Run.dataset(spec, ...)`` builds them (``hookgraph.runs.reader``). Nothing is read up front:
 the index is the shard headers the reader parsed, and each entry's tensor is read from its
-shard when an item of it is asked for, through ``safetensors.safe_open`` (a memory map of the
-shard). Memory stays bounded whatever the run's size: at most ``max_open`` shards are open
-(mapped) at once, the least recently used closed first, and at most ``cache`` entries are
-kept decoded (a map-style dataset read in order reads each entry once).
+shard when an item of it is asked for, by the run reader's own checked read (the file
+indexed, its bytes against the summary's digest: a shard damaged, rewritten or replaced after
+the dataset was built is refused by name). Memory stays bounded whatever the run's size: no
+shard stays open or mapped, and at most ``cache`` entries are kept decoded (a map-style
+dataset read in order reads each entry once).
 
 Items are dicts: ``x`` (one activation row) and where it came from: ``rank``, ``step``,
 ``target`` (an index into ``.targets``), ``row`` (the sample's index in its step's batch),
@@ -31,11 +32,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hookgraph.core.tree import rebuild
 from hookgraph.errors import HookGraphError, did_you_mean
+from hookgraph.runs.shards import _read_tensors, _Shard, _Tensor
 
 __all__ = ["ActivationDataset", "ActivationStream", "FLATTEN"]
 
@@ -47,10 +48,9 @@ _META = ("rank", "step", "target", "row", "position", "token", "index")  # index
 class _Piece(NamedTuple):
     """One recorded call's activation: where its tensor lies and how many items it gives."""
 
-    file: str  # the shard's path
-    name: str  # the shard as named in messages (records/step-000003.safetensors)
-    key: str  # the activation tensor's key in the shard
-    table: tuple[str, str, str] | None  # the keys of row, position, token (a token table) or None
+    shard: _Shard  # the reader's shard: its path, name, stamp and (until checked) digest
+    tensors: tuple[_Tensor, ...]  # the activation, then for a token table its row, position, token
+    table: bool  # a token table from record's positions / drop_padding
     shape: tuple[int, ...]
     itemsize: int  # bytes per element
     items: int
@@ -61,52 +61,26 @@ class _Piece(NamedTuple):
 
 
 class _Shards:
-    """Open shards (``safe_open`` handles, each a memory map) in least-recently-used order,
-    at most ``max_open``; the last ``cache`` entries read, decoded."""
+    """The last ``cache`` entries read, decoded. Every read goes through the run reader's own
+    (:func:`hookgraph.runs.shards._read_tensors`): the shard is the file indexed (same file,
+    size and time, else refused) and its bytes match the summary's digest (checked on the
+    first read of each shard in each process, DataLoader workers included), as ``load_run``'s
+    records are. Nothing stays open or mapped between reads; ``max_open`` is kept for
+    callers that pass it."""
 
     def __init__(self, max_open: int, cache: int):
         self.max_open, self.cache = max_open, cache
-        self._open: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._read: collections.OrderedDict[tuple[str, str], dict[str, torch.Tensor]] = collections.OrderedDict()
-
-    def _handle(self, piece: _Piece) -> Any:
-        f = self._open.get(piece.file)
-        if f is not None:
-            self._open.move_to_end(piece.file)
-            return f
-        while len(self._open) >= self.max_open:
-            _, old = self._open.popitem(last=False)
-            old.__exit__(None, None, None)  # unmap it now, not when the collector gets to it
-        f = safe_open(piece.file, framework="pt")
-        f.__enter__()
-        self._open[piece.file] = f
-        return f
 
     def read(self, piece: _Piece) -> dict[str, torch.Tensor]:
         """``{"x": activation, and for a token table "row", "position", "token"}``."""
-        k = (piece.file, piece.key)
+        k = (piece.shard.file, piece.tensors[0].key)
         got = self._read.get(k)
         if got is not None:
             self._read.move_to_end(k)
             return got
-        try:
-            f = self._handle(piece)
-            got = {"x": f.get_tensor(piece.key)}
-            if piece.table is not None:
-                for name, key in zip(("row", "position", "token"), piece.table, strict=True):
-                    got[name] = f.get_tensor(key)
-        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-            self.close()
-            raise HookGraphError(
-                f"{piece.name} is damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                f"its records (step {piece.step}, rank {piece.rank}) cannot be read"
-            ) from None
-        if tuple(got["x"].shape) != piece.shape:
-            self.close()
-            raise HookGraphError(
-                f"{piece.name} is damaged (tensor {piece.key!r} is {list(got['x'].shape)}, indexed as "
-                f"{list(piece.shape)}); its records cannot be read"
-            )
+        values = _read_tensors(piece.shard, list(piece.tensors))  # a HookGraphError naming the shard
+        got = dict(zip(("x", "row", "position", "token"), values, strict=False))
         if self.cache:
             self._read[k] = got
             while len(self._read) > self.cache:
@@ -114,9 +88,6 @@ class _Shards:
         return got
 
     def close(self) -> None:
-        for f in self._open.values():
-            f.__exit__(None, None, None)
-        self._open.clear()
         self._read.clear()
 
 
@@ -138,7 +109,7 @@ def _rows(piece: _Piece, got: dict[str, torch.Tensor], flatten: str) -> tuple[to
     meta[:, 6] = torch.arange(piece.start, piece.start + n)
     if flatten == "entries":
         return x.unsqueeze(0), meta
-    if piece.table is not None:
+    if piece.table:
         meta[:, 3], meta[:, 4], meta[:, 5] = got["row"], got["position"], got["token"]
         return x, meta
     if x.dim() <= 1:
@@ -180,11 +151,10 @@ def pieces(
         for ti, target in enumerate(wanted):
             for e in index.get(target, []):
                 value = rebuild(e.structure, list(e.tensors)) if not isinstance(e.structure, tuple) else None
-                table = None
                 if isinstance(value, dict) and set(value) == set(_TABLE):
-                    x, table = value["values"], (value["row"].key, value["position"].key, value["token"].key)
-                elif hasattr(value, "key") and hasattr(value, "shape"):
-                    x = value
+                    tensors = tuple(value[k] for k in _TABLE)
+                elif isinstance(value, _Tensor):
+                    tensors = (value,)
                 else:
                     raise HookGraphError(
                         f"spec {spec!r}, target {target!r}: step {e.step} call {e.call} holds a "
@@ -193,10 +163,10 @@ def pieces(
                 shard = e.shard
                 if shard.damage is not None:
                     raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
-                n = _items(tuple(x.shape), flatten, table is not None)
+                x, table = tensors[0], len(tensors) > 1
+                n = _items(tuple(x.shape), flatten, table)
                 start = out[-1].start + out[-1].items if out else 0
-                out.append(_Piece(shard.file, shard.name, x.key, table, tuple(x.shape), x.dtype.itemsize, n, start,
-                                  rank, e.step, ti))
+                out.append(_Piece(shard, tensors, table, tuple(x.shape), x.dtype.itemsize, n, start, rank, e.step, ti))
     if not out:
         raise HookGraphError(f"spec {spec!r} holds no records for {wanted} in {root}")
     return out, wanted
@@ -206,9 +176,9 @@ def _item(piece: _Piece, got: dict[str, torch.Tensor], i: int, flatten: str) -> 
     """Item ``i`` of ``piece`` (read as ``got``)."""
     x = got["x"]
     row, position, token = -1, -1, -1
-    if flatten == "entries" or x.dim() == 0 or (x.dim() == 1 and piece.table is None and flatten == "tokens"):
+    if flatten == "entries" or x.dim() == 0 or (x.dim() == 1 and not piece.table and flatten == "tokens"):
         value = x
-    elif piece.table is not None:
+    elif piece.table:
         value = x[i]
         row, position, token = int(got["row"][i]), int(got["position"][i]), int(got["token"][i])
     elif flatten == "samples" or x.dim() == 2:

@@ -28,6 +28,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hookgraph.core.yamlfile import YamlLimitError, check_yaml
 from hookgraph.errors import HookGraphError
 from hookgraph.runs import layout
 
@@ -491,7 +492,10 @@ def _yaml(path: Path) -> Any:
     if text is None:
         return None
     try:
+        check_yaml(text, str(path))  # bytes and alias expansion bounded before OmegaConf parses
         return OmegaConf.load(io.StringIO(text))
+    except YamlLimitError as exc:
+        raise DamagedFileError(path, str(exc).removeprefix(f"{path}: ")) from None
     except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise DamagedFileError(path, f"{type(exc).__name__}: {first}") from None

@@ -109,7 +109,7 @@ _AT = (("point", "at"),)
 
 RUN_FOLDER: tuple[Entry, ...] = (
     # In this order in messages that list what a folder holds (run_content).
-    Entry(MARKER, "the run's claim on the folder: JSON {hookgraph: version, pid}; a folder holding it "
+    Entry(MARKER, "the run's claim on the folder: JSON {hookgraph: version, pid, host}; a folder holding it "
           "belongs to a run, finished or not", "runner (lifecycle.claim_run_dir), first, by exclusive create",
           always=True),
     Entry(RESERVE, "bytes kept free for the summary: released when the disk is full, removed at the end",

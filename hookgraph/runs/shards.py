@@ -142,7 +142,9 @@ def _indexed_file(shard: _Shard) -> Iterator[tuple[int, os.stat_result]]:
     if shard.damage is not None:
         raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
     try:
-        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO put in the shard's place opens at once (and fails the stamp)
+        # instead of blocking until some writer comes; a regular file reads as ever.
+        fd = os.open(shard.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
         try:
             st = os.fstat(fd)
             if _stamp(st) != shard.stamp:

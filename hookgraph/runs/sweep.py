@@ -155,9 +155,11 @@ def returned_rows(sweep_dir: Path) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
+def job_return_row(config: DictConfig, job_return: JobReturn, error: str | None = None) -> dict[str, Any]:
     """A job's row of sweep.csv, in the job's process: what its launcher returns (status,
-    overrides, the task's return value, Hydra's job id) and its run folder's headlines."""
+    overrides, the task's return value, Hydra's job id) and its run folder's headlines.
+    ``error``: why the job failed, as the job said it; where its summary does not say
+    (a config check before the summary was written), the row is failed with it."""
     hc = config.hydra
     num = int(hc.job.num)
     out_dir = Path(str(hc.runtime.output_dir))
@@ -169,6 +171,9 @@ def job_return_row(config: DictConfig, job_return: JobReturn) -> dict[str, Any]:
         if row.get("status") in (None, "missing", "completed"):  # the summary does not say why
             row["status"] = "failed"
             row["error"] = f"{type(value).__name__}: {value}"[:_ERROR_CHARS]
+    elif error is not None and row.get("status") in (None, "missing"):
+        row["status"] = "failed"
+        row["error"] = error[:_ERROR_CHARS]
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         row["objective"] = float(value)  # what the task returned: a sweeper's objective
     row["job_id"] = str(OmegaConf.select(config, "hydra.job.id", default="") or "")
@@ -192,9 +197,10 @@ def _job_sweep_dir(config: DictConfig) -> Path:
     return Path(str(OmegaConf.select(config, "hydra.runtime.cwd", default=None) or os.getcwd())) / sweep
 
 
-def write_job_return(config: DictConfig, job_return: JobReturn) -> Path:
-    """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically."""
-    row = job_return_row(config, job_return)
+def write_job_return(config: DictConfig, job_return: JobReturn, error: str | None = None) -> Path:
+    """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically;
+    ``error``: why the job failed, as it said (see :func:`job_return_row`)."""
+    row = job_return_row(config, job_return, error)
     path = _job_sweep_dir(config) / layout.job_return(row["job"])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(row, indent=1, default=str).encode())
