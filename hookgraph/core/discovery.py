@@ -100,7 +100,7 @@ def list_ops(model: nn.Module, target: str = "**", inputs: Any = None) -> list[d
         is the spelling a spec uses (``matmul.1``: the second matmul), ``inputs`` the shape
         of each positional input (None where not a tensor), ``output`` the output's shape.
 
-    Example:
+    Examples:
         >>> import torch, torch.nn as nn
         >>> class Net(nn.Module):
         ...     def forward(self, x):
