@@ -61,7 +61,7 @@ class _Saved:
     sys.argv, sys.path, modules imported from the working folder, the working folder,
     os.environ, signal handlers, every logger's handlers and levels, Hydra's singletons
     (GlobalHydra, HydraConfig, JobRuntime), hookgraph's command-line state (the callbacks',
-    the user config folders) and the random generators."""
+    the user config folders, the gc pause's promotion) and the random generators."""
 
     def __init__(self, run_dir: Path) -> None:
         import numpy as np  # lazy: only the in-process command line needs these
@@ -90,6 +90,9 @@ class _Saved:
         self.callbacks = dict(callbacks._state)
         self.user_dirs = searchpath.user_dirs()
         self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        from hookgraph.core import gcpause  # lazy: as above
+
+        self.promote = gcpause.PROMOTE  # the command line owns its process and turns promotion on
 
     def restore(self) -> None:
         import numpy as np  # lazy: see __init__
@@ -112,6 +115,9 @@ class _Saved:
                     del Singleton._instances[cls]
         callbacks._state.clear()
         callbacks._state.update(self.callbacks)
+        from hookgraph.core import gcpause  # lazy: see __init__
+
+        gcpause.PROMOTE = self.promote
         searchpath.set_user_dirs(self.user_dirs)
         for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
             if not isinstance(lg, logging.Logger):

@@ -22,8 +22,9 @@ def test_the_api_reference_names_every_public_function_and_class():
         module, _, attr = path.rpartition(".")
         shown[id(getattr(importlib.import_module(module), attr))] = path  # what the page documents
     # The errors are listed as members of hookgraph.errors; load_run/open_run are lazy forwarders
-    # at the top level, documented where they are defined.
-    forwarders = {"load_run": "hookgraph.runs.reader.load_run", "open_run": "hookgraph.runner.session.open_run"}
+    # at the top level, documented where they are defined; so is logit_lens.
+    forwarders = {"load_run": "hookgraph.runs.reader.load_run", "open_run": "hookgraph.runner.session.open_run",
+                  "logit_lens": "hookgraph.runner.lens.logit_lens"}
     missing = []
     for name in hg.__all__:
         obj = getattr(hg, name)

@@ -315,8 +315,15 @@ def _readme_loops() -> str:
 
 
 def test_the_readme_plain_loop_and_accelerate_examples_run_as_written(tmp_path, monkeypatch):
+    import sys
+
     from accelerate import Accelerator
 
+    # nnsight, once another test of this process imported it, replaces Tensor.backward and parses
+    # the caller's source file to look for a `with` block: here README.md, which is not Python.
+    nnsight_backward = sys.modules.get("nnsight.intervention.backward")
+    if nnsight_backward is not None:
+        monkeypatch.setattr(torch.Tensor, "backward", nnsight_backward._original_backward)
     monkeypatch.chdir(tmp_path)
     model = mlp()
     data = torch.utils.data.TensorDataset(*(torch.cat(t) for t in zip(*_batches(4), strict=True)))

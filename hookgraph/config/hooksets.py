@@ -201,15 +201,26 @@ def chosen_hook_sets(
     return out
 
 
+def _chosen_experiment() -> str | None:
+    """The running composition's +experiment choice, whose own hook set bears its name."""
+    if not HydraConfig.initialized():
+        return None
+    choice = HydraConfig.get().runtime.choices.get("experiment")
+    return str(choice) if choice else None
+
+
 def refuse_shared_specs(chosen: Sequence[tuple[str, str, list[str]]] | None = None) -> None:
     """Refuse two chosen hook sets that define one spec name: Hydra would merge the two bodies
     into one spec, silently (the later set's keys over the earlier's). ConfigError naming
     the spec and both files."""
     chosen = chosen_hook_sets() if chosen is None else chosen
+    own = _chosen_experiment()
     first: dict[str, tuple[str, str]] = {}
     for option, file, names in chosen:
         for name in names:
-            if name in first and first[name][0] != option:
+            # An experiment's own set (conf/hooks/<experiment>.yaml) may refine a spec of a set the
+            # experiment also selects, on purpose: nan_hunt's set edits nan_watch's args.
+            if name in first and first[name][0] != option and option != own:
                 other, other_file = first[name]
                 raise ConfigError(
                     f"hooks.{name}",
