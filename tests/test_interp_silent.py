@@ -393,3 +393,30 @@ def test_a_gradient_that_does_not_flow_is_said_once_and_never_counted():
             model(torch.randn(4, 3)).sum().backward()
     assert len(graph.records["g"]["1"]) == 2 and graph.records["g"].get("0", []) == []
     assert sum(len(v) for v in graph.records["g"].values()) == 2
+
+
+def test_a_compiled_record_of_a_value_without_a_tensor_is_said_and_never_kept(fresh_dynamo):
+    # Under attach(compiled=True) the record runs in the trace and is kept when the trace log
+    # drains (inside detach, which must finish): the None was kept and counted there. Now it is
+    # left out, with a warning that names the spec, and the other records are kept.
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x), None
+
+    model = torch.nn.Sequential()
+    model.add_module("p", Pair())
+    graph = hg.compile(model, {"w": {"target": "p", "action": "record", "index": 1},
+                               "y": {"target": "p", "action": "record", "index": 0}})
+    compiled = torch.compile(model, backend="aot_eager")
+    with pytest.warns(UserWarning, match=r"record spec 'w' at 'p' \(forward\): the value is None; Hugging Face "
+                                         r"attention .*attn_implementation: eager.*; such calls are not recorded"):
+        with graph.attach(compiled=True):
+            out = compiled(torch.ones(2, 3))
+            out2 = compiled(torch.ones(2, 3) * 2)
+        records = graph.records
+    assert records["w"].get("p", []) == []
+    torch.testing.assert_close(records["y"]["p"], [out[0].detach(), out2[0].detach()])

@@ -417,12 +417,20 @@ def _per_spec(
 
         return one
 
-    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one,
-                     _nothing_to_record(spec, ctx.at))
+    empty = _nothing_to_record(spec, ctx.at)
+    make = _appender(per_device, last_only, plain, to_host if device is not None else None, build_one, empty)
 
     def traced(target: str) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
         slot = slots[target]
-        return pure, slot.keep_last if last_only else slot.append
+        keep = slot.keep_last if last_only else slot.append
+
+        def sink(kept: Any) -> None:  # outside the trace: a value without a tensor is refused here
+            if type(kept) is not Tensor and not tensors(kept):
+                return empty(target, kept, traced=True)
+            keep(kept)
+            return None
+
+        return pure, sink
 
     # Every site's fn shares this one attribute dict (``traced(target)``, see registry): an
     # attribute set per function built a dict, a tuple and a bound method per site, ~310
@@ -546,16 +554,18 @@ def _pure(stages: list[Stage], device: torch.device | None, shard: str = "local"
     return pure
 
 
-def _nothing_to_record(spec: str, at: HookPoint) -> Callable[[str, Any], None]:
+def _nothing_to_record(spec: str, at: HookPoint) -> Callable[..., None]:
     """What a call whose value holds no tensor does: it is never kept nor counted as a record.
     At an activation (a None output, such as Hugging Face's attention weights under SDPA or
     flash attention; the empty inputs of a module called with keywords only) that is an error:
     the value the spec names is not there. At a gradient point, a None is PyTorch saying no
-    gradient flows there (the input of a first layer): skipped, with a warning once per site."""
+    gradient flows there (the input of a first layer): skipped, with a warning once per site.
+    ``empty(target, value, traced=True)``: a value kept from a torch.compile trace, found when
+    the trace log drains (inside a detach, which must finish): skipped, with a warning once."""
     activation = POINTS[at].activation
     warned: set[str] = set()
 
-    def empty(target: str, value: Any) -> None:
+    def empty(target: str, value: Any, traced: bool = False) -> None:
         what = "None" if value is None else f"a {type(value).__name__} without a tensor ({_short(value)})"
         hint = ""
         if value is None:
@@ -563,13 +573,13 @@ def _nothing_to_record(spec: str, at: HookPoint) -> Callable[[str, Any], None]:
                     "attn_implementation: eager, or record the softmax inside it as an op point")
         elif at == "forward_pre" and isinstance(value, tuple) and not value:
             hint = "; the module was called with keyword arguments only, which forward_pre's inputs do not hold"
-        if activation:
-            raise HookGraphError(f"record spec {spec!r} at {target!r} ({at}): the value is {what}: nothing to "
-                                 f"record{hint}")
+        head = f"record spec {spec!r} at {target!r} ({at}): the value is {what}"
+        if activation and not traced:
+            raise HookGraphError(f"{head}: nothing to record{hint}")
         if target not in warned:
             warned.add(target)
-            warnings.warn(f"record spec {spec!r} at {target!r} ({at}): the value is {what} (no gradient flows "
-                          "there); such calls are not recorded", stacklevel=2)
+            why = f" (no gradient flows there){hint}" if not activation else hint
+            warnings.warn(f"{head}{why}; such calls are not recorded", stacklevel=2)
 
     return empty
 
@@ -616,7 +626,7 @@ def _appender(
     plain: bool,
     to_host: Callable[[Tensor], Tensor] | None,
     build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
-    empty: Callable[[str, Any], None],
+    empty: Callable[..., None],
 ) -> Callable[[Entries, str], Callable[[Any], None]]:
     """``make(slot, target)``: the hook-side fn for one site, ``one`` per tensor of the value
     and the result into the slot. The variant is chosen here, once per spec.
