@@ -98,13 +98,14 @@ def add_results_option(parser) -> None:  # noqa: ANN001 - an argparse.ArgumentPa
                         help="rewrite this benchmark's section of the dashboard (default benchmarks/RESULTS.md)")
 
 
-def git_commit() -> str:
-    """The short commit of this checkout, marked when its files differ from it."""
-    root = Path(__file__).resolve().parents[1]
+def git_commit(folder: str | Path | None = None, paths: tuple[str, ...] = ("hookgraph", "benchmarks")) -> str:
+    """The short commit of the checkout holding ``folder`` (default: this one), marked when its
+    ``paths`` (relative to ``folder``) differ from it."""
+    root = Path(__file__).resolve().parents[1] if folder is None else Path(folder)
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "hookgraph", "benchmarks"],
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *paths],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "commit unknown"

@@ -70,31 +70,12 @@ class Result:
 # -- machine -----------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+cpu_model = dashboard.cpu_model
 
 
 def git_commit(package_dir: str) -> str:
     """The commit the package was imported from, marked dirty if its files differ from it."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "-C", package_dir, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", package_dir, "status", "--porcelain", "--", "."], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "commit unknown"
-    if not head:
-        return "not a git checkout"
-    return f"commit {head}" + (", with uncommitted changes" if dirty else "")
+    return dashboard.git_commit(package_dir, (".",))
 
 
 def machine_info(threads_arg: int, torch_default_threads: int) -> list[tuple[str, str]]:
