@@ -220,7 +220,12 @@ def test_a_full_disk_under_ddp_is_said_once_a_rank_and_every_summary_is_written(
         r = hg.load_run(out, rank=rank)
         own = strict_json(out / "ranks" / f"rank-{rank}" / "summary.json")
         assert own["status"] == "failed", own
-        assert r.missing == [] and r.records["acts"].calls("conv")[-1] == (own["steps"] - 1, 0)
+        # A rank whose own write filled the disk keeps its ended steps; a rank stopped by its peer
+        # also writes the step it was in, where the room allows (outputs.fail: partial records).
+        partial = not own["error"]["message"].startswith("the disk is full") and not any(
+            "could not write the partial records" in w for w in own.get("warnings", []))
+        last = own["steps"] if partial else own["steps"] - 1
+        assert r.missing == [] and r.records["acts"].calls("conv")[-1] == (last, 0), own
 
 
 @pytest.mark.distributed
