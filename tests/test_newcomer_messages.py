@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import hookgraph as hg
 import hookgraph.__main__ as entry
 from hookgraph.cli.app import _unknown_hook_set
 
@@ -141,3 +142,49 @@ def test_a_plus_on_a_typed_field_says_to_drop_it():
     ok = ["+runner.stpes=5", "+hooks.x={target: a}", "+runner.attribution.head=true", "++runner.steps=3",
           "+data.shape=[3,8,8]", "runner.generate.do_sample=true"]
     assert _plus_on_a_field(ok) is None
+
+
+def test_a_plain_record_of_token_states_gives_dataset_items_their_token_ids(tmp_path):
+    """A record without tokens: true gave dataset items token -1 although the batch had
+    input_ids (issue 37, friction 3): the run now keeps each step's ids beside its records.
+    The oracle is the prompt the config names, not anything hookgraph computed."""
+    import torch
+
+    from tests.runs import make_run
+
+    ids = [[5, 9, 2, 7, 11, 3], [1, 2, 3, 4, 5, 6]]
+    out = make_run(
+        tmp_path / "run", "model=gpt2_tiny", "data=custom", "data._target_=hookgraph.data.prompts.Prompts",
+        f"+data.kwargs.ids={ids}", "runner.batch_size=2", "runner.steps=2", "runner.backward=false",
+        "sink.figures=false", "hooks=[]", "+hooks.resid={target: transformer.h.0, action: record}",
+    )
+    r = hg.load_run(out)
+    ds = r.dataset("resid")
+    assert len(ds) == 2 * 2 * 6  # steps x batch x positions
+    items = [ds[i] for i in range(len(ds))]
+    for item in items:  # the n-th step's batch is the prompts again (two prompts, batch 2)
+        assert item["token"] == ids[item["row"]][item["position"]], item
+    # Values are the recorded hidden states themselves, row by row.
+    value = r.records["resid"].entry("transformer.h.0", 1)
+    assert torch.equal(items[12 + 7]["x"], value[1, 1])
+    # The same ids through the iterable dataset's batches (a whole entry at a time).
+    (batch,) = list(r.dataset("resid", iterable=True, batch_size=24))
+    assert batch["token"].tolist() == [ids[i][p] for i, p in zip(batch["row"].tolist(), batch["position"].tolist(),
+                                                                  strict=True)]
+
+
+def test_a_batch_set_in_an_earlier_step_gives_no_token_ids_to_a_later_one(tmp_path):
+    """In one's own loop set_batch may be called once: a later step's shard must not claim those
+    ids (a token that came from another batch would be a wrong label, silently)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Embedding(20, 4), torch.nn.Linear(4, 4))
+    first = torch.tensor([[1, 2, 3]])
+    with hg.open_run(tmp_path / "run", model, {"h": {"target": "1", "action": "record"}}) as run:
+        run.graph.set_batch({"input_ids": first})
+        model(first)
+        run.step()
+        model(torch.tensor([[7, 8, 9]]))
+        run.step()
+    items = list(hg.load_run(tmp_path / "run").dataset("h"))
+    assert [(i["step"], i["token"]) for i in items] == [(0, 1), (0, 2), (0, 3), (1, -1), (1, -1), (1, -1)]

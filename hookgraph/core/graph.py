@@ -384,8 +384,15 @@ class HookGraph:
     def set_batch(self, inputs: Any) -> None:
         """The inputs of the forward about to run (a dict with ``input_ids`` and
         ``attention_mask``, as a tokenizer returns them): ``record`` with ``positions`` or
-        ``drop_padding`` reads the mask and the token ids from here. The runner sets it every step."""
+        ``drop_padding`` reads the mask and the token ids from here, and a run folder keeps the
+        step's token ids beside its records (a dataset's items then say their token). The
+        runner sets it every step; in your own loop, set it each step you want that for."""
         self.store.batch = inputs
+        self.store.batch_step = self._step
+
+    def batch_of(self, step: int) -> Any:
+        """The inputs :meth:`set_batch` was given during ``step``; None if it was not called in that step."""
+        return self.store.batch if self.store.batch_step == step else None
 
     def _spec_groups(self) -> list[tuple[Binding, ...]]:
         """The bindings in runs that share a spec (the compiler emits a spec's bindings

@@ -302,6 +302,7 @@ class ResultStore:
         self.lock: threading.RLock | None = threading.RLock() if per_device else None
         self.step = 0  # the step results are stamped with; the graph sets it
         self.batch: Any = None  # the step's inputs (HookGraph.set_batch): record's positions/drop_padding read them
+        self.batch_step: int | None = None  # the step set_batch was called in: a later step's shard keeps no stale ids
         self.log = TRACE  # what traced hooks kept (the process's one log), emptied by every reader below
         self._deferred: list[tuple[Tensor, Callable[[list], None]]] = []  # device-side checks, in call order
         # Where each forward call sits in the token sequence (KV cache, generate): the actions

@@ -144,7 +144,7 @@ def fail(job: Job, progress: Progress, exc: BaseException) -> None:
     if not isinstance(exc, RecordBudgetError):
         step = graph.step  # the step that was running: its shard holds what it recorded so far
         try:
-            job.writer.flush_records(graph.records, step)
+            job.writer.flush_records(graph.records, step, graph.batch_of(step))
         except Exception as inner:  # the original error matters more
             progress.warnings.append(f"could not write the partial records of step {step}: {inner}")
     try:

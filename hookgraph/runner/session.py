@@ -271,7 +271,8 @@ class LiveRun:
         job, progress, graph = self.job, self.progress, self.graph
         if self._attachment is not None:
             self._detach(None)
-        write(job.writer.flush_records, graph.records, graph.step)  # e.g. an evaluation after the last step
+        # e.g. an evaluation after the last step
+        write(job.writer.flush_records, graph.records, graph.step, graph.batch_of(graph.step))
         self._mean_losses()
         write_outputs(job, graph, progress, self._gradcam)
         job.summary["status"] = "completed"
@@ -337,7 +338,7 @@ class LiveRun:
         show = job.cfg.sink.get("show") if "sink" in job.cfg else None
         if show:
             keep_shown(progress.shown, records, show)  # before the flush empties the slots
-        write(job.writer.flush_records, records, n)
+        write(job.writer.flush_records, records, n, graph.batch_of(n))
         self._steps += 1
         job.summary["steps"] = self._steps
         if self._listeners:

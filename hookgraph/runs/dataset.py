@@ -12,9 +12,10 @@ dataset read in order reads each entry once).
 
 Items are dicts: ``x`` (one activation row) and where it came from: ``rank``, ``step``,
 ``target`` (an index into ``.targets``), ``row`` (the sample's index in its step's batch),
-``position`` (its token position; -1 where the value has none), ``token`` (its token id;
--1 unless ``record`` kept it with ``positions``/``drop_padding``) and ``index`` (the item's
-place in the unshuffled order: ``ds[index]`` is the item).
+``position`` (its token position; -1 where the value has none), ``token`` (its token id: from
+``record``'s token table, or, for a [batch, seq, d] record flattened by tokens, from the step
+batch's ``input_ids`` the run kept beside it; -1 where there are none) and ``index`` (the
+item's place in the unshuffled order: ``ds[index]`` is the item).
 
 ``flatten``: ``tokens`` (every dimension but the last is an item index: a [batch, seq, d]
 record gives batch * seq items of [d]; a token table from ``record``'s ``positions`` /
@@ -51,6 +52,7 @@ class _Piece(NamedTuple):
     shard: _Shard  # the reader's shard: its path, name, stamp and (until checked) digest
     tensors: tuple[_Tensor, ...]  # the activation, then for a token table its row, position, token
     table: bool  # a token table from record's positions / drop_padding
+    ids: bool  # tensors[1] is the step batch's input_ids [batch, seq], one id per item
     shape: tuple[int, ...]
     itemsize: int  # bytes per element
     items: int
@@ -80,7 +82,7 @@ class _Shards:
             self._read.move_to_end(k)
             return got
         values = _read_tensors(piece.shard, list(piece.tensors))  # a HookGraphError naming the shard
-        got = dict(zip(("x", "row", "position", "token"), values, strict=False))
+        got = dict(zip(("x", "ids") if piece.ids else ("x", "row", "position", "token"), values, strict=False))
         if self.cache:
             self._read[k] = got
             while len(self._read) > self.cache:
@@ -122,6 +124,8 @@ def _rows(piece: _Piece, got: dict[str, torch.Tensor], flatten: str) -> tuple[to
     meta[:, 3] = i // math.prod(lead[1:])
     if len(lead) == 2:
         meta[:, 4] = i % lead[1]
+        if piece.ids:
+            meta[:, 5] = got["ids"].reshape(-1)
     return x.reshape(n, x.shape[-1]), meta
 
 
@@ -165,8 +169,16 @@ def pieces(
                     raise HookGraphError(f"{shard.name} is damaged ({shard.damage}); its records cannot be read")
                 x, table = tensors[0], len(tensors) > 1
                 n = _items(tuple(x.shape), flatten, table)
+                ids = shard.input_ids
+                # Items of a [batch, seq, d] value are tokens of the step's batch where its ids match.
+                tokens = (not table and flatten == "tokens" and len(x.shape) == 3 and ids is not None
+                          and tuple(ids.shape) == tuple(x.shape[:2]))
+                if tokens:
+                    assert ids is not None  # for mypy: tokens implies it
+                    tensors = (x, ids)
                 start = out[-1].start + out[-1].items if out else 0
-                out.append(_Piece(shard, tensors, table, tuple(x.shape), x.dtype.itemsize, n, start, rank, e.step, ti))
+                out.append(_Piece(shard, tensors, table, tokens, tuple(x.shape), x.dtype.itemsize, n, start, rank,
+                                  e.step, ti))
     if not out:
         raise HookGraphError(f"spec {spec!r} holds no records for {wanted} in {root}")
     return out, wanted
@@ -188,6 +200,8 @@ def _item(piece: _Piece, got: dict[str, torch.Tensor], i: int, flatten: str) -> 
         value = x.reshape(-1, x.shape[-1])[i]
         row = i // math.prod(lead[1:])
         position = i % lead[1] if len(lead) == 2 else -1
+        if piece.ids:
+            token = int(got["ids"][row, position])
     return {"x": value, "rank": piece.rank, "step": piece.step, "target": piece.target, "row": row,
             "position": position, "token": token, "index": piece.start + i}
 

@@ -22,7 +22,7 @@ from hookgraph.runs.files import BLANKS, array_items, skip_blanks
 # -- shard headers -------------------------------------------------------------------
 from hookgraph.runs.manifest import _Claim
 from hookgraph.runs.shards import _Damaged, _Entry, _opened, _Shard, _stamp, _Tensor
-from hookgraph.runs.writer import FORMAT, RUN_ID, shard_key
+from hookgraph.runs.writer import FORMAT, INPUT_IDS, RUN_ID, shard_key
 
 
 class _Foreign(Exception):
@@ -52,6 +52,9 @@ def _index_shard(shard: _Shard, index: dict[str, dict[str, list[_Entry]]], claim
         if claim.entries is not None and len(found) != claim.entries:
             raise _Foreign(f"{shard.name}: {len(found)} entries, the summary says {claim.entries}; not read")
         shard.digest = claim.digest
+    ids = tensors.get(INPUT_IDS)
+    if ids is not None and len(ids.shape) == 2 and ids.dtype == torch.int64:
+        shard.input_ids = ids
     for spec, target, entry in found:  # only now: a damaged shard adds nothing
         index.setdefault(spec, {}).setdefault(target, []).append(entry)
 

@@ -38,13 +38,14 @@ class _Tensor:
 class _Shard:
     """One shard file: its path, the file it was indexed from and, when it cannot be read, why."""
 
-    __slots__ = ("path", "file", "name", "damage", "stamp", "digest")
+    __slots__ = ("path", "file", "name", "damage", "stamp", "digest", "input_ids")
 
     def __init__(self, path: Path, name: str, damage: str | None = None, digest: str | None = None):
         self.path, self.name, self.damage = path, name, damage
         self.file = str(path)  # os.open takes a str without pathlib's conversion per read
         self.stamp: tuple[int, ...] | None = None  # _stamp of the file when indexed
         self.digest = digest  # the summary's digest of its bytes, until checked (then None)
+        self.input_ids: _Tensor | None = None  # the step batch's token ids, where the writer kept them
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:

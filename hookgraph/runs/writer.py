@@ -30,6 +30,7 @@ import errno
 import functools
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -57,11 +58,14 @@ except ImportError:  # hookgraph's dependency lists do not name it (yet): SHA-25
 
 __all__ = [
     "RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "tagged",
-    "disk_full",
+    "disk_full", "batch_token_ids", "INPUT_IDS",
 ]  # fmt: skip
 
 FORMAT = "2"
 RUN_ID = "run"  # the shard metadata key holding the writing run's id
+# The step batch's token ids, [batch, seq] int64, beside the records: a dataset item of a
+# [batch, seq, ...] record then says which token it is (every record key holds a "/", this none).
+INPUT_IDS = "input_ids"
 _THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
 # Room kept for summary.json while a run writes: on a full disk the reserve is released and the
 # summary written in its place, so the folder still says what happened. 256 KiB holds the summary
@@ -526,9 +530,11 @@ class RunWriter:
         """``name`` inside this rank's own folder (``ranks/rank-N/name``), relative to the run."""
         return name if self.rank is None else layout.rank_file(self.rank, name)
 
-    def flush_records(self, records: dict[str, Any], step: int) -> int:
+    def flush_records(self, records: dict[str, Any], step: int, input_ids: Any = None) -> int:
         """Write what ``records`` (``records[spec][target]``: a list of values, one per call)
         holds as one shard for ``step`` and empty the slots. Returns the bytes written.
+        ``input_ids``: the step batch's token ids ([batch, seq] integers), kept in the shard
+        under :data:`INPUT_IDS` when it holds records (see :func:`batch_token_ids`).
 
         The slots are walked three times (structures, then the tensors to check, then to
         write) rather than gathered into a dict of keys and tensors: at 200,000 tiny records
@@ -567,14 +573,18 @@ class RunWriter:
             size += ready.numel() * ready.element_size()
             native = native and ready.dtype in _ST_DTYPES
         _synchronize(cuda)
+        ids = batch_token_ids(input_ids)
+        if ids is not None:
+            size += ids.numel() * ids.element_size()
         if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             raise RecordBudgetError(
                 f"records would reach {self.bytes_written + size:,} bytes at step {step}, over sink.max_bytes="
                 f"{self.max_bytes:,}; record less (types/target filters, when.every, args.keep=last, "
                 f"args.dtype=bf16) or raise sink.max_bytes. {len(self.shards)} shard(s) already written stay readable."
             )
-        prepared = (
-            (key, moved.get(i, t)) for i, (key, t) in enumerate(_shard_tensors(order, slots, step))
+        prepared = itertools.chain(
+            ((key, moved.get(i, t)) for i, (key, t) in enumerate(_shard_tensors(order, slots, step))),
+            [] if ids is None else [(INPUT_IDS, ids)],
         )
         if self.rank is not None:
             self.records_dir.parent.mkdir(exist_ok=True)  # records/, then records/rank-N
@@ -626,6 +636,15 @@ class RunWriter:
             self.counts[spec] = self.counts.get(spec, 0) + len(slot)
             slot.clear()
         return size
+
+
+def batch_token_ids(batch: Any) -> torch.Tensor | None:
+    """A batch's token ids as a contiguous CPU int64 ``[batch, seq]`` tensor: ``batch`` itself
+    or its ``input_ids`` (a tokenizer's dict); None where there are none."""
+    ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        return None
+    return ids.detach().to("cpu", torch.int64).contiguous()
 
 
 def rows_with_spec(records: dict[str, Any]) -> Iterable[dict]:
