@@ -318,3 +318,20 @@ def test_a_patching_sweep_page_has_one_orientation(browser, tmp_path):
         check_clean(v)
     finally:
         v.close()
+
+
+def test_a_logit_lens_run_page_shows_the_lens_figure(browser, tmp_path):
+    """Issue 33: the logit lens experiment's figure (layers x positions) is on its run page,
+    loaded, drawn wider than tall as the grid is, and the page makes no request."""
+    run = make_run(tmp_path / "lens", "+experiment=logit_lens", modules=False)
+    v = Visit(browser, run / "report.html", tmp_path / "report-logit-lens.png")
+    try:
+        img = v.page.locator('img[alt="logit_lens.png"]')
+        assert img.count() == 1
+        assert img.evaluate("i => i.complete && i.naturalWidth > 0")
+        width, height = img.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+        assert width > 2 * height, (width, height)  # 24 positions across, embed and 2 blocks down
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()
