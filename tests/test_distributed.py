@@ -210,7 +210,9 @@ def test_a_full_disk_under_ddp_is_said_once_a_rank_and_every_summary_is_written(
     assert full in said and len(said) <= 2, proc.stdout[-4000:]  # at most once a rank
     # A rank whose disk filled second may instead have stopped on its peer's exit: it says so, naming
     # the peer's error where rank 0 gathered it; only rank 0 keeps a log file to name.
-    stopped = re.compile(r"^hookgraph: error: (?:rank (\d) stopped, |rank \d: the disk is full: .*; rank (\d) stopped with it)")
+    stopped = re.compile(
+        r"^hookgraph: error: (?:rank (\d) stopped, |rank \d: the disk is full: .*; rank (\d) stopped with it)"
+    )
     for line in (line for line in said if line != full):
         m = stopped.match(line)
         assert m is not None, said

@@ -11,7 +11,8 @@ The layers, lowest first; a module may import its own layer and the ones below i
 
 1. errors: ``hookgraph.errors``, ``hookgraph.version`` (the typed errors and the version);
 2. core basics: ``core.tree``, ``core.dtypes``, ``core.gcpause``, ``core.transfer``,
-   ``core.torch_internals``, ``core.dtensors``, ``core.yamlfile`` (helpers with no notion of a spec);
+   ``core.torch_internals``, ``core.dtensors``, ``core.yamlfile``, ``core.html_tables`` (helpers with no
+   notion of a spec);
 3. runs: ``hookgraph.runs`` (the run folder: its layout, writer and reader);
 4. config: ``hookgraph.config`` (schema, resolvers, plain values, instantiate, hook sets);
 5. engine: the rest of ``hookgraph.core`` (spec, points, resolve, registry, compiler, graph,
@@ -54,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hookgraph.core.sequence",
             "hookgraph.core.fingerprint",
             "hookgraph.core.yamlfile",
+            "hookgraph.core.html_tables",
         ),
     ),
     ("runs", ("hookgraph.runs",)),

@@ -25,6 +25,7 @@ from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.compiled import HookGuards, compiled_without_breaks, is_compiled
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.hooks.traced import block_hooks, refusal_hook
+from hookgraph.core.html_tables import plan_html
 from hookgraph.core.points import POINTS, REGISTRARS, TRACED_REGISTRARS
 from hookgraph.core.rebind import rebind
 from hookgraph.core.sequence import SequenceRecord, assemble, install_clock
@@ -615,8 +616,6 @@ class HookGraph:
 
     def _repr_html_(self) -> str:
         """The plan as a table, for a notebook."""
-        from hookgraph.runs.display import plan_html  # lazy: only a notebook displays a graph
-
         return plan_html(list(self.plan()), title=repr(self))
 
     def __repr__(self) -> str:

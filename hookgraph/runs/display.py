@@ -11,46 +11,21 @@ plan and record index, and its figures up to :data:`MAX_FIGURE_BYTES` each.
 from __future__ import annotations
 
 import base64
-import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hookgraph.core.html_tables import CELL_STYLE as _CELL
+from hookgraph.core.html_tables import MAX_ROWS, plan_html, rows_html
+from hookgraph.core.html_tables import TABLE_STYLE as _TABLE
+from hookgraph.core.html_tables import esc as _esc
 from hookgraph.runs import layout
 
 __all__ = ["rows_html", "plan_html", "run_html", "grid_html", "MAX_FIGURE_BYTES", "MAX_ROWS"]
 
 MAX_FIGURE_BYTES = 2_000_000  # a larger PNG is named, not inlined: the notebook file keeps what it shows
 MAX_FIGURES = 12
-MAX_ROWS = 200  # rows shown of a long table; the rest are counted
-
-_TABLE = 'style="border-collapse:collapse;font-size:12px"'
-_CELL = 'style="border:1px solid #ddd;padding:2px 6px;text-align:left"'
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def rows_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, css_class: str = "") -> str:
-    """An HTML table of ``rows`` (dicts) over ``columns``, the first :data:`MAX_ROWS` of them."""
-    head = "".join(f"<th {_CELL}>{_esc(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td {_CELL}>{_esc(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows[:MAX_ROWS]
-    )
-    more = f"<p>... and {len(rows) - MAX_ROWS} more rows</p>" if len(rows) > MAX_ROWS else ""
-    cls = f' class="{_esc(css_class)}"' if css_class else ""
-    return f"<table{cls} {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
-
-
-def plan_html(rows: Sequence[Mapping[str, Any]], *, title: str = "HookGraph") -> str:
-    """A compiled graph's plan: one row per binding (spec, target, type, at, action, order)."""
-    specs = len({r.get("spec") for r in rows})
-    columns = [c for c in ("spec", "target", "type", "at", "action", "order") if any(c in r for r in rows)]
-    return (f'<div class="hookgraph-plan"><b>{_esc(title)}</b>: {len(rows)} bindings of {specs} specs'
-            + rows_html(rows, columns or ["spec", "target"], css_class="hookgraph-plan-table") + "</div>")
-
 
 def _figure(path: Path) -> str:
     try:
