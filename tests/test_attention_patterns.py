@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.models import build_model
+from hookgraph.report.figures import _safe
 from hookgraph.report.patterns import is_pattern
 from hookgraph.runner import run
 from tests.runs import CPU, compose
@@ -29,13 +31,22 @@ def test_a_pattern_is_a_softmax_over_keys_and_nothing_else_is():
 
 @pytest.mark.slow  # the induction model, in process
 def test_induction_patterns_shows_the_previous_token_and_the_induction_head(tmp_path):
-    summary = run(compose("+experiment=induction_patterns", *CPU), tmp_path / "r")
+    cfg = compose("+experiment=induction_patterns", *CPU)
+    summary = run(cfg, tmp_path / "r")
     assert summary["status"] == "completed"
     r = hg.load_run(tmp_path / "r")
-    p0 = r.records["patterns"]["transformer.h.0.attn"][0][0]  # [heads, query, key]
-    p1 = r.records["patterns"]["transformer.h.1.attn"][0][0]
+    keys = ["transformer.h.0.attn:softmax.0", "transformer.h.1.attn:softmax.0"]  # op: softmax, each block's
+    assert sorted(r.records["patterns"]) == keys
+    p0 = r.records["patterns"][keys[0]][0][0]  # [heads, query, key]
+    p1 = r.records["patterns"][keys[1]][0][0]
     n = p0.shape[-1]
     assert p0.shape == p1.shape == (4, n, n) and n == 2 * SEGMENT + 1
+    # The oracle: Hugging Face's own patterns (output_attentions) of the same model on the same prompt.
+    model = build_model(target=cfg.model._target_, kwargs=cfg.model.kwargs).eval()
+    with torch.no_grad():
+        hf = model(torch.tensor(cfg.data.kwargs.ids), output_attentions=True).attentions
+    torch.testing.assert_close(p0, hf[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(p1, hf[1][0], rtol=0, atol=0)
     torch.testing.assert_close(p0.sum(-1), torch.ones(4, n))
     q = torch.arange(1, n)
     previous = p0[:, q, q - 1].mean(dim=1)  # each head's attention to the token just before
@@ -43,10 +54,11 @@ def test_induction_patterns_shows_the_previous_token_and_the_induction_head(tmp_
     assert int(previous.argmax()) == 2 and previous[2] > 1.5 * uniform, (previous, uniform)
     q = torch.arange(SEGMENT + 1, n)  # the repeated half: the token after the earlier occurrence
     induction = p1[:, q, q - (SEGMENT - 1)].mean(dim=1)
+    assert induction[0] == pytest.approx(0.61, abs=0.02), induction  # the stripe docs/interpretability.md cites
     assert induction[0] > 0.5 and induction[3] > 0.5, induction  # head 0 (and 3, its twin) copy
     assert induction[1] < 0.3 and induction[2] < 0.3, induction
     figures = sorted(p.name for p in (tmp_path / "r" / "figures").glob("attn_*.png"))
-    assert figures == ["attn_patterns_transformer.h.0.attn.png", "attn_patterns_transformer.h.1.attn.png"]
+    assert figures == sorted(f"attn_patterns_{_safe(k)}.png" for k in keys)
     assert not list((tmp_path / "r" / "figures").glob("fmap_*"))  # patterns are not feature maps
     page = (tmp_path / "r" / "report.html").read_text()
     assert all(f in page for f in figures)

@@ -280,18 +280,3 @@ def test_cli_list_targets_with_ops_lists_the_calls(tmp_path):
     assert softmax[0][2] == softmax[0][3]  # the pattern: same shape in and out, [batch, heads, query, key]
     assert not any(" addmm." in line for line in lines)  # c_attn/c_proj's calls are theirs
 
-
-def test_head_mask_at_an_op_is_refused_naming_mask_at_dim_1_which_ablates_the_head():
-    model, ids = _gpt2(), _ids()
-    with pytest.raises(SpecError, match=r"hooks\.hm\.action: head_mask does not act at an op point.*dim: 1"):
-        hg.compile(model, {"hm": {"target": "transformer.h.0.attn", "op": "softmax", "action": "head_mask",
-                                  "args": {"heads": 1}}})
-    # The way it names: mask at dim 1 zeroes head 1's whole pattern; the spec after it (order 1) sees that.
-    graph = hg.compile(model, {
-        "hm": {"target": "transformer.h.0.attn", "op": "softmax", "action": "mask", "args": {"index": 1, "dim": 1}},
-        "after": {"target": "transformer.h.0.attn", "op": "softmax", "action": "record", "order": 1},
-    })
-    with graph.attach(), torch.no_grad():
-        model(ids)
-    got = _one(graph, "after", "transformer.h.0.attn:softmax.0")
-    assert torch.count_nonzero(got[:, 1]) == 0 and torch.all(got[:, 0].sum(-1) > 0.99)

@@ -335,3 +335,56 @@ def test_a_logit_lens_run_page_shows_the_lens_figure(browser, tmp_path):
         check_clean(v)
     finally:
         v.close()
+
+
+def _panels(png: Path) -> tuple[list[int], list[int]]:
+    """The widths and heights, in pixels, of the colour panels of a picture of patterns: runs of
+    columns (rows) holding viridis pixels (saturated; the labels, ticks and background are grey)."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = torch.from_numpy(np.asarray(Image.open(png).convert("RGB"))).int()
+    h, w = rgb.shape[:2]
+    coloured = (rgb.amax(-1) - rgb.amin(-1)) > 60
+
+    def runs(hit: torch.Tensor) -> list[int]:
+        out, n = [], 0
+        for v in hit.tolist() + [False]:
+            if v:
+                n += 1
+            elif n:
+                out.append(n)
+                n = 0
+        return [n for n in out if n > 20]  # a colour bar or stray pixels are not panels
+
+    return runs(coloured.sum(0) > 0.2 * h), runs(coloured.sum(1) > 0.2 * w)
+
+
+def test_the_induction_patterns_page_shows_a_panel_per_head_at_natural_size(browser, tmp_path):
+    """Issue 33: the run page draws each block's pattern, one readable panel per head, at the
+    figure's own size (not squeezed into the 520 px of other figures), with no click needed."""
+    run = make_run(tmp_path / "pat", "+experiment=induction_patterns", modules=False)
+    v = Visit(browser, run / "report.html", tmp_path / "report-induction-patterns.png")
+    try:
+        imgs = v.page.locator('#figures img[alt^="attn_patterns_"]')
+        assert imgs.count() == 2  # one figure per block
+        main_width = v.page.eval_on_selector("main", "m => m.clientWidth")
+        for i in range(2):
+            img = imgs.nth(i)
+            img.scroll_into_view_if_needed()
+            size = img.evaluate("i => [i.complete, i.naturalWidth, i.naturalHeight, "
+                                "i.getBoundingClientRect().width, i.getBoundingClientRect().height]")
+            complete, nw, nh, w, h = size
+            assert complete and nw > 0
+            assert w == pytest.approx(nw, abs=1) and h == pytest.approx(nh, abs=1), size  # natural size
+            assert w <= main_width, (w, main_width)  # every panel in view, no sideways scrolling
+            shot = tmp_path / f"pattern-{i}.png"
+            img.screenshot(path=str(shot))
+            widths, heights = _panels(shot)
+            assert len(widths) * len(heights) == 4, (widths, heights)  # a panel per head: 4 heads
+            keys = 25  # bos and a 12-token segment said twice
+            assert min(widths) >= 8 * keys and min(heights) >= 8 * keys, (widths, heights)  # 8 px a cell at least
+        v.screenshot()
+        check_clean(v)
+    finally:
+        v.close()

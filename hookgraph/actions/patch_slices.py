@@ -13,6 +13,13 @@ each head's output, and a ``forward_pre`` hook on it addresses one head. The hea
 comes from ``n_heads`` or from the nearest enclosing module that has ``num_heads``,
 ``n_head``, ``n_heads`` or a config with one. A value that is already split,
 [batch, seq, n_heads, d_head] (TransformerLens's ``blocks.L.attn.hook_z``), is used as is.
+
+A pattern or scores, [batch, heads, query, key] (an op point such as ``op: softmax`` in
+Hugging Face's eager attention, or TransformerLens's ``hook_pattern``/``hook_attn_scores``),
+has its heads at dim 1: there head ``h`` is ``value[:, h]``, and ``positions`` count along
+the queries (dim 2) unless ``dim`` says otherwise. Every value at an op point is read so:
+inside an attention's forward the per-head tensors (q, k, v, scores, pattern, pattern @ v)
+are [batch, heads, seq, ...].
 """
 
 from __future__ import annotations
@@ -89,13 +96,11 @@ def check_head_site(ctx: ActionContext, action: str) -> None:
         return
     parent, _, last = ctx.target.rpartition(".")
     at = str(getattr(ctx.at, "value", ctx.at))
-    if last in _TL_PER_HEAD:
-        return
+    if last in _TL_PER_HEAD or _heads_first(ctx):
+        return  # an op's value is checked at the call: heads at dim 1 (module doc)
     if last in _OUT_PROJ and at == "forward_pre" and parent and _attention_like(model, parent):
         return
-    if last in _TL_HEAD_FIRST:
-        why = f"its value is [batch, head, query, key] and {action} reads heads as [..., head, d_head]"
-    elif last in _OUT_PROJ and parent and _attention_like(model, parent):
+    if last in _OUT_PROJ and parent and _attention_like(model, parent):
         why = f"at {at} it is the projection's {'output' if at == 'forward' else at}, the heads already mixed"
     else:
         why = "its value is not split into attention heads"
@@ -111,6 +116,17 @@ def check_head_site(ctx: ActionContext, action: str) -> None:
         f"{ctx.target!r} at {at} is not a per-head site ({why}); {hint}. "
         "On a model whose per-head value has another name, give n_heads to say this value is per head"
     )
+
+
+def _heads_first(ctx: ActionContext) -> bool:
+    """Whether the site's value has its heads at dim 1 ([batch, heads, query, key]): an op
+    point's, or TransformerLens's pattern and scores."""
+    return bool(ctx.op) or ctx.target.rpartition(".")[2] in _TL_HEAD_FIRST
+
+
+def _module_of(ctx: ActionContext) -> str:
+    """The module of the site: an op call's key is ``<module>:<name>.N``."""
+    return ctx.target.partition(":")[0] if ctx.op else ctx.target
 
 
 def n_heads_of(model: torch.nn.Module | None, target: str) -> int | None:
@@ -143,8 +159,19 @@ def _heads_list(heads: int | list) -> list[int]:
     return list(idx)
 
 
-def head_view(t: Tensor, n_heads: int | None, where: str) -> Tensor:
-    """``t`` as [..., n_heads, d_head]: split along the last dimension, or as is when already split."""
+def head_view(t: Tensor, n_heads: int | None, where: str, first: bool = False) -> Tensor:
+    """``t`` as [..., n_heads, d_head]: split along the last dimension, or as is when already split.
+    ``first``: the value has its heads at dim 1 ([batch, heads, ...]), used as is once checked."""
+    if first:
+        if t.dim() < 3 or (n_heads is not None and t.shape[1] != n_heads):
+            raise HookGraphError(
+                f"{where}: a value of shape {list(t.shape)} is read with its heads at dim 1 ([batch, heads, query, "
+                f"key]), and this attention has {n_heads} heads; "
+                + ("pick a per-head value (the pattern, the scores, q/k/v after their split)" if t.dim() >= 3
+                   else "it has no head dimension")
+                + " or give n_heads for this value's own head count (a GQA model's keys and values have fewer)"
+            )
+        return t
     if n_heads is not None and t.dim() >= 4 and t.shape[-2] == n_heads:
         return t  # TransformerLens's hook_z / hook_result layout
     if n_heads is None:
@@ -159,8 +186,8 @@ def head_view(t: Tensor, n_heads: int | None, where: str) -> Tensor:
     return t.reshape(*t.shape[:-1], n_heads, t.shape[-1] // n_heads)
 
 
-def _check_heads(heads: list[int], view: Tensor, where: str) -> None:
-    n = view.shape[-2]
+def _check_heads(heads: list[int], view: Tensor, where: str, head_dim: int = -2) -> None:
+    n = view.shape[head_dim]
     bad = [h for h in heads if not -n <= h < n]
     if bad:
         raise HookGraphError(f"{where}: head(s) {bad} out of range; this attention has {n} heads (0..{n - 1})")
@@ -182,21 +209,22 @@ _FURTHEST: dict[tuple, int] = {}  # (call length, its indices) -> 1 + the last i
 
 
 def _mask(
-    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
+    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device, head_dim: int = -2
 ) -> Tensor:
     """A boolean mask broadcastable to ``view_shape``: True where the patch applies.
-    ``local``: the call's indices along ``dim`` (a slice or an index tensor), None for all."""
-    key = (tuple(view_shape), dim, _key(local), tuple(heads) if heads is not None else None, device)
+    ``local``: the call's indices along ``dim`` (a slice or an index tensor), None for all;
+    ``head_dim``: where the heads are (-2: [..., head, d_head]; 1: [batch, head, query, key])."""
+    key = (tuple(view_shape), dim, _key(local), tuple(heads) if heads is not None else None, device, head_dim)
     found = _MASKS.get(key)
     if found is None:
         if len(_MASKS) > 256:
             _MASKS.clear()
-        found = _MASKS[key] = _new_mask(view_shape, dim, local, heads, device)
+        found = _MASKS[key] = _new_mask(view_shape, dim, local, heads, device, head_dim)
     return found
 
 
 def _new_mask(
-    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device
+    view_shape: torch.Size, dim: int, local: Any, heads: list[int] | None, device: torch.device, head_dim: int = -2
 ) -> Tensor:
     nd = len(view_shape)
     m = torch.ones([1] * nd, dtype=torch.bool, device=device)
@@ -206,9 +234,10 @@ def _new_mask(
         sel[local] = True
         m = m & sel.reshape([-1 if i == d else 1 for i in range(nd)])
     if heads is not None:
-        sel = torch.zeros(view_shape[-2], dtype=torch.bool, device=device)
-        sel[torch.tensor(heads) % view_shape[-2]] = True
-        m = m & sel.reshape([1] * (nd - 2) + [-1, 1])
+        h = head_dim % nd
+        sel = torch.zeros(view_shape[h], dtype=torch.bool, device=device)
+        sel[torch.tensor(heads) % view_shape[h]] = True
+        m = m & sel.reshape([-1 if i == h else 1 for i in range(nd)])
     return m
 
 
@@ -221,8 +250,20 @@ def _key(local: Any) -> Any:
     return tuple(local.tolist())
 
 
-def _dim_ok(dim: int, nd: int, heads: bool) -> bool:
+def _dim_ok(dim: int, nd: int, heads: bool, first: bool = False) -> bool:
+    """A position dimension: not the heads' (nor d_head; nor the batch, with heads at dim 1)."""
+    if first:
+        return -nd <= dim < nd and dim % nd >= 2
     return -nd <= dim < nd and (not heads or dim % nd < nd - 2)
+
+
+def _position_dim(dim: int | None, first: bool, positions: Any) -> int:
+    """The positions' dimension: ``dim``, or the sequence (1), or the queries (2) with heads at dim 1."""
+    d = dim if dim is not None else (2 if first else 1)
+    if first and positions is not None and not _dim_ok(d, 4, True, True):
+        raise ValueError(f"dim: {d} is not a position dimension of [batch, heads, query, key]; "
+                         "use 2 (query) or 3 (key)")
+    return d
 
 
 def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
@@ -244,6 +285,11 @@ def prompt_value(ctx: ActionContext, prompt: Any) -> Tensor:
     model = ctx.model
     if model is None:  # the compiler always passes it; an ActionContext built by hand may not
         raise ValueError("prompt: a prompt source needs the model; record a clean run and give run")
+    if ctx.op:  # the hook below reads the module's value, not its op call's
+        raise ValueError(
+            "prompt: a prompt source is not read at an op point; record the clean run's op "
+            "(the same target and op, action: record) and give run and spec"
+        )
     module = model.get_submodule(ctx.target)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     got: list[Any] = []
@@ -303,6 +349,7 @@ def _patcher(
     heads: list[int] | None,
     n_heads: int | None,
     static: Any = None,
+    first: bool = False,
 ):
     """``pos``: ``ctx.positions(...)``'s resolver, or None for every position; ``static``: the
     same positions as :func:`_static` gives them, checked now. The recorded
@@ -311,6 +358,7 @@ def _patcher(
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
     source: dict[tuple, Tensor] = {}
+    head_dim = 1 if first else -2
 
     def fn(value: Any) -> Any:
         if not isinstance(value, Tensor):
@@ -362,14 +410,14 @@ def _patcher(
                 src = torch.cat([src, src.new_zeros(pad)], d)
             if offset or src.shape[d] != length:
                 src = src.narrow(d, offset, length)
-            src = source[skey] = head_view(src, n_heads, label) if heads is not None else src
+            src = source[skey] = head_view(src, n_heads, label, first) if heads is not None else src
             if heads is not None:
-                _check_heads(heads, src, label)
+                _check_heads(heads, src, label, head_dim)
         key = (value.device, value.shape, offset, lkey)
         m = cache.get(key)
         if m is None:
-            m = cache[key] = _mask(src.shape, dim, local, heads, value.device)
-        live = head_view(value, n_heads, label) if heads is not None else value
+            m = cache[key] = _mask(src.shape, dim, local, heads, value.device, head_dim)
+        live = head_view(value, n_heads, label, first) if heads is not None else value
         return torch.where(m, src, live).reshape(value.shape)
 
     # Positions past the source's own sequence are an error now, not at the first call.
@@ -448,23 +496,27 @@ def head_patch(
     step: int = 0,
     call: int = 0,
     n_heads: int | None = None,
-    dim: int = 1,
+    dim: int | None = None,
     prompt: list | None = None,
     allow_other_model: bool = False,
 ):
     """Replace attention head(s) ``heads`` with their recorded output (and only at
-    ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``) or
-    TransformerLens's ``hook_z``. The source is ``run``/``spec`` or ``prompt``, as for
-    patch_positions; ``n_heads`` defaults to the enclosing attention's."""
+    ``positions`` when given): at GPT-2's ``attn.c_proj`` input (``at: forward_pre``),
+    TransformerLens's ``hook_z``, or a pattern (an op point, heads at dim 1: head ``h`` is
+    ``value[:, h]``). The source is ``run``/``spec`` or ``prompt``, as for patch_positions;
+    ``n_heads`` defaults to the enclosing attention's; ``dim``, the positions' dimension,
+    to the sequence (1), or the queries (2) where the heads are at dim 1."""
     idx = _heads_list(heads)
+    first = _heads_first(ctx)
+    d = _position_dim(dim, first, positions)
     pos = ctx.positions(positions)
     if n_heads is None:
         check_head_site(ctx, "head_patch")
-    n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    n = n_heads if n_heads is not None else n_heads_of(ctx.model, _module_of(ctx))
     _check_heads_now(idx, n)
     saved = _source(ctx, run, spec, step, call, prompt, allow_other_model)
-    _check_source_length(ctx, positions, saved, dim)
-    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), dim, pos, idx, n, _static(positions))
+    _check_source_length(ctx, positions, saved, d)
+    return _patcher(ctx, saved, _where(run, spec, step, call, prompt), d, pos, idx, n, _static(positions), first)
 
 
 @register_action(replaces=True)
@@ -474,25 +526,30 @@ def head_mask(
     value: float = 0.0,
     n_heads: int | None = None,
     positions: int | list | str | None = None,
-    dim: int = 1,
+    dim: int | None = None,
 ):
     """Set attention head(s) ``heads`` to ``value`` (0: ablate the head), at ``positions``
-    along ``dim`` only when given: at GPT-2's ``attn.c_proj`` input (``at: forward_pre``)
-    or TransformerLens's ``hook_z``."""
+    along ``dim`` only when given: at GPT-2's ``attn.c_proj`` input (``at: forward_pre``),
+    TransformerLens's ``hook_z``, or a pattern (an op point, heads at dim 1: head ``h`` is
+    ``value[:, h]``). ``dim``, the positions' dimension, defaults to the sequence (1), or
+    the queries (2) where the heads are at dim 1."""
     idx = _heads_list(heads)
+    first = _heads_first(ctx)
+    head_dim = 1 if first else -2
+    d = _position_dim(dim, first, positions)
     pos = ctx.positions(positions)
     if n_heads is None:
         check_head_site(ctx, "head_mask")
-    n = n_heads if n_heads is not None else n_heads_of(ctx.model, ctx.target)
+    n = n_heads if n_heads is not None else n_heads_of(ctx.model, _module_of(ctx))
     _check_heads_now(idx, n)
     label = f"{ctx.spec} at {ctx.target!r}"
     cache: dict[tuple, Tensor] = {}
 
     def fn(t: Tensor) -> Tensor:
-        view = head_view(t, n, label)
-        if pos is not None and not _dim_ok(dim, view.dim(), True):
-            raise HookGraphError(f"{label}: dim {dim} is not a position dimension of a value of shape {list(t.shape)}")
-        local = pos(view.shape[dim]) if pos is not None else None
+        view = head_view(t, n, label, first)
+        if pos is not None and not _dim_ok(d, view.dim(), True, first):
+            raise HookGraphError(f"{label}: dim {d} is not a position dimension of a value of shape {list(t.shape)}")
+        local = pos(view.shape[d]) if pos is not None else None
         if pos is not None and local is None:
             return t  # none of the named positions is in this call
         key = (t.device, view.shape, _key(local))
@@ -500,9 +557,9 @@ def head_mask(
         if m is None:
             if len(cache) > 64:  # bounded over a long generation
                 cache.clear()
-            _check_heads(idx, view, label)
-            m = cache[key] = _mask(view.shape, dim, local, [h % view.shape[-2] for h in idx], t.device)
+            _check_heads(idx, view, label, head_dim)
+            m = cache[key] = _mask(view.shape, d, local, [h % view.shape[head_dim] for h in idx], t.device, head_dim)
         return view.masked_fill(m, value).reshape(t.shape)
 
-    fn.positions = (_static(positions), dim)  # type: ignore[attr-defined]  # checked against the first batch
+    fn.positions = (_static(positions), d)  # type: ignore[attr-defined]  # checked against the first batch
     return fn

@@ -29,7 +29,7 @@ from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
 from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore
 from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
-from hookgraph.errors import Problem, SpecError, full_key
+from hookgraph.errors import HookGraphError, Problem, SpecError, full_key
 
 __all__ = ["compile", "compile_graph", "unwrap_model"]
 
@@ -491,22 +491,29 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
 def _op_sites(spec: HookSpec, key: str, defn: ActionDef, name: str, module: nn.Module, store: ResultStore,
               model: nn.Module) -> tuple[Any, Problem | None]:
     """An op spec's fn: the action's function per op call (ops.OpSites), its arguments
-    checked here once, against the module's site."""
-    if defn.name in ("head_mask", "head_patch"):  # they read heads as [..., head, d_head]; a pattern has them at dim 1
-        return None, Problem(full_key(key, "action"), f"{defn.name} does not act at an op point yet (a pattern "
-                             "[batch, heads, query, key] has its heads at dim 1); mask a head there with action: "
-                             "mask, args: {index: <head>, dim: 1}")
-    ctx = ActionContext(spec.name, name, spec.at, type(module).__name__, store, key, model=model)
+    checked here once, against the module's site. An action reading a recorded source
+    (``run``) finds it under the call's own key (``<module>:<name>.N``), known only once the
+    forward makes the call: its check is that call's, named by the spec's key."""
+    ctx = ActionContext(spec.name, name, spec.at, type(module).__name__, store, key, model=model,
+                        op=",".join(spec.ops))
     factory, args = defn.factory, spec.args
     per_spec = getattr(factory, "per_spec", None)
+    sourced = per_spec is None and args.get("run") is not None
     try:
         if per_spec is not None:
             make = per_spec(ctx, **args)
         else:
-            factory(ctx, **args)  # checks the arguments; each call gets its own below
+            if not sourced:
+                factory(ctx, **args)  # checks the arguments; each call gets its own below
 
             def make(site: str) -> Any:
-                return factory(replace(ctx, target=site), **args)
+                here = replace(ctx, target=site, op=site.rpartition(":")[2])
+                if not sourced:
+                    return factory(here, **args)
+                try:
+                    return factory(here, **args)
+                except (TypeError, ValueError, HookGraphError) as exc:
+                    raise HookGraphError(f"{full_key(key, 'args')}: {defn.name} at {site!r}: {exc}") from None
     except (TypeError, ValueError) as exc:
         return None, Problem(full_key(key, "args"), f"{defn.name}: {exc}")
     except Exception as exc:

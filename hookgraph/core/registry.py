@@ -110,6 +110,9 @@ class ActionContext:
     store: ResultStore
     key: str = ""
     model: nn.Module | None = None  # the bare model: for actions that look around their site (attention heads)
+    # At an op point (core/ops.py): the call (``softmax.0``), or the spec's op glob(s) while its
+    # arguments are checked; its value's heads are at dim 1 ([batch, heads, query, key]). "" at a module's point.
+    op: str = ""
 
     @property
     def step(self) -> int:

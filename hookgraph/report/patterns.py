@@ -22,6 +22,7 @@ __all__ = ["is_pattern", "pattern_figure"]
 
 MAX_HEADS = 16  # panels in one figure; a model with more heads shows the first ones, and says so
 MAX_TOKENS = 48  # past this many keys, positions are not labelled one by one
+MAX_WIDTH_IN = 12.0  # the figure's widest, inches: 960 px at canvas.save's 80 dpi, inside the run page
 
 
 def is_pattern(value: torch.Tensor) -> bool:
@@ -39,9 +40,11 @@ def pattern_figure(pattern: torch.Tensor, path: Path, title: str, tokens: Sequen
     p = pattern.detach().float().cpu()[0]
     heads, queries, keys = p.shape
     shown = min(heads, MAX_HEADS)
-    cols = min(shown, 4)
+    side = 1.6 + 0.09 * min(keys, MAX_TOKENS)  # a panel's side, inches: room for a label per key
+    # As many panels across as fit the page's width at their own size (the run page shows them
+    # unscaled): four 25-key panels in one row were squeezed to 5 px a cell.
+    cols = max(1, min(shown, 4, int((MAX_WIDTH_IN - 0.6) // side)))
     rows = (shown + cols - 1) // cols
-    side = 1.6 + 0.09 * min(keys, MAX_TOKENS)
     fig = figure(figsize=(cols * side + 0.6, rows * side + 0.5))
     axes = fig.subplots(rows, cols, squeeze=False)
     labels = [str(t) for t in tokens][-keys:] if tokens is not None and len(tokens) >= keys else None
@@ -53,8 +56,8 @@ def pattern_figure(pattern: torch.Tensor, path: Path, title: str, tokens: Sequen
         ax.imshow(p[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
         ax.set_title(f"head {h}", fontsize=8)
         if labels is not None and keys <= MAX_TOKENS:
-            ax.set_xticks(range(keys), labels, fontsize=5, rotation=90)
-            ax.set_yticks(range(queries), labels[keys - queries:], fontsize=5)
+            ax.set_xticks(range(keys), labels, fontsize=6, rotation=90)
+            ax.set_yticks(range(queries), labels[keys - queries:], fontsize=6)
         else:
             ax.tick_params(labelsize=6)
         ax.set_xlabel("key", fontsize=7)

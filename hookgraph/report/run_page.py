@@ -197,12 +197,15 @@ def _generations(p: dict) -> str:
     return f'{more}<div class="scroll">{table(cols, rows, sortable=True, css_id="generations-table")}</div>'
 
 
-def _figure(f: dict) -> str:
+def _figure(f: dict, zoom: bool = True) -> str:
     # tabindex: a click focuses the image and the stylesheet shows it at its own size (no script, no fetch).
-    return (
-        f'<figure><img alt="{esc(f["name"])}" src="{f["src"]}" tabindex="0" title="click to enlarge">'
-        f'<figcaption>{esc(f["name"])}</figcaption></figure>'
-    )
+    # zoom=False: shown at its own size already.
+    img = (f'<img alt="{esc(f["name"])}" src="{f["src"]}" tabindex="0" title="click to enlarge">' if zoom
+           else f'<img alt="{esc(f["name"])}" src="{f["src"]}">')
+    return f'<figure>{img}<figcaption>{esc(f["name"])}</figcaption></figure>'
+
+
+_PATTERN_PREFIX = layout.pattern_figure("", "").split("_", 1)[0] + "_"  # "attn_": report.patterns' figures
 
 
 def _result(p: dict) -> str:
@@ -233,7 +236,13 @@ def _figures(p: dict) -> str:
     figures = [f for f in p["figures"] if not (f["name"] == layout.PATCHING_FIGURE and "src" in f)]
     if not figures:
         return '<p class="muted">No figures.</p>' if not p["figures"] else '<p class="muted">Shown under Result.</p>'
-    out = ['<div class="figs">']
+    # Attention patterns at their own size, every panel readable (report.patterns lays them out to fit).
+    patterns = [f for f in figures if "src" in f and f["name"].startswith(_PATTERN_PREFIX)]
+    figures = [f for f in figures if f not in patterns]
+    out = []
+    if patterns:
+        out.append('<div class="figs natural">' + "".join(_figure(f, zoom=False) for f in patterns) + "</div>")
+    out.append('<div class="figs">')
     for f in figures:
         if "src" in f:
             out.append(_figure(f))
