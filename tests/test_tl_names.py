@@ -33,7 +33,9 @@ def test_every_name_equals_run_with_cache(twins):
     _, ref = ht.run_with_cache(IDS)
     _, cache = run_with_cache(hf, IDS)
     assert sorted(cache) == sorted(tl_names(hf))  # eager: the pattern too
-    assert {"blocks.1.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.0.attn.hook_q"} <= set(cache)
+    assert {"blocks.1.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.0.attn.hook_q",
+            "ln_final.hook_scale", "ln_final.hook_normalized", "blocks.0.ln1.hook_scale",
+            "blocks.1.ln2.hook_normalized"} <= set(cache)
     for name, value in cache.items():
         expected = ref[name]
         assert value.shape == expected.shape, name

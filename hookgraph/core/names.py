@@ -122,7 +122,8 @@ def names_of(model: nn.Module, map_name: str) -> dict[str, dict]:
     for entry in architectures.values():
         blocks = modules.get(entry["detect"])
         if isinstance(blocks, nn.ModuleList):
-            return _filled(entry["names"], len(blocks))
+            # Only the names whose module this model has (an attention-only GPT-2 has no mlp).
+            return {n: w for n, w in _filled(entry["names"], len(blocks)).items() if w["target"] in modules}
     known = ", ".join(f"{a} (a module list at {e['detect']})" for a, e in architectures.items())
     raise HookGraphError(f"{label(map_name)} names: this model is none of the architectures known: {known}")
 
