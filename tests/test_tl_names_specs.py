@@ -212,3 +212,9 @@ def test_an_edit_at_a_child_does_not_shift_the_parents_op_calls():
     with graph.attach(), torch.no_grad():
         hf(IDS)
     torch.testing.assert_close(graph.records["mid"]["transformer.h.0:add.0"][0], kept["mid"], atol=1e-5, rtol=0)
+
+
+def test_a_name_allowed_to_match_nothing_is_listed_as_unmatched():
+    hf = tiny_gpt2()
+    graph = hg.compile(hf, {"pre": {"target": "blocks.0.mlp.hook_pre_linear", "names": TL, "expect": {"min": 0}}})
+    assert graph.plan() == [] and "pre" in graph.unmatched  # GPT-2's MLP is not gated

@@ -190,8 +190,10 @@ def _expand_one(spec: HookSpec, model: nn.Module, key: str) -> tuple[HookSpec | 
                                     f"{did_you_mean(pattern, list(names), f'its {what} names')}"))
         found += [n for n in hits if n not in found]
     found = [n for n in found if not any(fnmatch.fnmatchcase(n, x) for x in spec.excludes)]
-    if problems or not found:
+    if problems:
         return None, None, problems
+    if not found:  # allowed (expect.min: 0, or disabled): kept as written, so graph.unmatched names it
+        return replace(spec, names=None), None, []
     kinds: dict[tuple, list[str]] = {}
     for n in found:
         where = names[n]
