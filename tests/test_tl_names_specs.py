@@ -148,6 +148,8 @@ def test_errors_name_the_transformer_lens_name_and_the_nearest(tmp_path):
     torch_only = torch.nn.Sequential(torch.nn.Linear(2, 2))
     with pytest.raises(SpecError, match=r"hooks.p.names: TransformerLens names: this model is none of"):
         hg.compile(torch_only, {"p": {"target": "hook_embed", "names": TL}})
+    with pytest.raises(SpecError, match=r"HookedTransformer\) takes its names without names:"):
+        hg.compile(hooked_twin(hf), {"p": {"target": "hook_embed", "names": TL}})
 
 
 @pytest.mark.slow  # the induction model, through the command line in process

@@ -109,7 +109,7 @@ def map_names() -> list[str]:
     return sorted(p.stem for p in _maps_dir().glob("*.yaml"))
 
 
-def label(map_name: str) -> str:
+def _label(map_name: str) -> str:
     return str(_table(map_name).get("label", map_name))
 
 
@@ -125,7 +125,9 @@ def names_of(model: nn.Module, map_name: str) -> dict[str, dict]:
             # Only the names whose module this model has (an attention-only GPT-2 has no mlp).
             return {n: w for n, w in _filled(entry["names"], len(blocks)).items() if w["target"] in modules}
     known = ", ".join(f"{a} (a module list at {e['detect']})" for a, e in architectures.items())
-    raise HookGraphError(f"{label(map_name)} names: this model is none of the architectures known: {known}")
+    own = "; a model with its own hook_dict (HookedTransformer) takes its names without names:" if hasattr(
+        model, "hook_dict") else ""
+    raise HookGraphError(f"{_label(map_name)} names: this model is none of the architectures known: {known}{own}")
 
 
 def _filled(table: dict[str, dict], layers: int) -> dict[str, dict]:
@@ -169,7 +171,7 @@ def _expand_one(spec: HookSpec, model: nn.Module, key: str) -> tuple[HookSpec | 
     if map_name not in map_names():
         return None, None, [Problem(full_key(key, "names"), f"unknown name map {map_name!r}; "
                                     f"{did_you_mean(map_name, map_names(), 'name maps (conf/names)')}")]
-    what = label(map_name)
+    what = _label(map_name)
     try:
         names = names_of(model, map_name)
     except HookGraphError as exc:
