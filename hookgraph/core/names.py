@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from hookgraph.core.points import HookPoint
 from hookgraph.core.registry import ActionContext, ActionDef, resolve_action
 from hookgraph.core.spec import HookSpec
-from hookgraph.core.yamlfile import load_yaml
 from hookgraph.errors import HookGraphError, Problem, did_you_mean, full_key
 
 __all__ = ["VIEWS", "View", "map_names", "names_of", "expand", "viewed"]
@@ -87,12 +86,12 @@ VIEWS: dict[str, View] = {
 
 @functools.lru_cache(maxsize=8)
 def _table(map_name: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf  # lazy: `import hookgraph` does not load OmegaConf (test_startup)
+    import yaml  # lazy: only a spec with names reads a table (a packaged file: plain YAML, no OmegaConf)
 
     path = _maps_dir() / f"{map_name}.yaml"
     if not path.is_file():
         raise HookGraphError(f"the packaged conf/names/{map_name}.yaml is missing (a broken install?)")
-    table = OmegaConf.to_container(load_yaml(path), resolve=False)
+    table = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert isinstance(table, dict)
     return {str(k): v for k, v in table.items()}
 
