@@ -33,7 +33,9 @@ def test_every_name_equals_run_with_cache(twins):
     _, ref = ht.run_with_cache(IDS)
     _, cache = run_with_cache(hf, IDS)
     assert sorted(cache) == sorted(tl_names(hf))  # eager: the pattern too
-    assert {"blocks.1.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.0.attn.hook_q"} <= set(cache)
+    assert {"blocks.1.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.0.attn.hook_q",
+            "ln_final.hook_scale", "ln_final.hook_normalized", "blocks.0.ln1.hook_scale",
+            "blocks.1.ln2.hook_normalized"} <= set(cache)
     for name, value in cache.items():
         expected = ref[name]
         assert value.shape == expected.shape, name
@@ -98,10 +100,13 @@ def test_an_edit_equals_run_with_hooks(twins, name, fn, spec):
 
 def test_an_edit_where_only_a_record_is_faithful_is_refused_and_a_typo_names_the_nearest():
     hf = tiny_gpt2()
-    with pytest.raises(HookGraphError, match="only a record equals"):
+    with pytest.raises(HookGraphError, match=r"'blocks.0.attn.hook_q' is a third of GPT-2's fused c_attn output"):
         tl_specs(hf, {"blocks.0.attn.hook_q": "zero"})
     with pytest.raises(HookGraphError, match="blocks.0.hook_resid_post"):
         tl_specs(hf, {"blocks.0.hook_resid_pots": "record"})
     specs = tl_specs(hf, {"blocks.*.hook_resid_post": "record"})
-    assert specs == {f"blocks.{i}.hook_resid_post": {"target": f"transformer.h.{i}", "at": "forward",
-                                                     "action": "record"} for i in (0, 1)}
+    assert specs == {f"blocks.{i}.hook_resid_post": {"target": f"blocks.{i}.hook_resid_post", "action": "record",
+                                                     "names": "transformer_lens"} for i in (0, 1)}
+    graph = hg.compile(hf, specs)
+    assert [(row["spec"], row["target"]) for row in graph.plan()] == [
+        (f"blocks.{i}.hook_resid_post", f"transformer.h.{i}") for i in (0, 1)]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookgraph.core import names as name_maps
 from hookgraph.core import ops
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
@@ -299,6 +300,11 @@ class _Targets:
 def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     parsed, problems, broken = check_specs(specs, prefix=prefix)
     targets = _Targets(unwrap_model(model))
+    if any(s.names is not None for s in parsed):  # another library's names (names: transformer_lens) -> the model's
+        parsed, views, found = name_maps.expand(parsed, targets.model, prefix)
+        problems += found
+    else:
+        views = {}
     store = ResultStore(per_device=_multi_device(model))
     bindings: list[Binding] = []
     unmatched: dict[str, str] = {}  # specs allowed to bind nothing that did: named at the end of a run
@@ -314,6 +320,8 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         # An argument whose interpolation failed is reported already; it is not also "missing".
         defn, found = _action(spec, key, reported={p.key for p in problems})
         problems += found
+        if defn is not None and spec.name in views:  # the action sees the name's value, computed from the site's
+            defn = name_maps.viewed(defn, views[spec.name])
         if defn is None or found or not spec.enabled or spec.name in broken:
             continue
         new, found = _bind(spec, spec_index, key, defn, matched, targets, store)

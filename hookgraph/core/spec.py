@@ -80,6 +80,7 @@ class HookSpec:
     order: int | None = None  # lower runs first at the same site
     expect: Expect = field(default_factory=Expect)
     enabled: bool = True
+    names: str | None = None  # a name map (conf/names/<map>.yaml): target/exclude are its names, core/names.py
     name: str = ""
 
     @property

@@ -4,65 +4,41 @@ Public names: tl_names, tl_specs, run_with_cache.
 
 ``conf/names/transformer_lens.yaml`` says where each name's value lives per architecture (GPT-2;
 Llama, Mistral, Qwen2): a module, a point, an ``index`` into a tuple, an ``op`` (the attention's
-softmax: its input the scores, its output the pattern), a slice of a fused projection.
-:func:`tl_specs` turns ``{"blocks.*.hook_resid_post": "record"}`` into hookgraph specs;
+softmax: its input the scores, its output the pattern; RMSNorm's rsqrt), a view computed from the
+site's value (a third of GPT-2's fused ``c_attn``, a LayerNorm's scale). A spec with
+``names: transformer_lens`` takes these names as its target, in YAML, on the command line and in
+Python (hookgraph.core.names; the compiler turns them into the model's own names).
+:func:`tl_specs` turns ``{"blocks.*.hook_resid_post": "record"}`` into such specs, one per name;
 :func:`run_with_cache` is TransformerLens's, with its names and its shapes (heads split as
-``[..., heads, d_head]``). Sites marked ``edit: false`` are record only: an edit there would not
-reach the residual stream as TransformerLens's does (a slice of GPT-2's fused ``c_attn``).
+``[..., heads, d_head]``). Sites marked ``readonly`` take reading actions only: an edit there would
+not act as TransformerLens's does (a slice of GPT-2's fused ``c_attn``, a scale GPT-2's fused
+``layer_norm`` computes out of reach), and is refused naming why.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.core.compiler import compile as compile_graph
-from hookgraph.core.registry import ACTIONS
-from hookgraph.errors import HookGraphError, did_you_mean
+from hookgraph.core.names import expand, names_of
+from hookgraph.core.spec import parse_specs
+from hookgraph.errors import HookGraphError, SpecError, did_you_mean
 
 __all__ = ["run_with_cache", "tl_names", "tl_specs"]
 
-
-@functools.lru_cache(maxsize=1)
-def _table() -> dict[str, Any]:
-    conf = packaged_conf_dir()
-    if conf is None or not (conf / "names" / "transformer_lens.yaml").is_file():
-        raise HookGraphError("the packaged conf/names/transformer_lens.yaml is missing (a broken install?)")
-    table = OmegaConf.to_container(OmegaConf.load(conf / "names" / "transformer_lens.yaml"))
-    assert isinstance(table, dict)
-    return {str(k): v for k, v in table.items()}
-
-
-def _architecture(model: nn.Module) -> tuple[dict[str, dict], int]:
-    """The model's name table and its number of blocks."""
-    names = dict(model.named_modules())
-    for entry in _table().values():
-        blocks = names.get(entry["detect"])
-        if isinstance(blocks, nn.ModuleList):
-            return entry["names"], len(blocks)
-    known = ", ".join(f"{a} ({e['detect']})" for a, e in _table().items())
-    raise HookGraphError(f"TransformerLens names: this model is none of the known architectures: {known}")
+MAP = "transformer_lens"
 
 
 def tl_names(model: nn.Module) -> dict[str, dict]:
     """Every TransformerLens name this model has -> where its value lives (the table's entry,
     ``{L}`` filled in)."""
-    table, layers = _architecture(model)
-    out: dict[str, dict] = {}
-    for template, where in table.items():
-        for layer in [str(i) for i in range(layers)] if "{L}" in template else ["{L}"]:
-            out[template.replace("{L}", layer)] = {
-                k: v.replace("{L}", layer) if isinstance(v, str) else v for k, v in where.items()
-            }
-    return out
+    return names_of(model, MAP)
 
 
 def _heads(model: nn.Module, kind: str) -> int:
@@ -75,18 +51,12 @@ def _heads(model: nn.Module, kind: str) -> int:
     return n
 
 
-def _width(model: nn.Module) -> int:
-    c = getattr(model, "config", None)
-    d = getattr(c, "hidden_size", None) or getattr(c, "n_embd", None)
-    if not isinstance(d, int):
-        raise HookGraphError("TransformerLens names: the model's config gives no hidden size")
-    return d
-
-
 def tl_specs(model: nn.Module, hooks: Mapping[str, str | Mapping[str, Any]]) -> dict[str, dict]:
     """hookgraph specs from TransformerLens names: ``{name or glob: action, or a spec body
     (action, args, when, ...)}``. A glob (``blocks.*.hook_resid_post``) gives one spec per name it
-    matches, each named by its TransformerLens name (so ``graph.records[name]``)."""
+    matches, each named by its TransformerLens name (so ``graph.records[name]``), each a spec with
+    ``names: transformer_lens``. Checked here against the model (a name that matches nothing, an
+    edit where only a record is faithful): HookGraphError naming the nearest names."""
     names = tl_names(model)
     specs: dict[str, dict] = {}
     for pattern, body in hooks.items():
@@ -97,26 +67,11 @@ def tl_specs(model: nn.Module, hooks: Mapping[str, str | Mapping[str, Any]]) -> 
                 f"TransformerLens name {pattern!r} matches nothing on this model; "
                 f"{did_you_mean(pattern, list(names), 'its names')}"
             )
-        action = spec_body.get("action", "record")
-        definition = ACTIONS.get(action) if isinstance(action, str) else None
         for name in found:
-            where = names[name]
-            if where.get("edit") is False and (definition is None or definition.replaces):
-                raise HookGraphError(
-                    f"TransformerLens name {name!r}: hookgraph reaches it at {where['target']} "
-                    f"({where.get('at', 'forward')}), where only a record equals TransformerLens's value; an edit "
-                    f"({action!r}) would not act as run_with_hooks's does"
-                )
-            spec: dict[str, Any] = {"target": where["target"], "at": where.get("at", "forward"), **spec_body}
-            for field in ("index", "op"):
-                if field in where:
-                    spec[field] = where[field]
-            if "select" in where:
-                d, i = _width(model), where["select"]
-                if spec.get("args", {}).get("select") is not None:
-                    raise HookGraphError(f"TransformerLens name {name!r} is a slice of its module's output already")
-                spec["args"] = {**spec.get("args", {}), "select": f"{i * d}:{(i + 1) * d}", "dim": -1}
-            specs[name] = spec
+            specs[name] = {**spec_body, "target": name, "names": MAP}
+    _, _, problems = expand(parse_specs(specs), model, "hooks")
+    if problems:
+        raise SpecError(problems)
     return specs
 
 
