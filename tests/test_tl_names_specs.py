@@ -191,9 +191,6 @@ def test_the_command_line_takes_transformer_lens_names(tmp_path):
     assert "Traceback" not in typo.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="core/ops.py: a child's forward hook registered after its parent's op bracket "
-                   "runs under the parent's TorchFunctionMode, so the steer's add is counted as the block's add.0 "
-                   "(_Suspend's post hook runs before the child's later hooks); for the owner of core/ops.py")
 def test_an_edit_at_a_child_does_not_shift_the_parents_op_calls():
     hf = tiny_gpt2()
     ht = hooked_twin(hf)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from hookgraph.core.points import HookPoint
 from hookgraph.core.registry import ActionContext, ActionDef, resolve_action
 from hookgraph.core.spec import HookSpec
+from hookgraph.core.torch_internals import torch_functions_off
 from hookgraph.errors import HookGraphError, Problem, did_you_mean, full_key
 
 __all__ = ["VIEWS", "View", "map_names", "names_of", "expand", "viewed"]
@@ -239,7 +240,7 @@ def viewed(defn: ActionDef, view: View) -> ActionDef:
         def act(value: Any) -> Any:
             # Not the forward's calls: a parent's op spec (core/ops.py) must not count the view's
             # arithmetic (its add would shift the parent's add.0), nor the action's.
-            with torch._C.DisableTorchFunction():
+            with torch_functions_off():
                 new = fn(get(module, value))
                 return None if new is None or put is None else put(module, value, new)
 

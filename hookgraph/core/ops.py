@@ -33,7 +33,7 @@ from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.callers import make_caller, tuple_io
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.points import HookPoint
-from hookgraph.core.torch_internals import recomputing
+from hookgraph.core.torch_internals import keep_outermost, recomputing
 from hookgraph.errors import HookGraphError, did_you_mean, full_key
 
 __all__ = ["OpSites", "OpCall", "canonical", "op_key", "register", "list_calls"]
@@ -170,9 +170,19 @@ class _Suspend:
     def __init__(self, module: nn.Module, modes: list[_Mode]):
         self.modes = modes  # the mode now active, if any (filled by the target's pre-hook)
         self.handles: list[RemovableHandle] = []
+        self.children: list[tuple[nn.Module, RemovableHandle, RemovableHandle]] = []
         for child in module.children():
-            self.handles.append(child.register_forward_pre_hook(self.pre))
-            self.handles.append(child.register_forward_hook(self.post, always_call=True))
+            pre = child.register_forward_pre_hook(self.pre)
+            post = child.register_forward_hook(self.post, always_call=True)
+            self.handles += [pre, post]
+            self.children.append((child, pre, post))
+
+    def outermost(self) -> None:
+        """A child's own hooks (another spec's edit at the child) are not this module's calls:
+        the suspension runs before the child's first pre-hook and after its last forward hook,
+        also those registered after this bracket."""
+        for child, pre, post in self.children:
+            keep_outermost(child, pre, post)
 
     def pre(self, module: nn.Module, args: tuple) -> None:
         for m in self.modes:
@@ -195,6 +205,7 @@ def _bracket(module: nn.Module, make_mode: Callable[[], _Mode], done: Callable[[
     def enter(m: nn.Module, args: tuple) -> None:
         if active or (want is not None and m.training is not want):  # re-entered: the outer call's mode acts
             return
+        suspend.outermost()
         mode = make_mode()
         mode.suspended = 1  # until arm
         mode.__enter__()

@@ -14,6 +14,7 @@ DTensor).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import itertools
@@ -101,6 +102,30 @@ def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHa
     RemovableHandle.next_id = hid + 1
     module._forward_hooks[hid] = hook
     return cast(RemovableHandle, _ForwardHookHandle(module, hid))
+
+
+def keep_outermost(module: nn.Module, pre: RemovableHandle, post: RemovableHandle) -> None:
+    """``pre`` first of ``module``'s forward pre-hooks, ``post`` last of its forward hooks, also
+    ahead of and behind hooks registered after them (core/ops.py: a child's own hooks are not
+    its parent's op calls). An error where the hook dicts are laid out otherwise."""
+    pres, posts = module._forward_pre_hooks, module._forward_hooks
+    if not (isinstance(pres, collections.OrderedDict) and isinstance(posts, collections.OrderedDict)):
+        raise HookGraphError("this torch keeps module hooks in another kind of dict; op points need the ordered one")
+    if pre.id in pres:
+        pres.move_to_end(pre.id, last=False)
+    if post.id in posts:
+        posts.move_to_end(post.id)
+
+
+def torch_functions_off() -> Any:
+    """A context in which no ``__torch_function__`` mode sees the calls made: a hook's own work
+    (a derived view's arithmetic) is not an op call of the module around it (core/ops.py)."""
+    off = getattr(torch._C, "DisableTorchFunction", None)
+    if off is None:  # the calls are then seen, and counted: said once
+        warnings.warn("hookgraph: this torch has no torch._C.DisableTorchFunction; a view's own calls may count as "
+                      "op calls of the module around it", RuntimeWarning, stacklevel=2)
+        return contextlib.nullcontext()
+    return off()
 
 
 # (end of module hooks)
