@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -156,7 +157,10 @@ class Attachment:
                 self._blocks = block_hooks(graph.model)
             # Some hooks break the graph, or all are eager-mode ones (which dynamo retraces at
             # every call until fullgraph=True fails): a fullgraph=True trace is refused by name.
-            if not all(traced) or (graph.bindings and not compiled):
+            # A TorchScript model takes no module hooks (its parameters' gradient hooks only),
+            # and torch.compile does not trace it.
+            eager = bool(graph.bindings) and not compiled and not isinstance(graph.model, torch.jit.ScriptModule)
+            if not all(traced) or eager:
                 self._blocks.append(refusal_hook(graph.model, _refusal(graph, eager=not compiled)))
             graph.set_step(graph.step)  # registers the bindings live at the current step
             if not compiled:
