@@ -8,6 +8,7 @@ function would; nothing here touches the action registry.
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 
@@ -49,3 +50,10 @@ def exit_on_rank(value: torch.Tensor, rank: int = 1) -> None:
     the other ranks see when a peer is killed mid-step."""
     if int(os.environ.get("RANK", "0")) == rank:
         os._exit(3)
+
+
+def kill_on_rank(value: torch.Tensor, rank: int = 0) -> None:
+    """An observer whose rank is killed by SIGKILL (``kill -9``: no handler, no summary, its
+    sockets closed by the kernel) in its first forward."""
+    if int(os.environ.get("RANK", "0")) == rank:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -7,6 +7,7 @@ Listening sockets bind to 127.0.0.1 only.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from hookgraph.data.shard import rank_slices
 from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
 from hookgraph.runner.distributed import rank_overrides
-from hookgraph.runner.ranks import merge_ranks, peer_message, stopped_by_peer
+from hookgraph.runner.ranks import look_at_peers, merge_ranks, peer_message, stopped_by_peer
 from tests.runs import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,6 +258,43 @@ def test_fsdp_two_ranks_record_what_the_bare_model_does(tmp_path):
     assert r.summary["losses"] == pytest.approx(ref.summary["losses"], rel=1e-5)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+@needs_gloo
+def test_fsdp_rank_0_killed_the_rank_left_names_it_and_load_run_reads_its_own_summary(tmp_path):
+    # Issue 36 item 13: kill -9 of rank 0 under FSDP. Before: rank 1 said only "another rank
+    # closed its connection", and load_run(rank=1) read "incomplete" while its own summary said failed.
+    out = tmp_path / "killed"
+    kill = {"target": "fc1", "at": "forward", "action": {"_target_": "tests.helpers_actions.kill_on_rank",
+                                                         "replaces": False}, "args": {"rank": 0}}  # fmt: skip
+    proc = torchrun(out, "runner.distributed=fsdp", "runner.shard=[Conv2d]", "runner.batch_size=2",
+                    "sink.figures=false", "~hooks.weights", _override("kill", kill))  # fmt: skip
+    assert proc.returncode != 0
+    assert not (out / "summary.json").exists()  # rank 0 gathers the summaries, and it was killed
+    said = [line for line in proc.stdout.splitlines() if line.startswith("hookgraph:")]
+    assert len(said) == 1, proc.stdout[-4000:]
+    # Rank 1's collective broke under it, or torchrun's SIGTERM reached it first: either way it
+    # names rank 0, and where its own summary is.
+    assert said[0].startswith(
+        "hookgraph: error: rank 0 (the job's writer, which gathers the ranks' summaries) was lost: it wrote no "
+        "summary (killed?); rank 1 stopped with it"
+    ), said
+    assert said[0].endswith("the run has no summary.json: rank 1's own is ranks/rank-1/summary.json"), said
+    assert "pair.cc" not in said[0] and "GLHF" not in said[0], said
+    own = strict_json(out / "ranks" / "rank-1" / "summary.json")
+    assert own["status"] in ("failed", "interrupted") and "_peers" not in own
+    with pytest.warns(UserWarning, match=r"no summary\.json: rank 0, which gathers the ranks' summaries into it, "
+                                         r"wrote no summary of its own either"):  # fmt: skip
+        r1 = hg.load_run(out, rank=1)
+    assert r1.status == own["status"] and r1.summary["error"] == own["error"]
+    assert r1.summary["lost_ranks"] == [0] and "rank 0" in r1.summary["note"]
+    assert r1.records["acts"].calls("conv")[0] == (0, 0)  # what rank 1 recorded before it stopped
+    with pytest.warns(UserWarning, match="rank 0, which gathers"):
+        r0 = hg.load_run(out, strict=False)
+    assert r0.status == "incomplete" and r0.summary["lost_ranks"] == [0]
+    assert f"rank 1: {own['status']} (" in r0.summary["note"]
+
+
 # ---------------------------------------------------------------- in this process (world of one)
 
 
@@ -417,6 +455,102 @@ def test_a_rank_torchrun_stopped_after_its_peer_died_names_the_peer_not_the_sign
              "message": "stopped by SIGINT"}}  # fmt: skip
     assert stopped_by_peer(alone, 0, "stopped by SIGINT") is None
     assert stopped_by_peer({"status": "interrupted"}, 0, "stopped by SIGTERM") is None
+
+
+GLOO = "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:23440: Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. Check the logs of the remote worker before reporting an error. GLHF!"  # noqa: E501
+
+
+def _rank_folder(tmp_path: Path, own: dict[int, dict | None]) -> Path:
+    """A run folder of ``len(own)`` ranks: each rank's own summary, None where it wrote none."""
+    for k, s in own.items():
+        (tmp_path / "ranks" / f"rank-{k}").mkdir(parents=True)
+        if s is not None:
+            (tmp_path / "ranks" / f"rank-{k}" / "summary.json").write_text(json.dumps(s))
+    return tmp_path
+
+
+_RESET = {"status": "failed", "error": {"type": "RuntimeError", "message": GLOO}}
+
+
+@pytest.mark.parametrize(
+    ("own", "told"),
+    [
+        # World 2, rank 0 killed: rank 1 names it, and where its own summary is (there is no other).
+        ({0: None, 1: _RESET},
+         "rank 0 (the job's writer, which gathers the ranks' summaries) was lost: it wrote no summary (killed?); "
+         "rank 1 stopped with it, step 3 (RuntimeError: Read error [127.0.0.1]:23440: Connection reset by peer.); "
+         "the run has no summary.json: rank 1's own is ranks/rank-1/summary.json"),
+        # Rank 0 failed in its own right (it wrote its summary, then gathers): named by its error.
+        ({0: {"status": "failed", "error": {"type": "ValueError", "message": "bad batch"}}, 1: _RESET},
+         "rank 0: bad batch; rank 1 stopped with it, step 3 (RuntimeError: Read error [127.0.0.1]:23440: "
+         "Connection reset by peer.)"),
+        # World 3: the rank that raised, not rank 0 stopped with it, nor rank 0 still gathering.
+        ({0: {"status": "interrupted", "error": {"type": "RunInterrupted", "message": "stopped by SIGTERM"}},
+          1: _RESET, 2: {"status": "failed", "error": {"type": "ActionError", "message": "boom at fc1"}}},
+         "rank 2: boom at fc1; rank 1 stopped with it, step 3 (RuntimeError: Read error [127.0.0.1]:23440: "
+         "Connection reset by peer.)"),
+        # World 3, rank 2 killed, rank 0 alive: rank 2 named, no word of a missing summary.json.
+        ({0: {"status": "failed", "error": {"type": "RuntimeError", "message": "Connection closed by peer"}},
+          1: _RESET, 2: None},
+         "rank 2 was lost: it wrote no summary (killed?); rank 1 stopped with it, step 3 (RuntimeError: Read error "
+         "[127.0.0.1]:23440: Connection reset by peer.)"),
+    ],
+)  # fmt: skip
+def test_a_rank_left_names_its_peer_from_the_peers_own_summaries(tmp_path, own, told):
+    # Issue 36 item 13: a rank other than 0 gathers nothing; before, it said only "another rank
+    # closed its connection", also when rank 0 (which gathers) was the one lost.
+    folder = _rank_folder(tmp_path, own)
+    summary = dict(own[1])
+    look_at_peers(summary, folder, 1, len(own), wait_s=0.0)
+    assert peer_message(summary, 1, RuntimeError(GLOO), "step 3") == told
+    assert summary["status"] == "failed" and summary["error"] == own[1]["error"]  # its own, untouched
+
+
+def test_a_rank_left_by_a_signal_names_rank_0_lost(tmp_path):
+    folder = _rank_folder(tmp_path, {0: None, 1: None})
+    summary = {"status": "interrupted", "error": {"type": "RunInterrupted", "message": "stopped by SIGTERM"}}
+    look_at_peers(summary, folder, 1, 2, wait_s=0.0)
+    assert stopped_by_peer(summary, 1, "stopped by SIGTERM") == (
+        "rank 0 (the job's writer, which gathers the ranks' summaries) was lost: it wrote no summary (killed?); "
+        "rank 1 stopped with it (interrupted: stopped by SIGTERM); the run has no summary.json: rank 1's own is "
+        "ranks/rank-1/summary.json"
+    )
+
+
+def test_a_rank_that_failed_in_its_own_right_does_not_look_at_its_peers(tmp_path):
+    folder = _rank_folder(tmp_path, {0: None, 1: None})
+    summary = {"status": "failed", "error": {"type": "ValueError", "message": "bad batch"}}
+    look_at_peers(summary, folder, 1, 2, wait_s=0.0)
+    assert "_peers" not in summary
+    assert peer_message(summary, 1, ValueError("bad batch"), "step 3") is None
+
+
+@pytest.mark.parametrize(
+    ("own", "rank", "status", "lost", "note"),
+    [
+        ({0: None, 1: _RESET}, 1, "failed", [0],
+         "rank 0, which gathers the ranks' summaries into it, wrote no summary of its own either (it was lost: "
+         "killed, or it is still running); rank 1: failed (RuntimeError: Read error [127.0.0.1]:23440: Connection "
+         "reset by peer)"),
+        ({0: None, 1: _RESET}, None, "incomplete", [0], "rank 0, which gathers"),
+        ({0: None, 1: _RESET, 2: {"status": "completed"}}, 2, "completed", [0], "rank 2: completed"),
+        ({0: None, 1: _RESET, 2: None}, 1, "failed", [0, 2], "no summary from rank(s) 2 either"),
+        # Rank 0 wrote its own summary and was killed while gathering: its own is read for it.
+        ({0: {"status": "failed", "error": {"type": "ValueError", "message": "bad batch. more"}}, 1: _RESET},
+         None, "failed", [], "rank 0 wrote its own summary (failed (ValueError: bad batch)) but stopped before "
+         "gathering the ranks' (killed?)"),
+    ],
+)  # fmt: skip
+def test_load_run_of_a_run_whose_rank_0_never_gathered_reads_each_rank_s_own(tmp_path, own, rank, status, lost, note):
+    folder = _rank_folder(tmp_path, own)
+    with pytest.warns(UserWarning, match="no summary.json: rank 0") as warned:
+        r = hg.load_run(folder, rank=rank)
+    assert note in str(warned[0].message)
+    assert r.status == status and r.summary["lost_ranks"] == lost and note in r.summary["note"]
+    wanted = own[rank or 0]
+    if wanted is not None:  # the rank's own summary, as it wrote it
+        assert r.summary["status"] == wanted["status"] and r.summary.get("error") == wanted.get("error")
+    assert not r.ok  # a lost rank is never a run that completed whole
 
 
 def test_ranks_other_than_0_write_nothing_of_their_own(monkeypatch):

@@ -426,6 +426,94 @@ def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
     torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
 
 
+@pytest.mark.parametrize("action", ["print", "check_finite"])
+@pytest.mark.parametrize("order", ["attach_then_compile", "compile_then_attach"])
+def test_fullgraph_on_a_bare_model_with_eager_hooks_is_refused_by_name(action, order, fresh_dynamo):
+    # Issue 36 item 11: graph.attach() without compiled=True, the bare model compiled with
+    # fullgraph=True before or after attach. Before: dynamo's Unsupported (print) or its UserError
+    # "data-dependent expression" (check_finite), naming no spec.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, {"s": {"target": "0", "action": action}, "twice": {
+        "target": "2", "action": "scale", "args": {"factor": 2.0}}})  # fmt: skip
+    x = torch.ones(1, 4)
+    if order == "compile_then_attach":
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with graph.attach(), pytest.raises(HookGraphError) as info:
+        if order == "attach_then_compile":
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+        compiled(x)
+    message = str(info.value)
+    assert message.startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
+        f"break the graph: 's' on 0 (action {action!r} is not traceable). They run Python that dynamo cannot "
+        "put in one graph (a print, a check that branches on the values, a call it does not trace). "
+    )
+    assert "'twice'" not in message  # traceable: only the spec that breaks the graph is named
+    assert "attach with graph.attach(compiled=True)" in message
+    assert "Found at the first call: hookgraph was given the bare model" in message
+    assert graph.calls == {"s": 0, "twice": 0}  # refused before any hook ran
+
+
+@pytest.mark.parametrize("order", ["attach_then_compile", "compile_then_attach"])
+def test_fullgraph_on_a_bare_model_with_eager_traceable_hooks_is_refused_at_once(order, fresh_dynamo):
+    # Eager-mode hooks count their calls, so dynamo retraced them at every call until
+    # fullgraph=True failed at its recompile limit (FailOnRecompileLimitHit at the 9th call).
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, {"twice": {"target": "2", "action": "scale", "args": {"factor": 2.0}}})
+    x = torch.ones(1, 4)
+    if order == "compile_then_attach":
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with graph.attach(), pytest.raises(HookGraphError) as info:
+        if order == "attach_then_compile":
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+        compiled(x)
+    assert str(info.value).startswith(
+        "the model was compiled with fullgraph=True, which allows no graph break, and graph.attach() made "
+        "eager-mode hooks, which dynamo retraces at every call until fullgraph=True fails at its recompile "
+        "limit: 'twice' on 2. Attach with graph.attach(compiled=True)"
+    )
+    assert graph.calls == {"twice": 0}
+    with graph.attach(compiled=True):  # the fix the message names runs, as hand-written torch says
+        out = [compiled(x) for _ in range(10)]
+    expected = model[2](torch.relu(model[0](x))).detach() * 2
+    for o in out:
+        torch.testing.assert_close(o, expected)
+
+
+@pytest.mark.parametrize("action", ["print", "check_finite"])
+def test_eager_hooks_under_torch_compile_with_graph_breaks_still_run(action, fresh_dynamo, capsys):
+    # The refusal hook only speaks under fullgraph=True: with graph breaks allowed the eager
+    # hooks run as before.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, {"s": {"target": "0", "action": action},
+                               "twice": {"target": "2", "action": "scale", "args": {"factor": 2.0}}})  # fmt: skip
+    x = torch.ones(1, 4)
+    with graph.attach():
+        out = torch.compile(model, backend="eager")(x)
+    torch.testing.assert_close(out, model[2](torch.relu(model[0](x))).detach() * 2)
+    assert graph.calls == {"s": 1, "twice": 1}
+
+
+def test_a_graph_break_of_the_model_itself_stays_dynamos(fresh_dynamo):
+    # Not ours to rename: with traced hooks only, the model's own print under fullgraph=True is
+    # dynamo's error, not a HookGraphError.
+    class Printing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            print("inside")
+            return self.lin(x)
+
+    model = Printing()
+    graph = hg.compile(model, {"rec": {"target": "lin", "action": "record"}})
+    with graph.attach(compiled=True), pytest.raises(Exception) as info:
+        torch.compile(model, backend="eager", fullgraph=True)(torch.ones(1, 4))
+    assert not isinstance(info.value, HookGraphError)
+    assert type(info.value).__module__.startswith("torch._dynamo")
+
+
 # -- a full disk ----------------------------------------------------------------------------------
 
 

@@ -309,6 +309,59 @@ def test_a_boolean_override_on_the_command_line_must_say_true_or_false(override)
     check_booleans(None, ["runner.compile=true", "dry_run=False", "runner.steps=2", "hooks.a.enabled=3"])
 
 
+_BAD_FILES = [
+    # (file under the user's conf/, its text, the command line, the key refused, the value as said)
+    ("experiment/bools.yaml", "# @package _global_\nrunner:\n  compile: 2\n", ["+experiment=bools"],
+     "runner.compile", "2"),
+    ("experiment/bools.yaml", "# @package _global_\ndry_run: 7\n", ["+experiment=bools"], "dry_run", "7"),
+    ("experiment/bools.yaml", "# @package _global_\nsink:\n  figures: 'yes'\n", ["+experiment=bools"],
+     "sink.figures", "'yes'"),
+    ("experiment/bools.yaml", "# @package _global_\nhooks:\n  x: {target: conv, action: record, enabled: 0}\n",
+     ["+experiment=bools"], "hooks.x.enabled", "0"),
+    ("hooks/mine.yaml", "mine:\n  target: conv\n  action: record\n  enabled: 2\n", ["hooks=[mine]"],
+     "hooks.mine.enabled", "2"),
+    ("hooks/mine.yaml", "mine:\n  target: conv\n  action: record\n  leaf: 1.5\n", ["hooks=[mine]"],
+     "hooks.mine.leaf", "1.5"),
+    ("runner/mine.yaml", "defaults:\n  - default\n  - _self_\nbackward: 1\n", ["runner=mine"],
+     "runner.backward", "1"),
+]  # fmt: skip
+
+
+@pytest.mark.slow  # the command line, in this process
+@pytest.mark.parametrize(("name", "text", "args", "key", "said"), _BAD_FILES,
+                         ids=[f"{f[0]}:{f[3]}" for f in _BAD_FILES])  # fmt: skip
+def test_a_boolean_in_a_composed_yaml_file_is_refused_naming_the_key_and_the_file(tmp_path, name, text, args, key,
+                                                                                  said):
+    # Issue 36 item 5 refused runner.compile=2 on the command line; the same value in a file
+    # Hydra composed was merged over the schema as true (2, 'yes', 1.5) or false (0) and ran.
+    conf = tmp_path / "conf"
+    (conf / name).parent.mkdir(parents=True)
+    (conf / name).write_text(text)
+    r = run_cli_here(["--config-dir", str(conf), *args, "runner.steps=1", "runner.progress=false"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert (
+        f"hookgraph: error: {key}: expected true or false, got {said} (a boolean is never read from a number or a "
+        f"word); in {conf / name}"
+    ) in r.stderr, r.stderr
+    assert list(tmp_path.glob("runs/*")) == []  # refused before the first step: no folder left
+
+
+@pytest.mark.slow
+def test_booleans_written_as_booleans_or_set_on_the_command_line_run(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "fine.yaml").write_text(
+        "# @package _global_\nrunner:\n  compile: 2\n  backward: true\nsink:\n  figures: false\n"
+        "hooks:\n  x: {target: conv, action: record, enabled: true, leaf: false}\n"
+    )
+    # The file's runner.compile: 2 is replaced by the command line's false, which is checked there.
+    r = run_cli_here(["--config-dir", str(conf), "+experiment=fine", "runner.compile=false", "runner.steps=1",
+                      "runner.progress=false", "hydra.run.dir=out"], cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "completed"
+
+
 # --- the command line ------------------------------------------------------------------------
 
 

@@ -630,6 +630,19 @@ def test_gradient_of_a_scripted_modules_parameter_still_works():
     assert graph.records["g"]["1.bias"][0].tolist() == [3.0, 3.0]
 
 
+@jit_script_deprecated
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_gradient_of_a_torchscript_model_s_parameter_works_at_its_root(how):
+    # The whole model scripted or traced: attach adds no module hook to it (TorchScript refuses
+    # them), only the parameter's gradient hook. Checked against autograd's own gradient.
+    inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    model = torch.jit.script(inner) if how == "script" else torch.jit.trace(inner, torch.randn(1, 4))
+    graph = hg.compile(model, {"g": {"target": "2.bias", "at": "param_grad", "action": "record"}})
+    with graph.attach():
+        model(x_in()).sum().backward()
+    assert graph.records["g"]["2.bias"][0].tolist() == [3.0, 3.0]  # d sum / d bias: one per row of the 3
+
+
 @pytest.mark.parametrize("at", ["param_grad", "param_accumulated"])
 def test_gradient_point_on_a_frozen_parameter_is_refused(at):
     model = mlp()

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -93,15 +94,24 @@ class Plan(list):
         return json.dumps(list(self), indent=2)
 
 
-def _refusal(graph: HookGraph) -> Callable[[], str]:
-    """The text a compiled attachment's refusal hook raises under fullgraph=True (see
-    traced.refusal_hook), made when dynamo traces it (at most once per compiled frame)."""
+def _refusal(graph: HookGraph, *, eager: bool = False) -> Callable[[], str]:
+    """The text an attachment's refusal hook raises under fullgraph=True (see
+    traced.refusal_hook), made when dynamo traces it (at most once per compiled frame).
+    ``eager``: the attachment holds eager-mode hooks (``attach()`` without ``compiled=True``)."""
 
     def refusal() -> str:
-        message = graph._graph_break_message(bare=True)
+        message = graph._graph_break_message(bare=True, eager=eager)
         return message or "a hookgraph hook would break a graph compiled with fullgraph=True"
 
     return refusal
+
+
+def _named(specs: dict[str, tuple[str, list[str]]]) -> str:
+    """``'spec' on t1, t2, t3 ... (why)`` for each spec, joined by '; '."""
+    return "; ".join(
+        f"{spec!r} on {', '.join(targets[:3])}{' ...' if len(targets) > 3 else ''}" + (f" ({why})" if why else "")
+        for spec, (why, targets) in specs.items()
+    )
 
 
 class Attachment:
@@ -146,8 +156,13 @@ class Attachment:
             traced = [b.traced for b in graph.bindings] if compiled else []
             if any(traced):
                 self._blocks = block_hooks(graph.model)
-            if not all(traced):  # some hooks break the graph: a fullgraph=True trace is refused by name
-                self._blocks.append(refusal_hook(graph.model, _refusal(graph)))
+            # Some hooks break the graph, or all are eager-mode ones (which dynamo retraces at
+            # every call until fullgraph=True fails): a fullgraph=True trace is refused by name.
+            # A TorchScript model takes no module hooks (its parameters' gradient hooks only),
+            # and torch.compile does not trace it.
+            eager = bool(graph.bindings) and not compiled and not isinstance(graph.model, torch.jit.ScriptModule)
+            if not all(traced) or eager:
+                self._blocks.append(refusal_hook(graph.model, _refusal(graph, eager=not compiled)))
             graph.set_step(graph.step)  # registers the bindings live at the current step
             if not compiled:
                 self._clock = install_clock(graph.model, graph.store)
@@ -466,33 +481,50 @@ class HookGraph:
         if message is not None:
             raise HookGraphError(message)
 
-    def _graph_break_message(self, *, bare: bool = False) -> str | None:
+    def _graph_break_message(self, *, bare: bool = False, eager: bool = False) -> str | None:
         """The refusal of every spec whose hooks would break a graph compiled with
         fullgraph=True, or None. ``bare``: said at the first call of a model compiled without
-        hookgraph's knowledge (attach was given the bare model), not at attach."""
+        hookgraph's knowledge (attach was given the bare model), not at attach. ``eager``: the
+        attachment's hooks are eager-mode ones, which no fullgraph=True trace keeps: every spec
+        is named (None only without bindings)."""
         breaking: dict[str, tuple[str, list[str]]] = {}
         for b in self.bindings:
             mode = b.compiled_mode()
             if mode.startswith("graph break"):
                 why = mode.removeprefix("graph break").strip(" ()")
                 breaking.setdefault(b.spec.name, (why, []))[1].append(b.target)
-        if not breaking:
-            return None
-        named = "; ".join(
-            f"{spec!r} on {', '.join(targets[:3])}{' ...' if len(targets) > 3 else ''} ({why})"
-            for spec, (why, targets) in breaking.items()
-        )
         where = (
-            ". Found at the first call: hookgraph was given the bare model, so attach could not see the option "
+            " Found at the first call: hookgraph was given the bare model, so attach could not see the option "
             "(give hg.compile the torch.compile wrapper to be told at attach)."
             if bare else ""
         )
+        # graph.attach() without compiled=True: dynamo traces the eager hooks as Python code, and
+        # their call counts change at every call, so it retraces until fullgraph=True fails at its
+        # recompile limit (some, record's, it cannot trace at all).
+        retrace = (
+            "graph.attach() made eager-mode hooks, which dynamo retraces at every call until fullgraph=True "
+            "fails at its recompile limit"
+        )
+        if not breaking:
+            if not eager or not self.bindings:
+                return None
+            targets: dict[str, list[str]] = {}
+            for b in self.bindings:
+                targets.setdefault(b.spec.name, []).append(b.target)
+            return (
+                f"the model was compiled with fullgraph=True, which allows no graph break, and {retrace}: "
+                f"{_named({spec: ('', t) for spec, t in targets.items()})}. Attach with graph.attach(compiled=True) "
+                "(their hooks are then traced into the compiled graph) or compile without fullgraph=True." + where
+            )
         return (
             f"the model was compiled with fullgraph=True, which allows no graph break, and these specs' "
-            f"hooks would break the graph: {named}. Compile without fullgraph=True, drop or replace these "
-            "specs (the traceable actions: record, stats, clamp, scale, add, zero, mask, noise without a seed, "
-            "clip_norm, patch; the full backward points: output_grad or input_grad instead), or mark your own "
-            "function {_target_: fn, traceable: true} if dynamo can trace it" + where
+            f"hooks would break the graph: {_named(breaking)}. They run Python that dynamo cannot put in "
+            "one graph (a print, a check that branches on the values, a call it does not trace). Compile "
+            "without fullgraph=True, drop or replace these specs (the traceable actions: record, stats, clamp, "
+            "scale, add, zero, mask, noise without a seed, clip_norm, patch; the full backward points: "
+            "output_grad or input_grad instead), or mark your own function {_target_: fn, traceable: true} if "
+            "dynamo can trace it" + (f"; and attach with graph.attach(compiled=True): {retrace}." if eager else ".")
+            + where
         )
 
     @property

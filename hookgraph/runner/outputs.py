@@ -24,7 +24,7 @@ from hookgraph.errors import NonFiniteError, RecordBudgetError
 from hookgraph.report import write_report
 from hookgraph.runner.lifecycle import RunFolderError, RunInterrupted
 from hookgraph.runner.metrics import describe_metric
-from hookgraph.runner.ranks import merge_ranks, merge_tables, rank_summaries
+from hookgraph.runner.ranks import look_at_peers, merge_ranks, merge_tables, rank_summaries
 from hookgraph.runner.state import Job, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import RunWriter, TensorBoardSink, disk_full, rows_with_spec
@@ -199,11 +199,13 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
             writer.json(writer.rank_path(layout.SUMMARY), s)
         except OSError as exc:
             log.error("rank %d: could not write its summary into %s: %s", world.rank, writer.dir, exc)
-        if not world.main:
-            writer.release_reserve()
-            return
         # Every rank ends on its own; a failing run waits only briefly for ranks that may be stuck.
         timeout = float(job.cfg.runner.dist_timeout_s)
+        if not world.main:
+            writer.release_reserve()
+            if failing:  # stopped by a peer: which one, for its one line (rank 0 may be the one lost)
+                look_at_peers(s, writer.dir, world.rank, world.size, min(2.0, timeout))
+            return
         wait = timeout if not failing else min(10.0, timeout)
         merge_ranks(s, rank_summaries(writer.dir, world.size, wait))
         try:

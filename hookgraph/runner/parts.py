@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hookgraph.config.filebools import check_file_booleans
 from hookgraph.config.hooksets import _task_overrides, refuse_shared_specs, require_matches_where_retargeted
 from hookgraph.config.schema import HookgraphConfig, check_booleans, check_known_keys
 from hookgraph.core.compiler import compile_graph
@@ -40,7 +41,9 @@ def as_config(cfg: Any) -> DictConfig:
     A key outside the schema (a typo, or one a ``+`` override added) or a cyclic interpolation
     is a ConfigError naming the key and the nearest valid keys."""
     check_booleans(cfg, _task_overrides())
-    if not isinstance(cfg, DictConfig):
+    if isinstance(cfg, DictConfig):
+        check_file_booleans()  # composed by Hydra: each file as written, before its merge over the schema
+    else:
         base = OmegaConf.structured(HookgraphConfig)
         # Open while merging, so that an unknown key reaches check_known_keys (which names the
         # nearest keys) instead of OmegaConf's ConfigKeyError; types are still checked.

@@ -1,6 +1,7 @@
 """Rank 0 gathers the ranks of a run: their summaries into summary.json, their tables into one.
 
-Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables, peer_message, stopped_by_peer.
+Public names: RankFailedError, rank_summaries, merge_ranks, merge_tables, peer_message, stopped_by_peer,
+look_at_peers, PEERS.
 
 Every rank writes its own ``ranks/rank-N/summary.json`` (its status, error, steps, losses) when
 it ends, failed or not, and never waits on another rank to do so. Rank 0 reads them through the
@@ -21,7 +22,14 @@ from hookgraph.runs import layout
 from hookgraph.runs.files import read_csv, read_json
 from hookgraph.runs.writer import RunWriter
 
-__all__ = ["RankFailedError", "rank_summaries", "merge_ranks", "merge_tables", "peer_message", "stopped_by_peer"]
+__all__ = [
+    "RankFailedError", "rank_summaries", "merge_ranks", "merge_tables", "peer_message", "stopped_by_peer",
+    "look_at_peers", "PEERS",
+]  # fmt: skip
+
+# The in-memory summary key (never written) under which a rank other than 0 that a peer
+# stopped keeps what the peers' own summaries said (look_at_peers), for its one line.
+PEERS = "_peers"
 
 
 class RankFailedError(HookGraphError):
@@ -113,6 +121,35 @@ def merge_ranks(summary: dict[str, Any], found: dict[int, dict[str, Any] | None]
         }
 
 
+def look_at_peers(summary: dict[str, Any], run_dir: Path, rank: int, size: int, wait_s: float) -> None:
+    """A rank other than 0 that stopped because a peer did (its collective broke, or torchrun's
+    signal): the peers' own summaries, read from the folder (waiting up to ``wait_s`` for
+    them), name that peer. Rank 0 gathers the summaries and says so for itself; when rank 0 is
+    the one lost (``kill -9``) no one gathers, and without this the rank left could only say
+    "another rank closed its connection". Kept under ``summary[PEERS]`` in the shape
+    :func:`merge_ranks` gives rank 0's (``failed_ranks``, ``error`` with its ``rank``): the first
+    peer that failed in its own right, else the first that wrote no summary (lost)."""
+    if not _collateral(summary):
+        return
+    peers = {k: s for k, s in rank_summaries(run_dir, size, wait_s).items() if k != rank}
+    lost = [k for k, s in peers.items() if s is None]
+    failed = [
+        k for k, s in peers.items()
+        if s is not None and s.get("status") not in ("completed", "listed", "planned") and not _collateral(s)
+    ]  # fmt: skip
+    if failed:
+        cause = failed[0]
+        err = (peers[cause] or {}).get("error") or {}
+        said = {"type": err.get("type", "Error"), "message": f"rank {cause}: {err.get('message', 'failed')}"}
+    elif lost:
+        cause = lost[0]
+        writer = " (the job's writer, which gathers the ranks' summaries)" if cause == 0 else ""
+        said = {"type": "NoSummary", "message": f"rank {cause}{writer} was lost: it wrote no summary (killed?)"}
+    else:
+        return
+    summary[PEERS] = {"failed_ranks": sorted(failed + lost), "error": {**said, "rank": cause}}
+
+
 def merge_tables(writer: RunWriter, size: int) -> None:
     """``stats.csv`` and ``trace.csv`` of the run: every rank's rows (each with its ``rank``)."""
     for name in (layout.STATS, layout.TRACE):
@@ -128,10 +165,15 @@ def merge_tables(writer: RunWriter, size: int) -> None:
 # gloo's messages start with the C++ source line that raised ("[/path/pair.cc:561] Connection
 # closed by peer ..."): a user needs the words, not the path of a file in PyTorch's build tree.
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+# ... and some go on with advice for PyTorch's bug tracker ("This is typically caused by a remote
+# worker hanging or bugs in the application. Check the logs ... GLHF!").
+_GLOO_ADVICE = " This is typically caused by"
 
 
 def _cause_elsewhere(summary: dict[str, Any], rank: int) -> dict[str, Any] | None:
-    """The gathered summary's error where a rank other than ``rank`` failed first, else None."""
+    """The gathered summary's error where a rank other than ``rank`` failed first, else None
+    (on a rank other than 0: what its peers' own summaries said, look_at_peers)."""
+    summary = summary.get(PEERS) or summary
     err = summary.get("error") or {}
     cause = err.get("rank")
     return err if summary.get("failed_ranks") and cause is not None and cause != rank else None
@@ -144,7 +186,15 @@ def stopped_by_peer(summary: dict[str, Any], rank: int, signal_text: str) -> str
     err = _cause_elsewhere(summary, rank)
     if err is None:
         return None
-    return f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it (interrupted: {signal_text})"
+    said = f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it (interrupted: {signal_text})"
+    return said + _no_gathering(err, rank)
+
+
+def _no_gathering(err: dict[str, Any], rank: int) -> str:
+    """Where rank 0 was lost: no one gathers the ranks' summaries, so say where this rank's is."""
+    if err.get("rank") != 0 or err.get("type") != "NoSummary" or rank == 0:
+        return ""
+    return f"; the run has no {layout.SUMMARY}: rank {rank}'s own is {layout.rank_file(rank, layout.SUMMARY)}"
 
 
 def peer_message(summary: dict[str, Any], rank: int, exc: BaseException, where: str) -> str | None:
@@ -156,9 +206,11 @@ def peer_message(summary: dict[str, Any], rank: int, exc: BaseException, where: 
     if not _collateral({"error": own}):
         return None
     said = f"{type(exc).__name__}: {_SOURCE_PREFIX.sub('', text)}"
+    said = said.split(_GLOO_ADVICE, 1)[0].rstrip()  # the words, not the advice for PyTorch's bug tracker
     err = _cause_elsewhere(summary, rank)
     if err is not None:
-        return f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it, {where} ({said})"
+        told = f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it, {where} ({said})"
+        return told + _no_gathering(err, rank)
     return (
         f"rank {rank} stopped, {where}: another rank closed its connection ({said}); "
         f"each rank's own summary is under {layout.RANKS}/"

@@ -60,6 +60,7 @@ from hookgraph.runs.files import (
 from hookgraph.runs.manifest import _check_rank, _manifest, _ranked, run_ranks
 from hookgraph.runs.records import _gaps_message, _load_records, _Records, load_records
 from hookgraph.runs.tables import read_tables
+from hookgraph.runs.unmerged import unmerged_summary
 
 __all__ = ["Run", "load_run", "load_records", "run_content", "run_ranks"]
 
@@ -187,8 +188,12 @@ class Run:
     @property
     def ok(self) -> bool:
         """The run completed and reads whole: no damaged shard, no missing piece, no file read
-        as empty (``problems``, which a file read later, such as a damaged plan, adds to)."""
-        return self.status == "completed" and not self.damaged and not self.missing and not self.problems
+        as empty (``problems``, which a file read later, such as a damaged plan, adds to), and
+        no rank lost (a rank's own summary read because rank 0 never gathered them)."""
+        return (
+            self.status == "completed" and not self.damaged and not self.missing and not self.problems
+            and not self.summary.get("lost_ranks")
+        )
 
     def dataset(
         self,
@@ -295,6 +300,9 @@ def load_run(path: str | Path, rank: int | None = None, *, strict: bool = True) 
             if strict:
                 raise damage
             problems.append(f"{damage}; read as absent")
+    if summary is None and len(ranks) > 1:  # rank 0 gathers the ranks' summaries: it was lost
+        summary, line = unmerged_summary(root, rank, ranks, read)
+        warnings.warn(f"{root}: {line}; reading rank {rank or 0}'s {summary['status']} run", stacklevel=2)
     if summary is None:
         summary = {"status": "incomplete", "note": f"no {layout.SUMMARY}: the run ended before writing one "
                    f"(killed?); read what it left: {', '.join(present)}"}
