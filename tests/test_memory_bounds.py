@@ -148,7 +148,7 @@ def test_a_spec_file_over_the_byte_limit_is_refused_before_it_is_read(tmp_path, 
     from hookgraph.core import yamlfile
 
     monkeypatch.setattr(yamlfile, "MAX_YAML_BYTES", 64 << 10)  # the bound's logic at a test's size
-    monkeypatch.setattr(yamlfile.load_yaml, "__defaults__", (64 << 10,))
+    monkeypatch.setattr(yamlfile.read_yaml_text, "__defaults__", (64 << 10,))
     n = (64 << 10) + 10
     text = {"many-specs": "".join(f"s{i}: {{target: '0', action: record}}\n" for i in range(n // 30)),
             "one-string": "s: {target: '" + "x" * n + "', action: record}\n",
