@@ -101,8 +101,8 @@ def test_the_tutorial_experiments_print_their_numbers(tmp_path):
 
 
 def test_sink_show_names_a_spec_of_the_run():
-    from hookgraph.errors import ConfigError
     from hookgraph.config.settings import settings_from
+    from hookgraph.errors import ConfigError
     from hookgraph.runner.checks import _check_show
     from tests.runs import compose
 

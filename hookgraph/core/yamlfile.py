@@ -1,6 +1,7 @@
 """YAML read with bounds checked before any parse that could run away.
 
-Public names: MAX_YAML_BYTES, MAX_YAML_NODES, MAX_YAML_DEPTH, YamlLimitError, check_yaml, read_yaml_text.
+Public names: MAX_YAML_BYTES, MAX_YAML_NODES, MAX_YAML_DEPTH, YamlLimitError, check_yaml, read_yaml_text,
+yaml_loader.
 
 A YAML parser copies every alias it meets (OmegaConf, Hydra): 400 bytes of nested anchors (a "billion laughs")
 expand to 9**9 nodes and spin for good, and a 50 MB file runs for minutes before any bound
@@ -17,7 +18,15 @@ from typing import Any
 
 from hookgraph.errors import HookGraphError
 
-__all__ = ["MAX_YAML_BYTES", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "YamlLimitError", "check_yaml", "read_yaml_text"]
+__all__ = [
+    "MAX_YAML_BYTES",
+    "MAX_YAML_NODES",
+    "MAX_YAML_DEPTH",
+    "YamlLimitError",
+    "check_yaml",
+    "read_yaml_text",
+    "yaml_loader",
+]
 
 # 10,000 specs (the most a spec list may hold) of a line or two each are well under this.
 MAX_YAML_BYTES = 4 << 20
@@ -31,7 +40,8 @@ class YamlLimitError(HookGraphError):
     """A YAML text over a bound (bytes, expanded nodes, depth); the message names the source."""
 
 
-def _loader() -> Any:
+def yaml_loader() -> Any:
+    """PyYAML's safe loader (its C one where built): no Python objects from the text."""
     import yaml  # lazy: `import hookgraph` stays light
 
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,7 +57,7 @@ def check_yaml(text: str, where: str, max_bytes: int = MAX_YAML_BYTES) -> None:
     if size > max_bytes:
         raise YamlLimitError(f"{where}: {size / 2**20:.1f} MiB of YAML, over the limit of {max_bytes / 2**20:g} MiB")
     try:
-        documents = list(yaml.compose_all(text, Loader=_loader()))
+        documents = list(yaml.compose_all(text, Loader=yaml_loader()))
     except RecursionError:
         raise YamlLimitError(f"{where}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it") from None
     except yaml.YAMLError:

@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from omegaconf import OmegaConf
+import yaml
 from torch import Tensor
 
 from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.core.compiler import compile as compile_graph
 from hookgraph.core.registry import ACTIONS
+from hookgraph.core.yamlfile import yaml_loader
 from hookgraph.errors import HookGraphError, did_you_mean
 
 __all__ = ["run_with_cache", "tl_names", "tl_specs"]
@@ -36,7 +37,7 @@ def _table() -> dict[str, Any]:
     conf = packaged_conf_dir()
     if conf is None or not (conf / "names" / "transformer_lens.yaml").is_file():
         raise HookGraphError("the packaged conf/names/transformer_lens.yaml is missing (a broken install?)")
-    table = OmegaConf.to_container(OmegaConf.load(conf / "names" / "transformer_lens.yaml"))
+    table = yaml.load((conf / "names" / "transformer_lens.yaml").read_text(), Loader=yaml_loader())  # noqa: S506 - safe
     assert isinstance(table, dict)
     return {str(k): v for k, v in table.items()}
 

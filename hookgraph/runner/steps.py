@@ -191,8 +191,7 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     autocast = _autocast(r, parts.device)
     # Specs resolve against the bare model; the compiled wrapper shares its modules.
     forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
-    # What each phase of a step is called when the user's code raises there: built once, not
-    # per step (each config read is an OmegaConf lookup).
+    # What each phase of a step is called when the user's code raises there: built once, not per step.
     kind = cfg.data["kind"]
     data_phase = f"the data (data.kind={kind}, making the batch)"
     loss_phase = f"the loss (runner.loss={r.loss})"
