@@ -144,12 +144,23 @@ def settings_from(cfg: Any) -> Settings:
         data=_plain(cfg.data),
         runner=RunnerSettings(**runner),
         sink=SinkSettings(**_plain(cfg.sink)),
-        hooks=dict(spec_bodies(cfg.hooks)),
+        hooks=_hooks(cfg),
         dry_run=bool(cfg.dry_run),
         list_targets=cfg.list_targets,
         list_params=bool(cfg.list_params),
         ops=bool(cfg.ops),
     )
+
+
+def _hooks(cfg: DictConfig) -> Any:
+    """``hooks`` as spec name -> plain body; null is no spec; anything else but a mapping is
+    kept, plain, for the compiler to refuse with its own message."""
+    value = cfg.get("hooks")
+    if value is None:
+        return {}
+    if isinstance(value, DictConfig):
+        return spec_bodies(value)
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
 
 
 def _plain(section: DictConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hookgraph.config.hooksets import refuse_shared_specs
+from hookgraph.config.settings import Settings as RunSettings
 from hookgraph.config.settings import settings_from
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.fingerprint import model_identity
@@ -37,7 +38,10 @@ as_config = settings_from
 
 def build_from_config(cfg: Any) -> torch.nn.Module:
     """The model a config's ``model`` section describes (seeded by ``runner.seed``)."""
-    cfg = settings_from(cfg)
+    return _build(settings_from(cfg))
+
+
+def _build(cfg: RunSettings) -> torch.nn.Module:
     torch.manual_seed(cfg.runner.seed)
     m = cfg.model
     target = m._target_
@@ -59,7 +63,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     device = pick_device(r.device, world)
     dtype = resolve_dtype(r.dtype)
     job.summary["device"] = str(device)
-    bare = build_from_config(cfg).to(device=device, dtype=dtype)
+    bare = _build(cfg).to(device=device, dtype=dtype)
     bare.train(r.mode == "train")
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
