@@ -112,6 +112,8 @@ def as_config(cfg: Any) -> DictConfig:
     A key outside the schema (a typo, or one a ``+`` override added) or a cyclic interpolation
     is a ConfigError naming the key and the nearest valid keys."""
     check_booleans(cfg, _task_overrides())
+    if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
+        cfg = _dicts(cfg)  # OmegaConf merges dicts, not their subclasses (a run folder's SavedConfig)
     if not isinstance(cfg, DictConfig):
         base = OmegaConf.structured(HookgraphConfig)
         # Open while merging, so that an unknown key reaches check_known_keys (which names the
@@ -126,6 +128,14 @@ def as_config(cfg: Any) -> DictConfig:
         OmegaConf.set_struct(cfg, True)
     check_known_keys(cfg)
     return cfg
+
+
+def _dicts(value: Any) -> Any:
+    if isinstance(value, Mapping) and not isinstance(value, DictConfig):
+        return {k: _dicts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dicts(v) for v in value]
+    return value
 
 
 def settings_from(cfg: Any) -> Settings:

@@ -63,7 +63,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     device = pick_device(r.device, world)
     dtype = resolve_dtype(r.dtype)
     job.summary["device"] = str(device)
-    bare = _build(cfg).to(device=device, dtype=dtype)
+    bare = build_from_config(cfg).to(device=device, dtype=dtype)  # settings pass the door as they are
     bare.train(r.mode == "train")
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
