@@ -113,7 +113,7 @@ def as_config(cfg: Any) -> DictConfig:
     is a ConfigError naming the key and the nearest valid keys."""
     check_booleans(cfg, _task_overrides())
     if isinstance(cfg, Mapping) and not isinstance(cfg, DictConfig):
-        cfg = _dicts(cfg)  # OmegaConf merges dicts, not their subclasses (a run folder's SavedConfig)
+        cfg = _dicts(cfg)  # OmegaConf merges dicts, not other mappings (or dict subclasses)
     if not isinstance(cfg, DictConfig):
         base = OmegaConf.structured(HookgraphConfig)
         # Open while merging, so that an unknown key reaches check_known_keys (which names the
@@ -190,7 +190,7 @@ def _plain(section: DictConfig) -> dict[str, Any]:
 def run_config_yaml(config: Any, specs: Any) -> str | None:
     """What ``.hydra/config.yaml`` holds for a live run (``open_run``'s door): the caller's
     config as YAML, with the specs under ``hooks`` when it has none (so
-    ``load_run(...).config.hooks`` reads as after a command-line run); None when neither is given."""
+    ``load_run(...).config["hooks"]`` reads as after a command-line run); None when neither is given."""
     if config is None and not isinstance(specs, Mapping):
         return None
     try:

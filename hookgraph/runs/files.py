@@ -500,31 +500,13 @@ def _yaml(path: Path) -> Any:
         raise DamagedFileError(path, f"{type(exc).__name__}: {first}") from None
 
 
-class SavedConfig(dict):
-    """A config read from a run folder: a plain dict whose keys also read as attributes, at
-    every level (``run.config.hooks.clamp.args.min``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-def _saved(value: Any) -> Any:
-    if isinstance(value, dict):
-        return SavedConfig({k: _saved(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return [_saved(v) for v in value]
-    return value
-
-
-def read_config(path: Path) -> SavedConfig | None:
-    """A YAML mapping Hydra saved (``.hydra/config.yaml``, ``.hydra/hydra.yaml``); None when absent."""
+def read_config(path: Path) -> dict[str, Any] | None:
+    """A YAML mapping Hydra saved (``.hydra/config.yaml``, ``.hydra/hydra.yaml``), as plain dicts
+    and lists (``OmegaConf.create`` of it gives a DictConfig back); None when absent."""
     config = _yaml(path)
     if config is not None and not isinstance(config, dict):
         raise DamagedFileError(path, f"a YAML {_yaml_kind(config)}, expected a config mapping")
-    return None if config is None else _saved(config)
+    return config
 
 
 def _yaml_kind(value: Any) -> str:
