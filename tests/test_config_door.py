@@ -132,4 +132,19 @@ def test_the_bounds_on_spec_lists_are_the_engines():
     from hookgraph.config import specs
     from hookgraph.core import spec
 
-    assert (specs.LISTS, specs.MAX_PATTERNS) == (spec._LISTS, spec.MAX_PATTERNS)
+    assert (specs.LISTS, specs.MAX_PATTERNS, specs.MAX_SPECS) == (spec._LISTS, spec.MAX_PATTERNS, spec.MAX_SPECS)
+
+
+def test_a_dictconfig_of_too_many_specs_is_refused_by_count_before_any_is_read(monkeypatch):
+    from omegaconf import OmegaConf
+
+    import hookgraph as hg
+    from hookgraph.config import specs
+    from hookgraph.core.spec import MAX_SPECS, parse_specs
+
+    read = []
+    monkeypatch.setattr(specs, "_read", lambda *a: read.append(a))
+    cfg = OmegaConf.create({f"s{i}": {"target": "0"} for i in range(MAX_SPECS + 1)})
+    with pytest.raises(hg.SpecError, match=f"{MAX_SPECS + 1:,} specs, over the limit of {MAX_SPECS:,}"):
+        parse_specs(cfg)
+    assert read == []

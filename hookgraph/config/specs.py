@@ -24,11 +24,15 @@ from hookgraph.config.plain import ReadBody
 from hookgraph.core.yamlfile import read_yaml_text
 from hookgraph.errors import Problem
 
-__all__ = ["read_body", "spec_bodies", "load_spec_file", "load_yaml", "typed_merge", "LISTS", "MAX_PATTERNS"]
+__all__ = [
+    "read_body", "spec_bodies", "load_spec_file", "load_yaml", "typed_merge", "LISTS", "MAX_PATTERNS", "MAX_SPECS",
+]
 
-# core/spec.py's bounds (it imports these): a list this long is refused before it is converted.
+# The engine's bounds (core/spec.py), repeated here because config sits below the engine (test_config_door
+# holds them equal): what is over them is refused before it is converted.
 LISTS = ("target", "exclude", "types", "op")
 MAX_PATTERNS = 10_000  # strings in one spec's target, exclude or types
+MAX_SPECS = 10_000  # specs under hooks: more are refused by count, before any is read
 
 
 def load_yaml(path: str | os.PathLike[str], max_bytes: int | None = None) -> Any:
@@ -57,6 +61,8 @@ def spec_bodies(specs: Any, prefix: str = "hooks") -> Any:
     problem}; anything else is returned as it is (plain dicts are the engine's own form)."""
     if not isinstance(specs, DictConfig):
         return specs
+    if len(specs) > MAX_SPECS:  # the engine refuses them by their count: none is worth reading
+        return dict.fromkeys(map(str, specs))
     out: dict[str, Any] = {}
     for k in specs:
         node = specs._get_node(k)
