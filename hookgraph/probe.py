@@ -28,82 +28,24 @@ import math
 import os
 import random
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from hookgraph.core.yamlfile import YamlLimitError, load_yaml
+from hookgraph.config.probe import LabelsConfig, ProbeConfig, probe_config
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.runs import layout, load_run
 from hookgraph.runs.dataset import ActivationStream
 
 __all__ = ["ProbeConfig", "LabelsConfig", "train_probe", "main"]
 
-# The packaged defaults: hookgraph/conf in a wheel, conf/ beside the package in a checkout.
-_HERE = Path(__file__).resolve().parent
-DEFAULTS = next((c / "probe" / "linear.yaml" for c in (_HERE / "conf", _HERE.parent / "conf")
-                 if (c / "probe" / "linear.yaml").is_file()), _HERE.parent / "conf" / "probe" / "linear.yaml")
+_config = probe_config  # the door: config files and overrides -> a ProbeConfig (config/probe.py)
+
 SOURCES = ("token", "position", "row", "step", "metric", "file")
-
-
-@dataclass
-class LabelsConfig:
-    source: str = "token"  # token, position, row, step (fields of each item), metric or file
-    map: dict = field(default_factory=dict)  # raw label -> class index; items whose label is not a key are skipped
-    threshold: float | None = None  # metric: label 1 where the step's metric > threshold, else 0
-    path: str | None = None  # file: a .safetensors file with one integer label per item
-    key: str | None = None  # file: its tensor's name (null: the file's only tensor)
-
-
-@dataclass
-class ProbeConfig:
-    run: str = MISSING  # the run folder holding the activations
-    spec: str = MISSING  # the record spec
-    target: str | None = None  # the recorded module (null: the spec's only target)
-    flatten: str = "tokens"  # tokens or samples: what one training item is (Run.dataset)
-    labels: LabelsConfig = field(default_factory=LabelsConfig)
-    classes: int | None = None  # null: 1 + the largest class index seen
-    epochs: int = 10
-    lr: float = 0.01
-    weight_decay: float = 0.0
-    batch_size: int = 256
-    val_fraction: float = 0.2  # of the recorded calls, drawn with seed
-    seed: int = 0
-    out: str = "probe.safetensors"
-    replace: bool = False  # an existing out file is replaced only when asked
-
-
-def _config(files: list[str], overrides: list[str], given: dict | None = None) -> ProbeConfig:
-    schema = OmegaConf.structured(ProbeConfig)
-    try:
-        layers = [OmegaConf.load(DEFAULTS)] if DEFAULTS.is_file() else []
-        for f in files:  # bytes and alias expansion bounded before OmegaConf parses
-            try:
-                layers.append(load_yaml(f))
-            except (YamlLimitError, OSError) as exc:
-                raise ConfigError("probe", str(exc)) from None
-        if given is not None:
-            layers.append(OmegaConf.create(given))
-        layers.append(OmegaConf.from_dotlist(overrides))
-        cfg = OmegaConf.merge(schema, *layers)
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise ConfigError(missing[0], "is required (e.g. run=runs/<date>/<time> spec=resid)")
-        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "probe"
-        names = [f.name for f in dataclasses.fields(ProbeConfig)] + [
-            f"labels.{f.name}" for f in dataclasses.fields(LabelsConfig)
-        ]
-        hint = did_you_mean(str(key), names, "valid keys") if key != "probe" else ""
-        raise ConfigError(str(key), f"{str(exc).splitlines()[0]}; {hint}".rstrip("; ")) from None
 
 
 def _labeller(cfg: ProbeConfig, summary: dict, n_items: int) -> Any:

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import hookgraph as hg
-import hookgraph.core.spec as spec_module
+import hookgraph.config.specs as config_specs
 from hookgraph.cli import app
 from hookgraph.core.spec import MAX_PATTERNS, MAX_SPECS, parse_specs
 from hookgraph.errors import SpecError
@@ -33,13 +33,13 @@ def test_a_config_list_over_the_limit_is_refused_before_it_is_converted(monkeypa
     cfg = OmegaConf.create({"hooks": {"big": {"target": "**", "action": "stats", "exclude": _globs(MAX_PATTERNS + 1)}}})
     # Converting or copying the long list is the cost the bound exists to refuse: it must not happen.
     converted = []
-    real = spec_module._resolved
+    real = config_specs._resolved  # where a DictConfig's specs are read (config/specs.py)
 
     def spy(container, key):
         converted.append(key)
         return real(container, key)
 
-    monkeypatch.setattr(spec_module, "_resolved", spy)
+    monkeypatch.setattr(config_specs, "_resolved", spy)
     with pytest.raises(SpecError) as info:
         parse_specs(cfg.hooks)
     assert [p.key for p in info.value.problems] == ["hooks.big.exclude"]
@@ -148,7 +148,7 @@ def test_a_spec_file_over_the_byte_limit_is_refused_before_it_is_read(tmp_path, 
     from hookgraph.core import yamlfile
 
     monkeypatch.setattr(yamlfile, "MAX_YAML_BYTES", 64 << 10)  # the bound's logic at a test's size
-    monkeypatch.setattr(yamlfile.load_yaml, "__defaults__", (64 << 10,))
+    monkeypatch.setattr(yamlfile.read_yaml_text, "__defaults__", (64 << 10,))
     n = (64 << 10) + 10
     text = {"many-specs": "".join(f"s{i}: {{target: '0', action: record}}\n" for i in range(n // 30)),
             "one-string": "s: {target: '" + "x" * n + "', action: record}\n",

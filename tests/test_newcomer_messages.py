@@ -102,12 +102,13 @@ def test_the_tutorial_experiments_print_their_numbers(tmp_path):
 
 
 def test_sink_show_names_a_spec_of_the_run():
+    from hookgraph.config.settings import settings_from
     from hookgraph.errors import ConfigError
     from hookgraph.runner.checks import _check_show
     from tests.runs import compose
 
     with pytest.raises(ConfigError, match=r"sink.show: 'a_grd' is not a spec of this run; did you mean 'a_grad'"):
-        _check_show(compose("+experiment=intermediate_grads", "sink.show=[a_grd]"))
+        _check_show(settings_from(compose("+experiment=intermediate_grads", "sink.show=[a_grd]")))
 
 
 def test_probe_on_items_without_tokens_suggests_a_token_table(tmp_path):

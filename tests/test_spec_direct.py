@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.config import specs as config_specs
 from hookgraph.core import spec as spec_mod
 from hookgraph.core.points import HookPoint
 from hookgraph.core.spec import Mode, check_specs
@@ -66,7 +67,7 @@ def test_direct_path_is_taken_for_plain_values(monkeypatch: pytest.MonkeyPatch) 
     def merge_refused(*a: object) -> None:
         raise AssertionError("OmegaConf merge on a plain spec")
 
-    monkeypatch.setattr(spec_mod, "_merge_fields", merge_refused)
+    monkeypatch.setattr(config_specs, "typed_merge", merge_refused)  # the merge, in config/
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     graph = hg.compile(model, {k: v for k, v in BODIES.items() if k in ("plain", "lists", "names", "expect")}
                        | {"hs": hg.HookSpec(name="hs", target="1", when=spec_mod.Schedule(steps="0:2"))})

@@ -158,6 +158,16 @@ def _expected_jobs(config: DictConfig) -> list[str] | None:
         return None
 
 
+def _job_place(config: DictConfig) -> dict[str, Any]:
+    """The job's Hydra settings its sweep row needs, as plain values (runs/ reads no OmegaConf)."""
+    def at(key: str, default: Any = None) -> Any:
+        return OmegaConf.select(config, key, default=default)
+
+    return {"hydra": {"job": {"num": at("hydra.job.num"), "id": at("hydra.job.id", "")},
+                      "runtime": {"output_dir": at("hydra.runtime.output_dir"), "cwd": at("hydra.runtime.cwd")},
+                      "sweep": {"dir": at("hydra.sweep.dir")}}}
+
+
 class SweepTable(Callback):
     """Each job's row from its own process; at the end of a multirun, sweep.csv, sweep.png,
     the sweep's report.html and, for a layer x position sweep, the patching heatmap."""
@@ -168,7 +178,7 @@ class SweepTable(Callback):
             return
         error, _state["job_error"] = _state["job_error"], None  # this job's own, never the next one's
         try:
-            write_job_return(config, job_return, error=error)
+            write_job_return(_job_place(config), job_return, error=error)
         except Exception as exc:  # the driver still reads the job's folder, or says missing
             log.warning("job %s: its sweep row was not written: %s: %s", config.hydra.job.num, type(exc).__name__, exc)
 

@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from hookgraph.core.yamlfile import load_yaml
+from hookgraph.config.specs import load_yaml
 from hookgraph.errors import ConfigError
 
 __all__ = ["packaged_conf_dir", "packaged_specs", "require_matches_where_retargeted"]

@@ -2,7 +2,7 @@
 
 Public names: HookSpec, Schedule, Expect, Mode, check_specs, parse_specs.
 
-Specs arrive as a dict keyed by spec name, an OmegaConf DictConfig, a YAML file path or
+Specs arrive as a dict keyed by spec name, a DictConfig (read by :mod:`hookgraph.config.specs`), a YAML file path or
 ready HookSpec objects; :func:`parse_specs` converts them once, at the boundary, into
 frozen HookSpec objects and reports every problem together, each under its full config
 key (``hooks.<name>.<field>``).
@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-if TYPE_CHECKING:  # imported where used: `import hookgraph` does not load OmegaConf (~100 ms)
-    from omegaconf import DictConfig
-    from omegaconf.errors import OmegaConfBaseException
-
+from hookgraph.config.plain import ReadBody, is_config_container
 from hookgraph.core.points import HookPoint
-from hookgraph.core.yamlfile import YamlLimitError, load_yaml
+from hookgraph.core.yamlfile import YamlLimitError
 from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs", "MAX_PATTERNS", "MAX_SPECS"]
@@ -35,7 +31,7 @@ __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs
 # 50 MB config of 1.1M exclude globs otherwise spends minutes (and gigabytes) in OmegaConf
 # nodes before a word is said. Lists this long are never written by hand; a glob or a
 # `re:` pattern says the same in one line (docs/specs.md).
-MAX_PATTERNS = 10_000  # strings in one spec's target, exclude or types
+MAX_PATTERNS = 10_000  # strings in one spec's target, exclude or types (config/specs.py bounds a DictConfig's alike)
 MAX_SPECS = 10_000  # specs under hooks:
 _LISTS = ("target", "exclude", "types", "op")
 
@@ -111,45 +107,27 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
 _FIELDS = [f.name for f in fields(HookSpec) if f.name != "name"]
 
 
-@functools.cache
-def _schema() -> Any:
-    """HookSpec as an OmegaConf schema, built on the first compile."""
-    from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-
-    schema = OmegaConf.structured(HookSpec)
-    # Frozen dataclasses make read-only nodes, nested ones included; merging needs them writable.
-    OmegaConf.set_readonly(schema, False)
-    for k in ("when", "expect"):
-        OmegaConf.set_readonly(schema._get_node(k), False)
-    return schema
-
-
 def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     """Any accepted input form -> a mapping of spec name -> spec body."""
     if specs is None:
         return {}
     if isinstance(specs, (str, os.PathLike)):
-        from omegaconf import DictConfig  # lazy: `import hookgraph` stays light (test_startup)
+        from hookgraph.config.specs import load_spec_file  # lazy: OmegaConf loads for a spec file only
 
         path = Path(specs)
         if not path.is_file():
             raise SpecError([Problem(str(path), "no such spec file")])
         try:
-            loaded = load_yaml(path)  # bytes and alias expansion bounded before OmegaConf parses
+            specs = load_spec_file(path, prefix)  # bytes and alias expansion bounded before OmegaConf parses
         except YamlLimitError as exc:
             raise SpecError([Problem(str(path), str(exc).removeprefix(f"{path}: "))]) from None
         except Exception as exc:  # yaml.YAMLError and friends: report, don't crash
             raise SpecError([Problem(str(path), f"not valid YAML: {exc}")]) from exc
-        # A file may hold the specs directly or under a top-level "hooks:" key.
-        if isinstance(loaded, DictConfig) and set(loaded.keys()) == {"hooks"}:
-            loaded = loaded.hooks
-        specs = loaded
-    if _is_omegaconf(specs, "DictConfig"):
-        from omegaconf import DictConfig  # lazy: loaded already, specs is one of its containers
+    if is_config_container(specs):
+        from hookgraph.config.specs import spec_bodies  # lazy: loaded already, specs is one of its containers
 
-        # Resolved spec by spec (in _check_body): one bad interpolation is that spec's problem.
-        return {str(k): specs._get_node(k) if isinstance(specs._get_node(k), DictConfig) else _Unresolved(specs, k)
-                for k in specs}
+        # Resolved spec by spec: one bad interpolation is that spec's problem.
+        return spec_bodies(specs, prefix)
     if isinstance(specs, Mapping):
         return specs
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
@@ -162,130 +140,6 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
     raise SpecError([Problem("hooks", f"expected a dict of specs keyed by name, got {type(specs).__name__}")])
 
 
-def _is_omegaconf(value: Any, *names: str) -> bool:
-    """isinstance(value, omegaconf.<name>) for any of ``names``, without importing OmegaConf:
-    where it is not loaded, nothing can be one of its containers (plain dicts compile without it)."""
-    module = sys.modules.get("omegaconf")
-    return module is not None and isinstance(value, tuple(getattr(module, n) for n in names))
-
-
-class _Unresolved:
-    """A spec body in a DictConfig that is not a mapping (maybe an interpolation), read on use."""
-
-    def __init__(self, cfg: DictConfig, k: Any):
-        self.cfg, self.k = cfg, k
-
-
-def _first_line(exc: OmegaConfBaseException) -> str:
-    return str(getattr(exc, "msg", None) or exc).splitlines()[0]
-
-
-def _resolved(container: Any, key: str) -> tuple[Any, list[Problem]]:
-    """OmegaConf containers -> plain ones. A value whose interpolation cannot be resolved is
-    left out and reported under its full key, so the rest of the spec is still checked."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
-
-    if not isinstance(container, (DictConfig, ListConfig)):
-        return container, []
-    node: Any = container  # indexed by keys or positions alike below
-    try:
-        return OmegaConf.to_container(node, resolve=True), []
-    except OmegaConfBaseException:
-        pass  # find each value that fails, below
-    problems: list[Problem] = []
-    is_dict = isinstance(node, DictConfig)
-    out: Any = {} if is_dict else []
-    for k in node.keys() if is_dict else range(len(node)):
-        sub = f"{key}.{k}" if is_dict else f"{key}[{k}]"
-        try:
-            value = node[k]
-        except OmegaConfBaseException as exc:
-            raw = node._get_node(k)
-            shown = raw._value() if raw is not None else k
-            problems.append(Problem(sub, f"cannot resolve {shown!r}: {_first_line(exc)}"))
-            continue
-        value, found = _resolved(value, sub)
-        problems += found
-        if is_dict:
-            out[k] = value
-        else:
-            out.append(value)
-    return out, problems
-
-
-def _merge_problem(exc: OmegaConfBaseException, key: str) -> Problem:
-    sub = getattr(exc, "full_key", "") or ""
-    return Problem(f"{key}.{sub}" if sub else key, _first_line(exc))
-
-
-def _merge_fields(clean: dict, key: str) -> tuple[Any, list[Problem]]:
-    """The fields merged onto the schema. Where that fails, each field (and each field of
-    ``when`` and ``expect``) is merged alone, so every bad one is reported and dropped."""
-    from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
-
-    schema = _schema()
-    try:
-        return OmegaConf.merge(schema, clean), []
-    except OmegaConfBaseException:
-        pass
-    problems: list[Problem] = []
-    for k in list(clean):
-        value = clean[k]
-        if k in ("when", "expect") and isinstance(value, Mapping):
-            value = clean[k] = dict(value)
-            for sub in list(value):
-                try:
-                    OmegaConf.merge(schema, {k: {sub: value[sub]}})
-                except OmegaConfBaseException as exc:
-                    problems.append(_merge_problem(exc, key))
-                    del value[sub]
-            continue
-        try:
-            OmegaConf.merge(schema, {k: value})
-        except OmegaConfBaseException as exc:
-            problems.append(_merge_problem(exc, key))
-            del clean[k]
-    try:
-        return OmegaConf.merge(schema, clean), problems
-    except OmegaConfBaseException as exc:  # fields that are fine alone but not together
-        return None, [*problems, _merge_problem(exc, key)]
-
-
-def _from_omegaconf(body: Any, key: str) -> tuple[Any, list[Problem], bool]:
-    """A spec body held by OmegaConf -> plain containers, with the problems found; the flag
-    says the body could not be read at all (nothing more to check)."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-    from omegaconf.errors import OmegaConfBaseException  # lazy: `import hookgraph` stays light (test_startup)
-
-    problems: list[Problem] = []
-    if isinstance(body, _Unresolved):
-        try:
-            body = body.cfg[body.k]
-        except OmegaConfBaseException as exc:
-            raw = body.cfg._get_node(body.k)._value()
-            return None, [Problem(key, f"cannot resolve {raw!r}: {_first_line(exc)}")], True
-    if isinstance(body, DictConfig):
-        # Before _resolved: converting (or copying) a list over the bound is the cost refused.
-        over = []
-        for k in _LISTS:
-            node = body._get_node(k) if k in body else None
-            if (
-                isinstance(node, ListConfig)
-                and not (node._is_none() or node._is_missing() or node._is_interpolation())
-                and len(node) > MAX_PATTERNS
-            ):
-                problems.append(_too_many(f"{key}.{k}", len(node)))
-                over.append(k)
-        if over:  # the other fields, still under their parent (interpolations resolve as before)
-            body = OmegaConf.masked_copy(body, [str(k) for k in body if k not in over])
-    if isinstance(body, (DictConfig, ListConfig)):
-        body, found = _resolved(body, key)
-        problems += found
-    return body, problems, False
-
-
 def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[Problem]]:
     """Best effort: the spec with its bad fields dropped (or None), and the problems found.
 
@@ -296,10 +150,15 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     if isinstance(body, HookSpec):
         # Objects built in Python go through the same checks as YAML: enums, bounds, types.
         body = {k: v for k, v in _to_dict(body).items() if k != "name"}
-    elif isinstance(body, _Unresolved) or _is_omegaconf(body, "DictConfig", "ListConfig"):
-        body, problems, unreadable = _from_omegaconf(body, key)
-        if unreadable:
+    elif is_config_container(body):  # a DictConfig body in a mapping of specs
+        from hookgraph.config.specs import read_body  # lazy: loaded already, body is one of its containers
+
+        body = read_body(body, key)
+    if isinstance(body, ReadBody):
+        problems = [*(_too_many(f"{key}.{k}", n) for k, n in body.too_long), *body.problems]
+        if body.unreadable:
             return None, problems
+        body = body.body
     if not isinstance(body, Mapping):
         return None, [*problems, Problem(key, f"a spec must be a mapping of fields, got {type(body).__name__}")]
     reported = {p.key for p in problems}
@@ -343,13 +202,13 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     objects = clean.pop("args") if isinstance(clean.get("args"), Mapping) and _holds_objects(clean["args"]) else None
     spec = _direct(clean, name)
     if spec is None:  # a value OmegaConf converts, or refuses with the message the tests hold it to
-        merged, found = _merge_fields(clean, key)
+        from hookgraph.config.specs import typed_merge  # lazy: `import hookgraph` stays light (test_startup)
+
+        merged, found = typed_merge(HookSpec, clean, key, nested=("when", "expect"))
         problems += found
         if merged is None:
             return None, problems
-        from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light (test_startup)
-
-        spec = cast(HookSpec, OmegaConf.to_object(merged))
+        spec = cast(HookSpec, merged)
     if objects is not None:
         spec = replace(spec, args=dict(objects))
     if spec.expect.min < 0 or (spec.expect.max is not None and spec.expect.max < spec.expect.min):

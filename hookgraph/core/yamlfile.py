@@ -1,30 +1,38 @@
 """YAML read with bounds checked before any parse that could run away.
 
-Public names: MAX_YAML_BYTES, MAX_YAML_NODES, MAX_YAML_DEPTH, YamlLimitError, check_yaml, load_yaml.
+Public names: MAX_YAML_BYTES, MAX_YAML_NODES, MAX_YAML_DEPTH, YamlLimitError, check_yaml, read_yaml_text,
+yaml_loader.
 
-OmegaConf copies every alias it meets: 400 bytes of nested anchors (a "billion laughs")
+A YAML parser copies every alias it meets (OmegaConf, Hydra): 400 bytes of nested anchors (a "billion laughs")
 expand to 9**9 nodes and spin for good, and a 50 MB file runs for minutes before any bound
 on specs applies. So the bytes are bounded before the file is read, and the expansion is
 counted on the composed node graph (aliases shared, each node's expanded size computed once)
-before OmegaConf sees it.
+before any parser builds it.
 """
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import Any
 
 from hookgraph.errors import HookGraphError
 
-__all__ = ["MAX_YAML_BYTES", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "YamlLimitError", "check_yaml", "load_yaml"]
+__all__ = [
+    "MAX_YAML_BYTES",
+    "MAX_YAML_NODES",
+    "MAX_YAML_DEPTH",
+    "YamlLimitError",
+    "check_yaml",
+    "read_yaml_text",
+    "yaml_loader",
+]
 
 # 10,000 specs (the most a spec list may hold) of a line or two each are well under this.
 MAX_YAML_BYTES = 4 << 20
 # Nodes after every alias is expanded: a 4 MiB file written out holds far fewer.
 MAX_YAML_NODES = 500_000
-# OmegaConf and Hydra recurse once per level (a bare RecursionError at a few hundred).
+# Config parsers recurse once per level (a bare RecursionError at a few hundred).
 MAX_YAML_DEPTH = 64
 
 
@@ -32,7 +40,8 @@ class YamlLimitError(HookGraphError):
     """A YAML text over a bound (bytes, expanded nodes, depth); the message names the source."""
 
 
-def _loader() -> Any:
+def yaml_loader() -> Any:
+    """PyYAML's safe loader (its C one where built): no Python objects from the text."""
     import yaml  # lazy: `import hookgraph` stays light
 
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -48,7 +57,7 @@ def check_yaml(text: str, where: str, max_bytes: int = MAX_YAML_BYTES) -> None:
     if size > max_bytes:
         raise YamlLimitError(f"{where}: {size / 2**20:.1f} MiB of YAML, over the limit of {max_bytes / 2**20:g} MiB")
     try:
-        documents = list(yaml.compose_all(text, Loader=_loader()))
+        documents = list(yaml.compose_all(text, Loader=yaml_loader()))
     except RecursionError:
         raise YamlLimitError(f"{where}: nested more than {MAX_YAML_DEPTH} levels deep; flatten it") from None
     except yaml.YAMLError:
@@ -100,11 +109,10 @@ def _expanded(root: Any, where: str) -> tuple[int, int]:
     return size[id(root)], depth[id(root)]
 
 
-def load_yaml(path: str | os.PathLike[str], max_bytes: int = MAX_YAML_BYTES) -> Any:
-    """``OmegaConf.load(path)`` after :func:`check_yaml`: the size from the file system first
-    (a bigger file is not read at all), then the expansion. OSError for a file that cannot be read."""
-    from omegaconf import OmegaConf  # lazy: `import hookgraph` stays light
-
+def read_yaml_text(path: str | os.PathLike[str], max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The text of a YAML file after :func:`check_yaml`: the size from the file system first
+    (a bigger file is not read at all), then the expansion. OSError for a file that cannot be read.
+    Parsing it into OmegaConf's containers is config's (:func:`hookgraph.config.specs.load_yaml`)."""
     p = Path(path)
     with open(p, "rb") as f:
         if os.fstat(f.fileno()).st_size > max_bytes:
@@ -115,4 +123,4 @@ def load_yaml(path: str | os.PathLike[str], max_bytes: int = MAX_YAML_BYTES) -> 
         raise YamlLimitError(f"{p}: over the limit of {max_bytes / 2**20:g} MiB of YAML")
     text = raw.decode("utf-8")
     check_yaml(text, str(p), max_bytes)
-    return OmegaConf.load(io.StringIO(text))
+    return text

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 import hookgraph.data.kinds  # noqa: F401 - registers the built-in kinds
-from hookgraph.config.plain import to_plain
 from hookgraph.data.batches import Batches
 from hookgraph.data.registry import DataContext, data_kind, make_batches
 from hookgraph.data.values import positive_int, seed
@@ -64,7 +63,6 @@ def build_data(
     applies to ``fake``, ``images`` and ``torchvision``. Options of other kinds are ignored
     (one data section serves them all); an option no kind has is a ConfigError.
     """
-    options = {name: to_plain(value) for name, value in options.items()}
     data_kind(kind, key)
     batch_size = positive_int(batch_size, f"{key}.batch_size")
     seed(options.get("seed", 0), f"{key}.seed")

@@ -31,7 +31,6 @@ import torch
 import torch.nn as nn
 
 from hookgraph.config.instantiate import hub_offline, import_target, instantiate_nested, missing_extra
-from hookgraph.config.plain import to_plain
 from hookgraph.core.torch_internals import unsafe_global
 from hookgraph.errors import ConfigError, did_you_mean
 
@@ -293,7 +292,6 @@ def build_model(
     if (name is None) == (target is None):
         both = "both" if name is not None else "neither"
         raise ConfigError(key, f"set exactly one of {key}.name and {key}._target_ ({both} given)")
-    kwargs = to_plain(kwargs)
     if kwargs is None:
         kwargs = {}
     if not isinstance(kwargs, Mapping):

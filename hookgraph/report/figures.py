@@ -165,7 +165,7 @@ def gradcam_figure(heat: torch.Tensor, image: torch.Tensor | None, path: Path, t
 
 def _gradcam_from_records(records: Mapping, cfg: Any, image: torch.Tensor | None, out_dir: Path) -> Path:
     """figures/gradcam_<target>.png from the first recorded call of both specs."""
-    # A DictConfig from the runner, or a plain dict / GradcamConfig from Python callers.
+    # A plain dict (the runner's sink.gradcam, checked) or a GradcamConfig from Python callers.
     g = {k: cfg[k] if isinstance(cfg, Mapping) else getattr(cfg, k) for k in ("activations", "gradients", "target")}
     target = g["target"]
     values = {}

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from hookgraph.actions.patch_slices import head_view, n_heads_of
-from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.report.patching_sweep import patching_heatmap
@@ -138,7 +137,7 @@ _KEYS = ("clean", "target", "at", "heads")
 def check_attribution(r: Any) -> dict[str, Any] | None:
     """``runner.attribution`` checked before the model is built: None when off, else its
     settings with the defaults (at: forward, heads: false) filled in."""
-    cfg = to_plain(r.get("attribution"))
+    cfg = r.get("attribution")
     if cfg is None:
         return None
     if not isinstance(cfg, dict):

@@ -10,11 +10,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
 
-from hookgraph.config.plain import to_plain
+from hookgraph.config.hooksets import _task_overrides
 from hookgraph.config.schema import GradcamConfig
+from hookgraph.config.settings import RunnerSettings, SinkSettings
+from hookgraph.config.settings import Settings as RunSettings
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.points import POINTS, HookPoint
 from hookgraph.data.values import seed as check_seed
@@ -43,7 +43,7 @@ class Settings:
     gradcam: dict[str, str] | None  # sink.gradcam with its defaults filled in
 
 
-def check_settings(cfg: DictConfig, world: World) -> Settings:
+def check_settings(cfg: RunSettings, world: World) -> Settings:
     """runner and sink settings, checked before the model is built."""
     r = cfg.runner
     _check_hooks_override(cfg)
@@ -62,24 +62,24 @@ def check_settings(cfg: DictConfig, world: World) -> Settings:
     return Settings(shard, _check_sink(cfg.sink))
 
 
-def _check_show(cfg: DictConfig) -> None:
+def _check_show(cfg: RunSettings) -> None:
     """sink.show names record specs of this config: a name that is none would print nothing."""
-    show = to_plain(cfg.sink.get("show")) or []
+    show = cfg.sink.show or []
     if not isinstance(show, list) or not all(isinstance(n, str) for n in show):
         raise ConfigError("sink.show", f"must be a list of spec names, got {show!r}")
-    specs = [str(k) for k in (cfg.get("hooks") or {})]
+    specs = [str(k) for k in (cfg.hooks or {})]
     for name in show:
         if name not in specs:
             raise ConfigError("sink.show", f"{name!r} is not a spec of this run; {did_you_mean(name, specs, 'specs')}")
 
 
-def _check_hooks_override(cfg: DictConfig) -> None:
+def _check_hooks_override(cfg: RunSettings) -> None:
     """``hooks={}`` on the command line merges an empty mapping into the hook sets the defaults
     list chose, so they all still run: refuse it with the spelling that clears them."""
-    if not HydraConfig.initialized() or not cfg.hooks:
+    task = _task_overrides()  # None outside a Hydra app
+    if task is None or not cfg.hooks:
         return
-    task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
-    for o in task if isinstance(task, list) else []:
+    for o in task:
         key, _, value = str(o).partition("=")
         if key == "hooks" and "".join(value.split()) == "{}":
             raise ConfigError(
@@ -90,7 +90,7 @@ def _check_hooks_override(cfg: DictConfig) -> None:
             )
 
 
-def _check_runner(r: DictConfig) -> None:
+def _check_runner(r: RunnerSettings) -> None:
     if r.loss not in LOSSES:
         raise ConfigError("runner.loss", f"unknown loss {r.loss!r}; {did_you_mean(r.loss, LOSSES, 'valid losses')}")
     if r.mode not in ("train", "eval"):
@@ -151,9 +151,9 @@ def _check_backend(name: str) -> None:
         )
 
 
-def _check_sink(sink: DictConfig) -> dict[str, str] | None:
+def _check_sink(sink: SinkSettings) -> dict[str, str] | None:
     """Sink options are checked before the model runs; returns sink.gradcam with its defaults."""
-    picks = to_plain(sink.feature_maps)
+    picks = sink.feature_maps
     if picks is None:
         picks = []
     if not isinstance(picks, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
@@ -162,7 +162,7 @@ def _check_sink(sink: DictConfig) -> dict[str, str] | None:
             f"must be a list of integers (positions among a spec's recorded 4-D targets, e.g. [0, 1] or [-1]), "
             f"got {picks!r}",
         )
-    g = to_plain(sink.gradcam)
+    g = sink.gradcam
     if g is None:
         return None
     if not isinstance(g, dict):
@@ -181,12 +181,12 @@ def _check_sink(sink: DictConfig) -> dict[str, str] | None:
     return out
 
 
-def check_compiled(cfg: DictConfig, gradcam: dict[str, str] | None, graph: HookGraph) -> None:
+def check_compiled(cfg: RunSettings, gradcam: dict[str, str] | None, graph: HookGraph) -> None:
     """What needs the compiled specs, checked before any pass runs."""
     if gradcam is not None:
         _check_gradcam(gradcam, cfg, graph)
     if cfg.sink.figures:
-        _check_feature_maps(to_plain(cfg.sink.feature_maps) or [], graph)
+        _check_feature_maps(cfg.sink.feature_maps or [], graph)
     if not cfg.runner.backward:
         _check_forward_only(graph)
 
@@ -211,7 +211,7 @@ def _check_feature_maps(picks: list[int], graph: HookGraph) -> None:
         )
 
 
-def _check_gradcam(g: dict[str, str], cfg: DictConfig, graph: HookGraph) -> None:
+def _check_gradcam(g: dict[str, str], cfg: RunSettings, graph: HookGraph) -> None:
     """sink.gradcam names two record specs that hook its target."""
     bound: dict[str, list] = {}
     for b in graph.bindings:

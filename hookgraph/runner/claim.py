@@ -15,8 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
+from hookgraph.config.settings import Settings
 from hookgraph.runner.distributed import World, broadcast
 from hookgraph.runner.lifecycle import RunFolderError, check_run_dir, claim_run_dir
 from hookgraph.runner.state import Job
@@ -28,7 +27,7 @@ __all__ = ["claim"]
 _ONE = World()  # a single process
 
 
-def claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE,
+def claim(cfg: Settings, out_dir: str | Path, summary: dict[str, Any], world: World = _ONE,
           key: str = "hydra.run.dir") -> Job:
     """The :class:`Job` of a run in ``out_dir``, its folder claimed; ``summary`` says ``running``.
     ``key``: the setting that chose the folder, as a refusal names it (``run_dir`` for open_run)."""
@@ -44,7 +43,7 @@ def claim(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any], world: 
     return Job(cfg, writer, world, summary)
 
 
-def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None, key: str) -> RunWriter:
+def _claim_folder(cfg: Settings, out_dir: str | Path, rank: int | None, key: str) -> RunWriter:
     check_run_dir(out_dir, key)
     # pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's
     marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
@@ -58,7 +57,7 @@ def _claim_folder(cfg: DictConfig, out_dir: str | Path, rank: int | None, key: s
     return writer
 
 
-def _claim_and_tell(cfg: DictConfig, out_dir: str | Path, world: World, key: str) -> RunWriter:
+def _claim_and_tell(cfg: Settings, out_dir: str | Path, world: World, key: str) -> RunWriter:
     """Rank 0: claim the folder, then tell the other ranks where it is (or why there is none)."""
     try:
         writer = _claim_folder(cfg, out_dir, world.rank, key)
@@ -69,7 +68,7 @@ def _claim_and_tell(cfg: DictConfig, out_dir: str | Path, world: World, key: str
     return writer
 
 
-def _join(cfg: DictConfig, out_dir: str | Path, world: World) -> RunWriter:
+def _join(cfg: Settings, out_dir: str | Path, world: World) -> RunWriter:
     """Any other rank: write into rank 0's folder."""
     shared, refused = broadcast((None, None), world)  # rank 0's folder, or why it has none
     if refused is not None:

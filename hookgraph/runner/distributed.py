@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hookgraph.config.plain import to_plain
 from hookgraph.core.points import POINTS
 from hookgraph.core.registry import resolve_action
 from hookgraph.core.spec import check_specs
@@ -109,7 +108,7 @@ def check_distributed(r: Any) -> list[str]:
             f"unknown mode {r.distributed!r}; valid: {', '.join(DISTRIBUTED)} "
             f"({did_you_mean(str(r.distributed), DISTRIBUTED, 'valid modes')})",
         )
-    shard = to_plain(r.shard)
+    shard = r.shard
     if shard is None:
         shard = []
     if isinstance(shard, str):

@@ -31,9 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
-from hookgraph.config.plain import to_plain
 from hookgraph.core.sequence import pack_span
 from hookgraph.data.kinds.text import load_tokenizer
 from hookgraph.errors import ConfigError, did_you_mean
@@ -61,15 +59,11 @@ GENERATE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _plain(value: Any) -> Any:
-    return to_plain(value) if isinstance(value, DictConfig) else value
-
-
 def check_generate(cfg: Any) -> dict[str, Any] | None:
     """``runner.generate`` -> generate's keyword arguments (``seed`` kept aside), or None.
     ConfigError naming the key for anything wrong, before anything is built."""
     r = cfg.runner
-    raw = _plain(r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None))
+    raw = r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None)
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
@@ -109,7 +103,7 @@ def check_generate(cfg: Any) -> dict[str, Any] | None:
 
 def generate_set(r: Any) -> bool:
     """``runner.generate`` holds a setting (the schema's default has every field null)."""
-    raw = _plain(r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None))
+    raw = r.get("generate") if isinstance(r, Mapping) else getattr(r, "generate", None)
     return raw is not None and (not isinstance(raw, Mapping) or any(v is not None for v in raw.values()))
 
 
@@ -243,7 +237,7 @@ def generation(job: Any, parts: Any) -> Generator | None:
 
 def _refuse_generated_without_generate(cfg: Any) -> None:
     """``positions: generated`` in a run that only reads its prompts would act on nothing."""
-    hooks = _plain(cfg.get("hooks")) or {}
+    hooks = cfg.get("hooks") or {}
     for name, spec in hooks.items() if isinstance(hooks, Mapping) else ():
         args = spec.get("args") if isinstance(spec, Mapping) else None
         if isinstance(args, Mapping) and args.get("positions") == "generated":

@@ -2,7 +2,7 @@
 
 Public names: run.
 
-``run(cfg, out_dir)`` is a plain function over a config (DictConfig or dict) and a folder;
+``run(cfg, out_dir)`` is a plain function over a config (DictConfig, dict or Settings) and a folder;
 the Hydra entry point only supplies the folder. It reads as its steps: claim the folder
 (:mod:`~hookgraph.runner.claim`), check the settings (:mod:`~hookgraph.runner.checks`),
 build the model and compile the specs (:mod:`~hookgraph.runner.parts`), run the steps
@@ -28,8 +28,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
+from hookgraph.config.settings import Settings, settings_from
 from hookgraph.core.discovery import format_ops, format_targets, list_ops, list_targets
 from hookgraph.core.graph import HookGraph
 from hookgraph.runner.batches import to_device
@@ -38,7 +37,7 @@ from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
 from hookgraph.runner.outputs import close, fail
-from hookgraph.runner.parts import as_config, build_parts, compile_specs, open_tensorboard, write_plan
+from hookgraph.runner.parts import build_parts, compile_specs, open_tensorboard, write_plan
 from hookgraph.runner.ranks import RankFailedError
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
@@ -55,9 +54,9 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
     ``summary``: a dict filled with the summary as the run goes, for callers that want it
     when ``run`` raises (it is also in ``summary.json``, when the folder is writable).
     """
-    # Before anything reads the config: a key a `+` override added outside the schema, or a
-    # cyclic interpolation, is one ConfigError naming the key (on every rank alike).
-    cfg = as_config(cfg)
+    # The door: before anything reads the config, it becomes frozen settings; a key a `+` override
+    # added outside the schema, or a cyclic interpolation, is one ConfigError naming the key (on every rank alike).
+    cfg = settings_from(cfg)
     world = world_from_env()
     if not world.ranked and cfg.runner.distributed == "none":
         return _run(cfg, out_dir, summary, world)
@@ -83,7 +82,7 @@ def run(cfg: Any, out_dir: str | Path, *, summary: dict[str, Any] | None = None)
     return result
 
 
-def _run(cfg: DictConfig, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:
+def _run(cfg: Settings, out_dir: str | Path, summary: dict[str, Any] | None, world: World) -> dict[str, Any]:
     job = claim(cfg, out_dir, {} if summary is None else summary, world)
     progress = Progress()
     with signals_as_interrupts() as signals:
@@ -123,7 +122,7 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     progress.tb = open_tensorboard(job)
     parts = build_parts(job, settings, progress)
     if cfg.list_targets is not None:
-        _list(job, parts)
+        _list(job, parts, cfg.list_targets)
         return None
     graph = progress.graph = compile_specs(job, parts, progress)
     check_compiled(cfg, parts.gradcam, graph)
@@ -145,16 +144,16 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     return parts, live
 
 
-def _list(job: Job, parts: Parts) -> dict[str, Any]:
+def _list(job: Job, parts: Parts, pattern: str) -> dict[str, Any]:
     """list_targets: the model's matching names, printed; nothing compiles or runs."""
     if job.cfg.ops:  # the calls inside each matching module's forward, from one batch of the data
         inputs = to_device(first_inputs(job, parts), parts.device, parts.dtype)
-        rows = list_ops(parts.bare, job.cfg.list_targets, inputs)
+        rows = list_ops(parts.bare, pattern, inputs)
         if job.world.main:
             print(format_ops(rows))
         job.summary.update(status="listed", targets=len({r["module"] for r in rows}), ops=len(rows))
         return job.summary
-    rows = list_targets(parts.bare, job.cfg.list_targets, params=job.cfg.list_params, require_match=True)
+    rows = list_targets(parts.bare, pattern, params=job.cfg.list_params, require_match=True)
     if job.world.main:
         print(format_targets(rows))
     job.summary.update(status="listed", targets=len(rows))

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hookgraph.config.plain import to_plain
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.tree import tensors
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
@@ -165,7 +164,7 @@ def logit_lens(
 
 def check_lens(r: Any) -> dict[str, Any] | None:
     """``runner.logit_lens`` checked before the model is built: None when off, else its settings."""
-    cfg = to_plain(r.get("logit_lens"))
+    cfg = r.get("logit_lens")
     if cfg is None or cfg is False:
         return None
     if cfg is True:

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from hookgraph.config.instantiate import import_target
-from hookgraph.config.plain import to_plain
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.batches import _lm_loss, first_tensor
 
@@ -58,7 +57,7 @@ def describe_metric(cfg_metric: Any) -> str:
 
 def check_metric(cfg_metric: Any) -> tuple[str, dict[str, Any]]:
     """``runner.metric`` -> (name or dotted target, arguments); ConfigError for anything wrong."""
-    cfg = to_plain(cfg_metric)
+    cfg = cfg_metric
     if isinstance(cfg, str):
         cfg = {"name": cfg}
     if not isinstance(cfg, Mapping):

@@ -174,7 +174,7 @@ def close(job: Job, progress: Progress, failing: bool) -> None:
     if progress.metrics:
         s["metric"] = _finite(progress.metrics[-1])
         s["metrics"] = [_finite(v) for v in progress.metrics]
-        if job.cfg.runner.get("metric") is not None:  # open_run's metric is the loop's own number
+        if job.cfg.runner.metric is not None:  # open_run's metric is the loop's own number
             s["metric_name"] = describe_metric(job.cfg.runner.metric)  # what the number is, on the terminal and page
     if progress.values:
         s["values"] = {k: [_finite(v) for v in vs] for k, vs in progress.values.items()}

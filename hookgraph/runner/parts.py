@@ -1,4 +1,4 @@
-"""Building a run's parts: the config read against the schema, the model on its device, the graph.
+"""Building a run's parts: the model on its device, the graph (the settings come from the door).
 
 Public names: as_config, build_from_config, open_tensorboard, build_parts, compile_specs, write_plan.
 """
@@ -10,16 +10,13 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from hookgraph.config.filebools import check_file_booleans
-from hookgraph.config.hooksets import _task_overrides, refuse_shared_specs, require_matches_where_retargeted
-from hookgraph.config.schema import HookgraphConfig, check_booleans, check_known_keys
+from hookgraph.config.hooksets import refuse_shared_specs
+from hookgraph.config.settings import Settings as RunSettings
+from hookgraph.config.settings import settings_from
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.fingerprint import model_identity
 from hookgraph.core.graph import HookGraph
-from hookgraph.errors import ConfigError
 from hookgraph.models import build_model
 from hookgraph.report import module_tree, write_plan_svg
 from hookgraph.runner.checks import Settings
@@ -35,36 +32,19 @@ __all__ = ["as_config", "build_from_config", "open_tensorboard", "build_parts", 
 log = logging.getLogger("hookgraph")
 
 
-def as_config(cfg: Any) -> DictConfig:
-    """``cfg`` (a DictConfig, or a dict merged over the schema's defaults) as the runner reads it.
-
-    A key outside the schema (a typo, or one a ``+`` override added) or a cyclic interpolation
-    is a ConfigError naming the key and the nearest valid keys."""
-    check_booleans(cfg, _task_overrides())
-    if isinstance(cfg, DictConfig):
-        check_file_booleans()  # composed by Hydra: each file as written, before its merge over the schema
-    else:
-        base = OmegaConf.structured(HookgraphConfig)
-        # Open while merging, so that an unknown key reaches check_known_keys (which names the
-        # nearest keys) instead of OmegaConf's ConfigKeyError; types are still checked.
-        for section in [base, *(v for v in base.values() if isinstance(v, DictConfig))]:
-            OmegaConf.set_struct(section, False)
-        try:
-            cfg = OmegaConf.merge(base, cfg)
-        except OmegaConfBaseException as exc:  # a value of the wrong type
-            key = str(getattr(exc, "full_key", "") or "config")
-            raise ConfigError(key, str(exc).splitlines()[0]) from None
-        OmegaConf.set_struct(cfg, True)
-    check_known_keys(cfg)
-    return cfg
+# The door's function under its former name here (tests and callers that imported it from the runner).
+as_config = settings_from
 
 
 def build_from_config(cfg: Any) -> torch.nn.Module:
     """The model a config's ``model`` section describes (seeded by ``runner.seed``)."""
-    cfg = as_config(cfg)
+    return _build(settings_from(cfg))
+
+
+def _build(cfg: RunSettings) -> torch.nn.Module:
     torch.manual_seed(cfg.runner.seed)
     m = cfg.model
-    target = m.get("_target_")
+    target = m._target_
     return build_model(
         None if target else m.name, target=target, kwargs=m.kwargs, weights=m.weights, checkpoint=m.checkpoint
     )
@@ -83,7 +63,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     device = pick_device(r.device, world)
     dtype = resolve_dtype(r.dtype)
     job.summary["device"] = str(device)
-    bare = build_from_config(cfg).to(device=device, dtype=dtype)
+    bare = build_from_config(cfg).to(device=device, dtype=dtype)  # settings pass the door as they are
     bare.train(r.mode == "train")
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
@@ -108,7 +88,6 @@ def compile_specs(job: Job, parts: Parts, progress: Progress) -> HookGraph:
     """The specs compiled against the model (the wrapped one: it runs)."""
     t = time.perf_counter()
     refuse_shared_specs()  # two chosen hook sets defining one spec name would merge silently
-    require_matches_where_retargeted(job.cfg.hooks)  # a packaged hook set pointed elsewhere must match
     graph = compile_graph(parts.model, job.cfg.hooks, prefix="hooks")
     progress.lap("compile_s", t)
     return graph

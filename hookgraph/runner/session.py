@@ -37,11 +37,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
+from hookgraph.config.settings import run_config_yaml, settings_from
+from hookgraph.config.specs import load_yaml, spec_bodies
 from hookgraph.core.compiler import compile_graph, unwrap_model
 from hookgraph.core.graph import Attachment, HookGraph
-from hookgraph.core.yamlfile import YamlLimitError, load_yaml
+from hookgraph.core.yamlfile import YamlLimitError
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim
@@ -49,7 +50,7 @@ from hookgraph.runner.distributed import World
 from hookgraph.runner.lifecycle import RunInterrupted, live_claim, signals_as_interrupts
 from hookgraph.runner.messages import closing_lines, keep_shown
 from hookgraph.runner.outputs import close, fail, write, write_outputs
-from hookgraph.runner.parts import as_config, write_plan
+from hookgraph.runner.parts import write_plan
 from hookgraph.runner.state import Job, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.reader import run_content
@@ -335,7 +336,7 @@ class LiveRun:
         records = graph.records
         if progress.tb is not None:
             progress.tb.histograms(records, n)  # before the flush empties the slots
-        show = job.cfg.sink.get("show") if "sink" in job.cfg else None
+        show = job.cfg.sink.show
         if show:
             keep_shown(progress.shown, records, show)  # before the flush empties the slots
         write(job.writer.flush_records, records, n, graph.batch_of(n))
@@ -387,10 +388,10 @@ class LiveRun:
             self._phase = before
 
 
-def _write_config(job: Job, config: Any) -> None:
+def _write_config(job: Job, config: str) -> None:
     path = job.writer.dir / layout.CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, OmegaConf.to_yaml(config).encode())
+    atomic_write(path, config.encode())
 
 
 def _world() -> World:
@@ -406,30 +407,6 @@ def _world() -> World:
             launched="WORLD_SIZE" in os.environ,
         )
     return World()
-
-
-def _as_config(config: Any, specs: Any) -> DictConfig | None:
-    """What ``.hydra/config.yaml`` holds for a live run: the caller's config, with the specs
-    under ``hooks`` when it has none (so ``load_run(...).config.hooks`` reads as after a CLI run)."""
-    if config is None and not isinstance(specs, (Mapping, DictConfig)):
-        return None
-    try:
-        cfg = OmegaConf.create({} if config is None else config)
-    except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(config, (Mapping, DictConfig)):  # a mapping, one of whose values OmegaConf refuses: say which
-            where = getattr(exc, "full_key", None)
-            key = f"config.{where}" if where else "config"
-            raise ConfigError(key, f"{type(exc).__name__}: {first}") from None
-        raise ConfigError(
-            "config", f"expected a mapping (a dict or a DictConfig), got {type(config).__name__}: {first}"
-        ) from None
-    if not isinstance(cfg, DictConfig):
-        raise ConfigError("config", f"expected a mapping, got {type(config).__name__}")
-    if "hooks" not in cfg and isinstance(specs, (Mapping, DictConfig)):
-        with contextlib.suppress(Exception):  # specs holding objects OmegaConf cannot hold: left out
-            cfg.hooks = OmegaConf.create(specs if isinstance(specs, DictConfig) else dict(specs))
-    return cfg
 
 
 def _free(root: Path, overwrite: bool) -> None:
@@ -471,12 +448,11 @@ def _specs_of(specs: Any) -> Any:
             specs = load_yaml(path)  # bytes and alias expansion bounded before OmegaConf parses
         except (YamlLimitError, OSError) as exc:
             raise ConfigError("specs", str(exc)) from None
-    if isinstance(specs, (Mapping, DictConfig)) and "hooks" in specs:
+    if isinstance(specs, Mapping) and "hooks" in specs:
         inner = specs["hooks"]
-        mappings = (Mapping, DictConfig)
-        if isinstance(inner, mappings) and all(isinstance(v, mappings) for v in inner.values()):
-            return inner
-    return specs
+        if isinstance(inner, Mapping) and all(isinstance(v, Mapping) for v in inner.values()):
+            specs = inner
+    return spec_bodies(specs)  # a DictConfig's specs read into plain bodies, once, here
 
 
 def open_run(
@@ -532,12 +508,12 @@ def open_run(
     if world.main:
         _free(root, overwrite)  # before compiling: a taken folder is the first thing to hear about
     specs = _specs_of(specs)
-    cfg_text = _as_config(config, specs)
+    cfg_text = run_config_yaml(config, specs)
     t = time.perf_counter()
     graph = compile_graph(model, specs, prefix="hooks")
     progress = Progress()
     progress.lap("compile_s", t)
-    cfg = as_config({"sink": {"max_bytes": max_bytes, "figures": figures, "tensorboard": tensorboard}})
+    cfg = settings_from({"sink": {"max_bytes": max_bytes, "figures": figures, "tensorboard": tensorboard}})
 
     def claim_job() -> Job:
         job = claim(cfg, root, {}, world, key="run_dir")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
+from hookgraph.config.settings import Settings
 from hookgraph.core.graph import HookGraph
 from hookgraph.runner.distributed import World
 from hookgraph.runs.writer import RunWriter, TensorBoardSink
@@ -28,7 +28,7 @@ __all__ = ["Job", "Parts", "Progress"]
 class Job:
     """A claimed run: its config, its folder, its place among the ranks, its summary."""
 
-    cfg: DictConfig
+    cfg: Settings
     writer: RunWriter
     world: World
     summary: dict[str, Any]  # filled in as the run goes (the caller's dict); summary.json at the end

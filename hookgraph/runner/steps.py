@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from hookgraph.actions.recorded import resolve_positions
+from hookgraph.config.settings import RunnerSettings
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.torch_internals import ddp_unfinished_reduction
 from hookgraph.data import Batches, build_data, section_options
@@ -37,7 +37,7 @@ def _data(job: Job, parts: Parts) -> Batches:
     # runner.batch_size is per rank: each rank gets its slice of the global batch.
     cfg, world = job.cfg, job.world
     return build_data(
-        cfg.data.kind,
+        cfg.data["kind"],
         batch_size=cfg.runner.batch_size,
         rank=world.rank,
         world_size=world.size,
@@ -46,7 +46,7 @@ def _data(job: Job, parts: Parts) -> Batches:
     )
 
 
-def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
+def _unused_parameters(exc: RuntimeError, r: RunnerSettings) -> None:
     """DDP's error for parameters that got no gradient, as the setting that avoids it."""
     if r.distributed == "ddp" and ddp_unfinished_reduction(exc):
         raise ConfigError(
@@ -57,7 +57,7 @@ def _unused_parameters(exc: RuntimeError, r: DictConfig) -> None:
         ) from None
 
 
-def _autocast(r: DictConfig, device: torch.device) -> Any:
+def _autocast(r: RunnerSettings, device: torch.device) -> Any:
     if not r.autocast:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if r.autocast == "bf16" else torch.float16)
@@ -191,9 +191,8 @@ def run_steps(job: Job, parts: Parts, live: LiveRun) -> None:
     autocast = _autocast(r, parts.device)
     # Specs resolve against the bare model; the compiled wrapper shares its modules.
     forward = torch.compile(model, backend=r.compile_backend) if r.compile else model
-    # What each phase of a step is called when the user's code raises there: built once, not
-    # per step (each config read is an OmegaConf lookup).
-    kind = cfg.data.kind
+    # What each phase of a step is called when the user's code raises there: built once, not per step.
+    kind = cfg.data["kind"]
     data_phase = f"the data (data.kind={kind}, making the batch)"
     loss_phase = f"the loss (runner.loss={r.loss})"
     metric_phase = f"the metric (runner.metric={r.metric})"

@@ -5,7 +5,7 @@ folder, named once), files (their parsers), writer, reader (the run object) and 
 with: manifest, index, shards, records, tables; dataset and sweep (a sweep folder's table).
 
 ``hookgraph.runs.layout`` imports nothing heavy, so code on ``import hookgraph``'s path may name
-a run folder's files; the reader and writer (torch, safetensors, OmegaConf) load on first use.
+a run folder's files; the reader and writer (torch, safetensors) load on first use.
 """
 
 from __future__ import annotations
@@ -25,5 +25,5 @@ _WHERE = {"Run": "reader", "load_run": "reader", "run_content": "reader", "RunWr
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'hookgraph.runs' has no attribute {name!r}")
-    # Imported when asked for, not with the package: the reader and writer import safetensors and OmegaConf.
+    # Imported when asked for, not with the package: the reader and writer import torch and safetensors.
     return getattr(import_module(f"hookgraph.runs.{_WHERE[name]}"), name)

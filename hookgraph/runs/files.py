@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from hookgraph.core.yamlfile import YamlLimitError, check_yaml
+from hookgraph.core.yamlfile import YamlLimitError, check_yaml, yaml_loader
 from hookgraph.errors import HookGraphError
 from hookgraph.runs import layout
 
@@ -487,26 +485,32 @@ def number_or_text(v: str) -> Any:
 
 
 def _yaml(path: Path) -> Any:
-    """The file through OmegaConf's own YAML loader, as Hydra wrote it; None when absent."""
+    """The file as plain values (YAML's safe types), as Hydra wrote it; None when absent.
+    Interpolations (``${...}``) stay text: the config's door resolves them when the config is used."""
     text = read_text(path)
     if text is None:
         return None
     try:
-        check_yaml(text, str(path))  # bytes and alias expansion bounded before OmegaConf parses
-        return OmegaConf.load(io.StringIO(text))
+        check_yaml(text, str(path))  # bytes and alias expansion bounded before the parse builds them
+        return yaml.load(text, Loader=yaml_loader())  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
     except YamlLimitError as exc:
         raise DamagedFileError(path, str(exc).removeprefix(f"{path}: ")) from None
-    except (yaml.YAMLError, OmegaConfBaseException, ValueError, OSError) as exc:
+    except (yaml.YAMLError, ValueError, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise DamagedFileError(path, f"{type(exc).__name__}: {first}") from None
 
 
-def read_config(path: Path) -> DictConfig | None:
-    """A YAML mapping Hydra saved (``.hydra/config.yaml``, ``.hydra/hydra.yaml``); None when absent."""
+def read_config(path: Path) -> dict[str, Any] | None:
+    """A YAML mapping Hydra saved (``.hydra/config.yaml``, ``.hydra/hydra.yaml``), as plain dicts
+    and lists (``OmegaConf.create`` of it gives a DictConfig back); None when absent."""
     config = _yaml(path)
-    if config is not None and not isinstance(config, DictConfig):
-        raise DamagedFileError(path, "a YAML list, expected a config mapping")
+    if config is not None and not isinstance(config, dict):
+        raise DamagedFileError(path, f"a YAML {_yaml_kind(config)}, expected a config mapping")
     return config
+
+
+def _yaml_kind(value: Any) -> str:
+    return "list" if isinstance(value, list) else type(value).__name__
 
 
 def read_overrides(path: Path) -> list[str] | None:
@@ -514,7 +518,7 @@ def read_overrides(path: Path) -> list[str] | None:
     listed = _yaml(path)
     if listed is None:
         return None
-    if not isinstance(listed, ListConfig):
-        raise DamagedFileError(path, f"a list of overrides expected, got {type(listed).__name__}")
-    # Not resolved: an override may hold an interpolation only Hydra's job could resolve.
-    return [str(o) for o in OmegaConf.to_container(listed, resolve=False) or []]
+    if not isinstance(listed, list):
+        raise DamagedFileError(path, f"a list of overrides expected, got {_yaml_kind(listed)}")
+    # Text, as written: an override may hold an interpolation only Hydra's job could resolve.
+    return [str(o) for o in listed]

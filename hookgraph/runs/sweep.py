@@ -30,11 +30,11 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig, OmegaConf
 
 from hookgraph.runs import layout
 from hookgraph.runs.files import DamagedFileError, read_config, read_csv, read_json, read_overrides
@@ -50,11 +50,10 @@ _ERROR_CHARS = 200  # a row's error is a table cell: the start of the message
 def _job_num(folder: Path) -> int | None:
     """A job folder's number: ``hydra.job.num`` as Hydra saved it, else the folder's name."""
     try:
-        saved = read_config(folder / layout.HYDRA_JOB)
-        num = OmegaConf.select(saved, "hydra.job.num", default=None) if saved is not None else None
+        num = _select(read_config(folder / layout.HYDRA_JOB), "hydra.job.num")
         if isinstance(num, int) and not isinstance(num, bool):
             return num
-    except Exception:  # a damaged file (or one OmegaConf cannot select in): the name may still tell
+    except Exception:  # a damaged file: the name may still tell
         pass
     return int(folder.name) if folder.name.isdigit() else None
 
@@ -155,14 +154,24 @@ def returned_rows(sweep_dir: Path) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def job_return_row(config: DictConfig, job_return: JobReturn, error: str | None = None) -> dict[str, Any]:
+def _select(config: Any, key: str, default: Any = None) -> Any:
+    """``config``'s value at a dotted ``key`` (nested mappings), or ``default`` where a level is missing."""
+    for name in key.split("."):
+        if not isinstance(config, Mapping) or name not in config:
+            return default
+        config = config[name]
+    return config
+
+
+def job_return_row(config: Mapping[str, Any], job_return: JobReturn, error: str | None = None) -> dict[str, Any]:
     """A job's row of sweep.csv, in the job's process: what its launcher returns (status,
     overrides, the task's return value, Hydra's job id) and its run folder's headlines.
     ``error``: why the job failed, as the job said it; where its summary does not say
-    (a config check before the summary was written), the row is failed with it."""
-    hc = config.hydra
-    num = int(hc.job.num)
-    out_dir = Path(str(hc.runtime.output_dir))
+    (a config check before the summary was written), the row is failed with it. ``config``:
+    the job's ``hydra`` settings as plain values (``hydra.job.num``, ``hydra.job.id``,
+    ``hydra.runtime.output_dir``, ``hydra.runtime.cwd``, ``hydra.sweep.dir``)."""
+    num = int(_select(config, "hydra.job.num"))
+    out_dir = Path(str(_select(config, "hydra.runtime.output_dir")))
     row: dict[str, Any] = {"job": num, "overrides": " ".join(str(o) for o in job_return.overrides or [])}
     row = _job_row(out_dir, row)
     # JobReturn.return_value re-raises a failed job's exception; the field holds it.
@@ -176,7 +185,7 @@ def job_return_row(config: DictConfig, job_return: JobReturn, error: str | None 
         row["error"] = error[:_ERROR_CHARS]
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         row["objective"] = float(value)  # what the task returned: a sweeper's objective
-    row["job_id"] = str(OmegaConf.select(config, "hydra.job.id", default="") or "")
+    row["job_id"] = str(_select(config, "hydra.job.id", "") or "")
     row["host"] = socket.gethostname()
     try:
         folder = out_dir.relative_to(_job_sweep_dir(config)).as_posix()
@@ -187,17 +196,17 @@ def job_return_row(config: DictConfig, job_return: JobReturn, error: str | None 
     return row
 
 
-def _job_sweep_dir(config: DictConfig) -> Path:
+def _job_sweep_dir(config: Mapping[str, Any]) -> Path:
     """The sweep folder as a job sees it, absolute. A relative one (basic and joblib launchers
     only) means the folder under the sweep's working directory (``hydra.runtime.cwd``), not
     under the job's: with ``hydra.job.chdir=true`` the job runs inside its own folder."""
-    sweep = Path(str(config.hydra.sweep.dir))
+    sweep = Path(str(_select(config, "hydra.sweep.dir")))
     if sweep.is_absolute():
         return sweep
-    return Path(str(OmegaConf.select(config, "hydra.runtime.cwd", default=None) or os.getcwd())) / sweep
+    return Path(str(_select(config, "hydra.runtime.cwd") or os.getcwd())) / sweep
 
 
-def write_job_return(config: DictConfig, job_return: JobReturn, error: str | None = None) -> Path:
+def write_job_return(config: Mapping[str, Any], job_return: JobReturn, error: str | None = None) -> Path:
     """``job_returns/<num>.json`` in the sweep folder: the job's row, written atomically;
     ``error``: why the job failed, as it said (see :func:`job_return_row`)."""
     row = job_return_row(config, job_return, error)
