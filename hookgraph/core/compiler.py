@@ -12,25 +12,24 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from hookgraph.core import names as name_maps
-from hookgraph.core import ops
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2
 from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.points import POINTS
-from hookgraph.core.registry import ActionContext, ActionDef, check_args, resolve_action
+from hookgraph.core.registry import ActionDef, check_args, resolve_action
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
+from hookgraph.core.sitefns import BadSite, SiteFns
 from hookgraph.core.spec import HookSpec, Mode, check_specs, parse_steps
 from hookgraph.core.store import ResultStore
 from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
-from hookgraph.errors import HookGraphError, Problem, SpecError, full_key
+from hookgraph.errors import Problem, SpecError, full_key
 
 __all__ = ["compile", "compile_graph", "unwrap_model"]
 
@@ -406,7 +405,7 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     refused: dict[str, list[str]] = {}  # names PyTorch would refuse at attach, by reason
     # Everything that does not change from one name to the next is looked up once: at
     # 20,000 modules this loop runs ~30,000 times per compile.
-    on_params, full_backward, at, spec_name = info.on_params, info.full_backward, spec.at, spec.name
+    on_params, full_backward, at = info.on_params, info.full_backward, spec.at
     lookup = targets.owners if on_params else targets.modules
     params = targets.params if on_params else {}
     order = spec.order if spec.order is not None else 0
@@ -415,12 +414,9 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     # model, before the first module using the parameter: it needs all of them (tied weights).
     param_modules = on_params and not info.tensor_only
     root = targets.model if param_modules else None
-    factory, args, lock, model = defn.factory, spec.args, store.lock, targets.model
-    # An action may split its factory: ``factory.per_spec(ctx, **args)`` does the work that
-    # is the same at every site once and returns ``site(target) -> fn`` (see record).
-    per_spec = getattr(factory, "per_spec", None)
+    lock = store.lock
+    fns = SiteFns(spec, key, defn, store, targets.model)
     script_module = torch.jit.ScriptModule
-    site = None
     for target_index, name in enumerate(matched):
         module = lookup[name]
         param: nn.Parameter | None
@@ -450,34 +446,12 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
                 )
             )
             continue
-        if spec.op is not None:
-            fn, found = _op_sites(spec, key, defn, name, module, store, model)
-            if found is not None:
-                problems.append(found)
-                break
-            bindings.append(
-                Binding(spec, name, at, module, None, defn, fn, (order, spec_index, target_index), key, start, stop,
-                        want_training)
-            )
-            continue
         try:
-            if site is None:
-                ctx = ActionContext(spec_name, name, at, type(param if param is not None else module).__name__,
-                                    store, key, model=model)
-                if per_spec is None:
-                    fn = factory(ctx, **args)
-                else:
-                    site = per_spec(ctx, **args)
-                    fn = site(name)
-            else:
-                fn = site(name)
-        except (TypeError, ValueError) as exc:
-            problems.append(Problem(full_key(key, "args"), f"{defn.name}: {exc}"))
+            fn = fns(name, module, param)
+        except BadSite as exc:
+            problems.append(exc.problem)
             break
-        except Exception as exc:  # a factory reading a file or a model (steer, patch): its own error, named
-            problems.append(Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}"))
-            break
-        if param is None and lock is None:
+        if param is None and (lock is None or spec.op is not None):  # an op binding carries no lock, as before
             # Positional, in Binding's field order (spec .. want_training): half the cost of
             # keywords, for the ~30,000 module bindings of a 20,000-module model.
             bindings.append(
@@ -494,39 +468,6 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
         )
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]
     return bindings, problems
-
-
-def _op_sites(spec: HookSpec, key: str, defn: ActionDef, name: str, module: nn.Module, store: ResultStore,
-              model: nn.Module) -> tuple[Any, Problem | None]:
-    """An op spec's fn: the action's function per op call (ops.OpSites), its arguments
-    checked here once, against the module's site. An action reading a recorded source
-    (``run``) finds it under the call's own key (``<module>:<name>.N``), known only once the
-    forward makes the call: its check is that call's, named by the spec's key."""
-    ctx = ActionContext(spec.name, name, spec.at, type(module).__name__, store, key, model=model,
-                        op=",".join(spec.ops))
-    factory, args = defn.factory, spec.args
-    per_spec = getattr(factory, "per_spec", None)
-    sourced = per_spec is None and args.get("run") is not None
-    try:
-        if per_spec is not None:
-            make = per_spec(ctx, **args)
-        else:
-            if not sourced:
-                factory(ctx, **args)  # checks the arguments; each call gets its own below
-
-            def make(site: str) -> Any:
-                here = replace(ctx, target=site, op=site.rpartition(":")[2])
-                if not sourced:
-                    return factory(here, **args)
-                try:
-                    return factory(here, **args)
-                except (TypeError, ValueError, HookGraphError) as exc:
-                    raise HookGraphError(f"{full_key(key, 'args')}: {defn.name} at {site!r}: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        return None, Problem(full_key(key, "args"), f"{defn.name}: {exc}")
-    except Exception as exc:
-        return None, Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}")
-    return ops.OpSites(make), None
 
 
 def _conflicts(bindings: list[Binding], prefix: str) -> list[Problem]:

@@ -4,7 +4,9 @@ Public names: rebind.
 
 A notebook's sweep changes one argument per cell (a position, a head, a scale); compiling
 again walks the model and matches names each time. Here the action's factory runs again at
-the sites the spec is bound to already, after the same signature check the compiler makes.
+the sites the spec is bound to already, after the same signature check the compiler makes, and
+each site's function is built by the compiler's own builder (core/sitefns.py): an op spec's
+per-call functions, a view's wrapper, a per_spec split are what a fresh compile would make.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 from torch import nn
 
 from hookgraph.core.hooks.binding import Binding
-from hookgraph.core.registry import ActionContext, check_args
+from hookgraph.core.registry import check_args
+from hookgraph.core.sitefns import BadSite, SiteFns
 from hookgraph.core.spec import plain_args
 from hookgraph.core.store import ResultStore
 from hookgraph.errors import Problem, SpecError, did_you_mean, full_key
@@ -48,25 +51,15 @@ def rebind(bindings: Sequence[Binding], store: ResultStore, bare: nn.Module, spe
     # of a re-bind's cost); the copy is as frozen as the spec and nothing else holds it yet.
     new_spec = copy.copy(first.spec)
     object.__setattr__(new_spec, "args", merged)
-    per_spec = getattr(defn.factory, "per_spec", None)
-    site = None
+    # The compiler's own builder: an op spec gets its per-call OpSites, a view (names: ...) the
+    # view-wrapped action (b.action is it already), record its per_spec split, run once.
+    fns = SiteFns(new_spec, key, defn, store, bare)
     fresh: dict[int, Binding] = {}
     for b in mine:
         try:
-            if site is None:
-                ctx = ActionContext(spec, b.target, b.at, type(b.param if b.param is not None else b.module).__name__,
-                                    store, key, model=bare)
-                if per_spec is None:
-                    fn = defn.factory(ctx, **merged)
-                else:
-                    site = per_spec(ctx, **merged)
-                    fn = site(b.target)
-            else:
-                fn = site(b.target)
-        except (TypeError, ValueError) as exc:
-            raise SpecError([Problem(full_key(key, "args"), f"{defn.name}: {exc}")]) from None
-        except Exception as exc:  # a factory reading a file or a model: its own error, named (as the compiler does)
-            raise SpecError([Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}")]) from None
+            fn = fns(b.target, b.module, b.param)
+        except BadSite as exc:
+            raise SpecError([exc.problem]) from None
         values: list[Any] = [new_spec if f == "spec" else fn if f == "fn" else getattr(b, f) for f in _FIELDS]
         fresh[id(b)] = Binding(*values)
     return [fresh.get(id(b), b) for b in bindings]
