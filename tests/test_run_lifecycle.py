@@ -198,10 +198,10 @@ def test_a_folder_that_stops_being_writable_midway_fails_cleanly(tmp_path, monke
 
     flush = RunWriter.flush_records
 
-    def read_only_from_step_2(self, records, step):
+    def read_only_from_step_2(self, records, step, *rest):
         if step >= 2:
             raise PermissionError(13, "Permission denied", str(self.records_dir))
-        return flush(self, records, step)
+        return flush(self, records, step, *rest)
 
     monkeypatch.setattr(RunWriter, "flush_records", read_only_from_step_2)
     with pytest.raises(RunFolderError, match="Permission denied"):
