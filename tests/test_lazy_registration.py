@@ -15,13 +15,21 @@ def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1))
 
 
+def _but_the_guard(now: dict, before: dict) -> dict:
+    """``now`` less the one pre-hook an attached graph keeps on the root whatever its schedules
+    say: the guard that refuses a torch.compile(fullgraph=True) trace by name (issue 36, item 11)."""
+    key = ("", "_forward_pre_hooks")
+    assert len(now[key]) == len(before[key]) + 1, now[key]
+    return {**now, key: [h for h in now[key] if h in before[key]]}
+
+
 def test_inactive_full_backward_binding_registers_nothing_until_its_step():
     model = _model()
     graph = hg.compile(model, {"g": {"target": "0", "at": "backward", "action": "record", "when": {"steps": "5:"}}})
     before = hook_snapshot(model)
     x = torch.randn(2, 3, requires_grad=True)  # a gradient flows into layer 0: its grad_input holds a tensor
     with graph.attach():
-        assert hook_snapshot(model) == before  # no BackwardHookFunction inserted on forward
+        assert _but_the_guard(hook_snapshot(model), before) == before  # no BackwardHookFunction inserted on forward
         out = model(x)
         assert type(out.grad_fn).__name__ == "AddmmBackward0"
         out.sum().backward()
@@ -41,7 +49,7 @@ def test_schedule_end_removes_the_hook_and_restores_the_flag():
     with graph.attach():
         assert len(model[0]._backward_hooks) == 1
         graph.set_step(2)
-        assert hook_snapshot(model) == before  # removed, and _is_full_backward_hook is None again
+        assert _but_the_guard(hook_snapshot(model), before) == before  # removed, and _is_full_backward_hook is None
         model[0].register_backward_hook(lambda *a: None).remove()  # the user's old-style hook is allowed
     model[0]._is_full_backward_hook = None  # PyTorch leaves False behind after a legacy hook; the fixture compares
 
