@@ -10,11 +10,11 @@ submodules would otherwise be a circle with each of them).
 The layers, lowest first; a module may import its own layer and the ones below it:
 
 1. errors: ``hookgraph.errors``, ``hookgraph.version`` (the typed errors and the version);
-2. core basics: ``core.tree``, ``core.dtypes``, ``core.gcpause``, ``core.transfer``,
-   ``core.torch_internals``, ``core.dtensors``, ``core.yamlfile``, ``core.html_tables`` (helpers with no
-   notion of a spec);
-3. runs: ``hookgraph.runs`` (the run folder: its layout, writer and reader);
-4. config: ``hookgraph.config`` (schema, resolvers, plain values, instantiate, hook sets);
+2. config: ``hookgraph.config`` (the door: schema, typed settings, bounded YAML reading, resolvers,
+   instantiate, hook sets; the only owner of OmegaConf with cli/, tests/test_config_door.py);
+3. core basics: ``core.tree``, ``core.dtypes``, ``core.gcpause``, ``core.transfer``,
+   ``core.torch_internals``, ``core.dtensors``, ``core.html_tables`` (helpers with no notion of a spec);
+4. runs: ``hookgraph.runs`` (the run folder: its layout, writer and reader);
 5. engine: the rest of ``hookgraph.core`` (spec, points, resolve, registry, compiler, graph,
    store, discovery, hooks/): what an action is, and how it is resolved and bound, is the
    engine's; it never imports an action;
@@ -43,6 +43,7 @@ PACKAGE = ROOT / "hookgraph"
 # Lowest first: (layer name, module prefixes). A module belongs to the longest prefix that matches.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("hookgraph.errors", "hookgraph.version")),
+    ("config", ("hookgraph.config",)),
     (
         "core basics",
         (
@@ -54,12 +55,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "hookgraph.core.dtensors",
             "hookgraph.core.sequence",
             "hookgraph.core.fingerprint",
-            "hookgraph.core.yamlfile",
             "hookgraph.core.html_tables",
         ),
     ),
     ("runs", ("hookgraph.runs",)),
-    ("config", ("hookgraph.config",)),
     ("engine", ("hookgraph.core",)),
     ("actions", ("hookgraph.actions",)),
     ("inputs", ("hookgraph.data", "hookgraph.models")),

@@ -127,7 +127,7 @@ def test_a_spec_file_whose_aliases_expand_is_refused_before_omegaconf_parses_it(
 @pytest.mark.parametrize("name", list(_EXPANDING))
 def test_every_reader_of_yaml_refuses_an_expanding_file_by_name(tmp_path, name):
     from hookgraph.config.hooksets import packaged_specs
-    from hookgraph.core.yamlfile import YamlLimitError
+    from hookgraph.config.yamlfile import YamlLimitError
     from hookgraph.probe import _config
 
     path = tmp_path / "hooks" / "laughs.yaml"

@@ -44,9 +44,9 @@ from hookgraph.config.hooksets import packaged_conf_dir
 from hookgraph.config.instantiate import quiet_logger
 from hookgraph.config.schema import HookgraphConfig
 from hookgraph.config.searchpath import set_user_dirs, user_dirs_from_argv
+from hookgraph.config.yamlfile import YamlLimitError, check_yaml
 from hookgraph.core import gcpause
 from hookgraph.core.spec import MAX_PATTERNS
-from hookgraph.core.yamlfile import YamlLimitError, check_yaml
 from hookgraph.errors import ConfigError, HookGraphError, SpecError, nearest
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env

@@ -13,7 +13,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.config.specs import load_yaml
-from hookgraph.core.yamlfile import YamlLimitError
+from hookgraph.config.yamlfile import YamlLimitError
 from hookgraph.errors import ConfigError, did_you_mean
 
 __all__ = ["ProbeConfig", "LabelsConfig", "probe_config"]

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hookgraph.config.plain import ReadBody
-from hookgraph.core.yamlfile import read_yaml_text
+from hookgraph.config.yamlfile import read_yaml_text
 from hookgraph.errors import Problem
 
 __all__ = [
@@ -36,7 +36,7 @@ MAX_SPECS = 10_000  # specs under hooks: more are refused by count, before any i
 
 
 def load_yaml(path: str | os.PathLike[str], max_bytes: int | None = None) -> Any:
-    """``OmegaConf.load(path)`` after the bounds of :func:`hookgraph.core.yamlfile.read_yaml_text`."""
+    """``OmegaConf.load(path)`` after the bounds of :func:`hookgraph.config.yamlfile.read_yaml_text`."""
     text = read_yaml_text(path) if max_bytes is None else read_yaml_text(path, max_bytes)
     return OmegaConf.load(io.StringIO(text))
 

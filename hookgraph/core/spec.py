@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from hookgraph.config.plain import ReadBody, is_config_container
+from hookgraph.config.yamlfile import YamlLimitError
 from hookgraph.core.points import HookPoint
-from hookgraph.core.yamlfile import YamlLimitError
 from hookgraph.errors import Problem, SpecError, did_you_mean
 
 __all__ = ["HookSpec", "Schedule", "Expect", "Mode", "check_specs", "parse_specs", "MAX_PATTERNS", "MAX_SPECS"]

@@ -40,9 +40,9 @@ import torch.distributed as dist
 
 from hookgraph.config.settings import run_config_yaml, settings_from
 from hookgraph.config.specs import load_yaml, spec_bodies
+from hookgraph.config.yamlfile import YamlLimitError
 from hookgraph.core.compiler import compile_graph, unwrap_model
 from hookgraph.core.graph import Attachment, HookGraph
-from hookgraph.core.yamlfile import YamlLimitError
 from hookgraph.errors import ConfigError, HookGraphError, did_you_mean
 from hookgraph.report import module_tree
 from hookgraph.runner.claim import claim

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from hookgraph.core.yamlfile import YamlLimitError, check_yaml, yaml_loader
+from hookgraph.config.yamlfile import YamlLimitError, check_yaml, yaml_loader
 from hookgraph.errors import HookGraphError
 from hookgraph.runs import layout
 
