@@ -20,11 +20,16 @@ from pathlib import Path
 import pytest
 
 SLOWEST_FIRST = (
-    "test_cli_experiments.py",  # one multirun of every packaged experiment in a subprocess
+    "test_cli_experiments.py",  # one multirun of every packaged experiment, in a subprocess
+    "test_submitit_sweeps.py",  # two sweeps of submitit_local jobs (processes)
     "test_distributed.py",  # torchrun, ranks on gloo
+    "test_install.py",  # a wheel built and run from another folder (three interpreters)
+    "test_lightning_callback.py",  # Lightning's DDP on two CPU processes
     "test_cli.py",  # the joblib sweep (its launcher starts processes)
-    "test_submitit_sweeps.py",  # two submitit_local sweeps
-    "test_cluster_sweeps.py",
+    "test_hook_libraries.py",  # a hook library's wheel built, installed and run
+    "test_cluster_sweeps.py",  # the basic launcher stopped by a signal
+    "test_notebook.py",  # a Jupyter kernel runs docs/notebook.ipynb
+    "test_open_run.py",  # open_run under torchrun
 )
 
 
