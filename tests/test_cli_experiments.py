@@ -1,5 +1,6 @@
-"""Every packaged experiment end to end, in one multirun that starts ``python -m hookgraph`` as a
-user does (run_cli), and what each experiment is there to show. A file of its own (it was the
+"""Every packaged experiment end to end, in one multirun of the command line (in this process,
+run_cli_here: a fresh interpreter would add its start and imports, and nothing checked here is
+about the process), and what each experiment is there to show. A file of its own (it was the
 first part of test_cli.py): under ``--dist loadfile`` the multirun and test_cli.py's own slow
 tests (the joblib sweep) run on different workers."""
 
@@ -12,7 +13,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.runner import build_from_config
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli_here
 from tests.reference import resnet18_order, resnet34_conv_names
 
 pytestmark = pytest.mark.slow
@@ -28,8 +29,8 @@ EXPERIMENTS = sorted(
 def all_experiments(tmp_path_factory) -> dict[str, Path]:
     """Every packaged experiment with its default steps (one, or three for scale_weights), in one multirun."""
     root = tmp_path_factory.mktemp("experiments")
-    proc = run_cli(["-m", f"+experiment=glob(*,exclude=[{','.join(LONG)}])", f"hydra.sweep.dir={root / 'sweep'}"],
-                   cwd=root, timeout=900)  # 20 experiments in one process; 300 s ran out on a shared, loaded machine
+    proc = run_cli_here(["-m", f"+experiment=glob(*,exclude=[{','.join(LONG)}])", f"hydra.sweep.dir={root / 'sweep'}"],
+                        cwd=root, timeout=900)  # 20 experiments; 300 s ran out on a shared, loaded machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}
     for job in (root / "sweep").iterdir():
