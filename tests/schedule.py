@@ -24,6 +24,7 @@ SLOWEST_FIRST = (
     "test_submitit_sweeps.py",  # two sweeps of submitit_local jobs (processes)
     "test_distributed.py",  # torchrun, ranks on gloo
     "test_install.py",  # a wheel built and run from another folder (three interpreters)
+    "test_caching.py",  # a 200 MiB run read in a fresh process under a memory bound, probes
     "test_lightning_callback.py",  # Lightning's DDP on two CPU processes
     "test_cli.py",  # the joblib sweep (its launcher starts processes)
     "test_hook_libraries.py",  # a hook library's wheel built, installed and run
