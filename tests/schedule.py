@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 SLOWEST_FIRST = (
+    "test_compiled_grads.py",  # inductor compiles every gradient point's actions into one graph
     "test_cli_experiments.py",  # one multirun of every packaged experiment, in a subprocess
     "test_submitit_sweeps.py",  # two sweeps of submitit_local jobs (processes)
     "test_distributed.py",  # torchrun, ranks on gloo
