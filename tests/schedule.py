@@ -30,7 +30,9 @@ SLOWEST_FIRST = (
     "test_cli.py",  # the joblib sweep (its launcher starts processes)
     "test_hook_libraries.py",  # a hook library's wheel built, installed and run
     "test_cluster_sweeps.py",  # the basic launcher stopped by a signal
+    "test_compile_guard.py",  # a model compiled by inductor, attached and detached
     "test_notebook.py",  # a Jupyter kernel runs docs/notebook.ipynb
+    "test_compiled_trace.py",  # inductor's records against eager
     "test_open_run.py",  # open_run under torchrun
 )
 
