@@ -21,6 +21,7 @@ import pytest
 
 SLOWEST_FIRST = (
     "test_compiled_grads.py",  # inductor compiles every gradient point's actions into one graph
+    "test_interp_cli.py",  # three sweeps of GPT-2 experiments (patching over blocks x positions)
     "test_cli_experiments.py",  # one multirun of every packaged experiment, in a subprocess
     "test_submitit_sweeps.py",  # two sweeps of submitit_local jobs (processes)
     "test_distributed.py",  # torchrun, ranks on gloo
