@@ -42,9 +42,15 @@ run: $(BIN)/.installed-run
 # GPT-2, the multirun of every experiment) is built once, not once per worker. (loadgroup would
 # split files finer, but under pytest 9.2 xdist 3.8's groups are silently ignored: it renames
 # item._nodeid, which pytest 9 no longer reads.) Pass PYTEST_ARGS="-n 0" for one process.
+# --no-loadscope-reorder: xdist would hand out the files with the most tests first, so the few-test
+# slow files (the multirun of every experiment, the submitit and joblib sweeps, torchrun) came last
+# and the last ran alone; conftest.py orders the files slowest first (tests/schedule.py) instead.
+# -p no:...: pytest plugins that packages of the test extra install and no test uses (each is
+# imported by every worker).
 test: setup
-	$(BIN)/python -m compileall -q hookgraph hydra_plugins >/dev/null
-	$(BIN)/python -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m compileall -q -j 0 hookgraph hydra_plugins >/dev/null
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder \
+		-p no:jaxtyping -p no:typeguard -p no:anyio $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check hookgraph hydra_plugins tests benchmarks

@@ -37,6 +37,34 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
     )
 
 
+def on_path(folder: Path) -> dict[str, str]:
+    """An environment for :func:`run_cli` whose ``PYTHONPATH`` starts with ``folder``: a job the
+    launcher starts elsewhere (a submitit job) still imports the user's modules written there."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+
+
+# A user's model (``model._target_=self_term.SelfTerm``, the source written as self_term.py) that
+# sends its process SIGTERM in its first forward pass, as scancel or a preemption would.
+SELF_TERM = '''
+import os
+import signal
+
+from torch import nn
+
+
+class SelfTerm(nn.Module):
+    """Sends itself SIGTERM in its first forward pass, as scancel or a preemption would."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.fc(x)
+'''
+
+
 class CliTimeout(BaseException):
     """The in-process command line ran past its timeout. A BaseException, as KeyboardInterrupt
     is: the runner's ``except Exception`` must not turn it into an exit code."""

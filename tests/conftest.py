@@ -25,6 +25,7 @@ import hookgraph.core.graph as graph_mod
 from hookgraph.report import module_tree, write_report
 from tests.models import hook_snapshot
 from tests.runs import make_run
+from tests.schedule import slowest_first
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -41,6 +42,13 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only in an xdist worker: there the order is the order in which files go to the workers
+    # (tests/schedule.py); a run in one process keeps the files in collection order.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slowest_first(items)
 
 
 @pytest.fixture(autouse=True)

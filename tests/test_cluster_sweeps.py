@@ -1,7 +1,8 @@
 """Sweeps: an absolute sweep folder that jobs running in another working directory still
 write into, sweep.csv built from the rows the jobs return (also from job folders named by
 their overrides, and from damaged job files), a sweep table that cannot be written failing the
-sweep, hydra/launcher=submitit_local end to end, and the SLURM and Ray launcher configs."""
+sweep, a signal stopping a sweep of the basic launcher, and the SLURM and Ray launcher configs
+(hydra/launcher=submitit_local end to end: test_submitit_sweeps.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-import hookgraph as hg
 from hookgraph.cli import app, callbacks
 from hookgraph.cli.app import CONFIG_DIR
 from hookgraph.cli.callbacks import RunDirGuard, SweepTable
@@ -25,7 +25,7 @@ from hookgraph.report.sweep import read_sweep_page
 from hookgraph.runner import register_configs
 from hookgraph.runs.layout import JOB_RETURNS as RETURNS
 from hookgraph.runs.sweep import job_return_row, sweep_rows
-from tests.cli_helpers import run_cli, run_cli_here
+from tests.cli_helpers import SELF_TERM, on_path, run_cli, run_cli_here
 
 SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
 
@@ -207,96 +207,6 @@ def test_the_ray_launcher_config_binds_to_localhost_only():
 
 
 @pytest.mark.slow
-def test_a_submitit_local_sweep_with_jobs_in_another_folder_lands_in_the_sweep_folder(tmp_path):
-    pytest.importorskip(SUBMITIT)
-    node = tmp_path / "node"  # where each job starts, as on a SLURM node with a setup line
-    node.mkdir()
-    args = [
-        "-m",
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.timeout_min=3",  # submitit kills a job after this
-        f'+hydra.launcher.setup=["cd {node}"]',
-        "runner.steps=1,2",
-        "sink.figures=false",
-    ]
-    proc = run_cli(args, cwd=tmp_path, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not (node / "runs").exists()
-    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
-    for num, steps in ((0, 1), (1, 2)):
-        job = sweep / str(num)
-        for part in (".hydra/config.yaml", ".hydra/overrides.yaml", "summary.json", "plan.json", "stats.csv"):
-            assert (job / part).is_file(), f"{job}/{part}"
-        summary = json.loads((job / "summary.json").read_text())
-        assert (summary["status"], summary["steps"]) == ("completed", steps)
-        assert len(hg.load_run(job).records["record_convs"]["conv"]) == steps
-    with open(sweep / "sweep.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["job"], r["overrides"], r["status"], r["steps"], r["record_convs.records"]) for r in rows] == [
-        ("0", "runner.steps=1 sink.figures=False", "completed", "1", "1"),
-        ("1", "runner.steps=2 sink.figures=False", "completed", "2", "2"),
-    ]
-    for r in rows:
-        summary = json.loads((sweep / r["job"] / "summary.json").read_text())
-        assert float(r["loss"]) == summary["loss"] == float(r["objective"])  # the value the job returned
-        assert float(r["grad_stats.max"]) == 1.0  # d(sum of the outputs)/d(output)
-        assert r["job_id"] and r["host"]
-    assert rows[0]["job_id"] != rows[1]["job_id"]
-    assert (sweep / RETURNS / "1.json").is_file() and (sweep / "report.html").is_file()
-
-
-def _on_path(folder: Path) -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
-
-
-SELF_TERM = '''
-import os
-import signal
-
-from torch import nn
-
-
-class SelfTerm(nn.Module):
-    """Sends itself SIGTERM in its first forward pass, as scancel or a preemption would."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return self.fc(x)
-'''
-
-
-@pytest.mark.slow
-def test_a_submitit_job_stopped_by_a_signal_is_a_row_and_the_table_is_written(tmp_path):
-    pytest.importorskip(SUBMITIT)
-    (tmp_path / "self_term.py").write_text(SELF_TERM)
-    args = [
-        "-m",
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.timeout_min=3",
-        "model=custom",
-        "model._target_=self_term.SelfTerm",
-        "data=random",
-        "data.shape=[4]",
-        "hooks=[]",
-    ]
-    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
-    # Before, the job exited, submitit had no result, the launcher raised: no table at all.
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "1 sweep job(s) did not complete: 0 (interrupted)" in proc.stderr
-    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
-    with open(sweep / "sweep.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["job"], r["status"], r["steps"], r["error"]) for r in rows] == [
-        ("0", "interrupted", "0", "stopped by SIGTERM")
-    ]
-    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"
-
-
-@pytest.mark.slow
 def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_sweep(tmp_path):
     (tmp_path / "self_term.py").write_text(SELF_TERM)
     sweep = tmp_path / "sweep"
@@ -310,7 +220,7 @@ def test_a_signal_in_a_sweep_run_by_the_basic_launcher_still_stops_the_whole_swe
         "hooks=[]",
         "runner.steps=1,2",
     ]
-    proc = run_cli(args, cwd=tmp_path, env=_on_path(tmp_path))
+    proc = run_cli(args, cwd=tmp_path, env=on_path(tmp_path))
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1").exists()
 

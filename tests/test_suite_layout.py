@@ -7,6 +7,9 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from types import SimpleNamespace
+
+from tests.schedule import SLOWEST_FIRST, slowest_first
 
 TESTS = Path(__file__).resolve().parent
 _TEST_MODULE = re.compile(r"(?:^|\.)(test_\w+|conftest)$")
@@ -58,3 +61,16 @@ def test_the_check_finds_each_way_of_importing_a_test_module():
     assert sorted(imported_test_modules(source, "test_self")) == [
         ".conftest", ".test_c", "tests.conftest", "tests.test_a", "tests.test_b", "tests.test_d", "tests.test_e."
     ]
+
+
+def test_the_slowest_first_ranking_names_files_of_the_suite():
+    # A renamed or deleted file would drop out of the ranking without a word (tests/schedule.py).
+    missing = [name for name in SLOWEST_FIRST if not (TESTS / name).is_file()]
+    assert missing == [] and len(set(SLOWEST_FIRST)) == len(SLOWEST_FIRST) > 0
+
+
+def test_slowest_first_puts_the_ranked_files_first_and_keeps_each_files_order():
+    items = [SimpleNamespace(path=TESTS / f, name=n) for f, n in
+             [("test_a.py", "a1"), ("test_b.py", "b1"), ("test_c.py", "c1"), ("test_a.py", "a2"), ("test_c.py", "c2")]]
+    slowest_first(items, ranking=("test_c.py", "test_b.py"))  # type: ignore[arg-type]
+    assert [i.name for i in items] == ["c1", "c2", "b1", "a1", "a2"]
