@@ -19,6 +19,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 import hookgraph as hg
+from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.hooks.state import SpecState
+from hookgraph.core.store import Entries
 from hookgraph.runner import outputs
 from hookgraph.runner import run as run_config
 from hookgraph.runs import files, index
@@ -200,6 +203,48 @@ def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
     with hg.open_run(tmp_path / "own", _Chain(2), {"all": {"target": "layers.*", "action": "record"}}) as live:
         live.step()
     assert live.graph.records is not None  # the user's graph, still theirs after close
+
+
+_GRAPH_KINDS = (Entries, Binding, SpecState)
+
+
+def test_the_runner_frees_its_bindings_and_record_slots_by_reference_counting(tmp_path):
+    # The test above collects first; the run's own process may not before the page. Each
+    # spec's state and its eager hook factory closed over each other: a cycle that kept the
+    # spec's first binding, its action and every record slot (200,000 at 200,000 modules)
+    # alive under the page until a full collection. With the collector off, nothing of the
+    # graph may be left when the page is written.
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if type(o) in _GRAPH_KINDS}  # type(): no torch __class__ warnings
+    left: list = []
+    real_page = outputs.write_report
+
+    def page(folder: Any) -> Any:
+        left.extend(
+            type(o).__name__
+            for o in gc.get_objects()
+            if type(o) in _GRAPH_KINDS and id(o) not in before
+        )
+        return real_page(folder)
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("hookgraph.runner.outputs.write_report", page)
+            summary = run_config(
+                {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}},
+                 "data": {"kind": "random", "shape": [4]},
+                 "runner": {"steps": 1, "batch_size": 1, "mode": "eval", "backward": False, "progress": False},
+                 "sink": {"figures": False}, "hooks": {"all": {"target": "layers.*", "action": "record"}}},
+                tmp_path / "run",
+            )
+    finally:
+        if was:
+            gc.enable()
+    assert summary["status"] == "completed" and summary["specs"]["all"]["records"] == 3
+    assert left == []
+    assert (tmp_path / "run" / "report.html").is_file()
 
 
 def _one_shard_run(path: Any, n: int) -> dict[str, torch.Tensor]:

@@ -309,6 +309,9 @@ class Attachment:
             # Traced gradient hooks live in compiled backward code: a backward of a forward
             # run while attached still calls the log after this, and must reach no sink.
             st.sinks.clear()
+            # The eager registrar's factory closes over its state: a cycle that kept the spec's
+            # first binding, its action and every record slot alive until a full collection.
+            st.maker = None
         if self._graph._attachment is self:
             self._graph._attachment = None
         self._graph._add_counts(*self.counts())
