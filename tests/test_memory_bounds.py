@@ -145,7 +145,7 @@ def test_every_reader_of_yaml_refuses_an_expanding_file_by_name(tmp_path, name):
 
 @pytest.mark.parametrize("shape", ["many-specs", "one-string", "long-list"])
 def test_a_spec_file_over_the_byte_limit_is_refused_before_it_is_read(tmp_path, shape, monkeypatch):
-    from hookgraph.core import yamlfile
+    from hookgraph.config import yamlfile
 
     monkeypatch.setattr(yamlfile, "MAX_YAML_BYTES", 64 << 10)  # the bound's logic at a test's size
     monkeypatch.setattr(yamlfile.read_yaml_text, "__defaults__", (64 << 10,))
