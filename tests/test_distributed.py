@@ -553,6 +553,15 @@ def test_load_run_of_a_run_whose_rank_0_never_gathered_reads_each_rank_s_own(tmp
     assert not r.ok  # a lost rank is never a run that completed whole
 
 
+def test_the_run_page_of_a_run_whose_rank_0_was_lost_says_so(tmp_path):
+    from hookgraph.report.page import read_run_page
+
+    folder = _rank_folder(tmp_path, {0: None, 1: _RESET})
+    with pytest.warns(UserWarning, match="no summary.json: rank 0"):
+        notes = read_run_page(folder)["notes"]
+    assert any("rank 0, which gathers the ranks' summaries into it, wrote no summary" in n for n in notes), notes
+
+
 def test_ranks_other_than_0_write_nothing_of_their_own(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

@@ -272,5 +272,6 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
         "losses": list(enumerate(losses)),
         "config": _text(root, layout.CONFIG, notes, limit=20000),
         "overrides": _text(root, layout.OVERRIDES, notes),
-        "notes": notes + [str(w) for w in summary.get("warnings") or []],
+        # The summary's own note (a folder whose rank 0 was lost, or with no summary) says what is missing.
+        "notes": notes + [str(n) for n in [summary.get("note")] if n] + [str(w) for w in summary.get("warnings") or []],
     }
