@@ -9,46 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import hookgraph as hg
 from hookgraph.errors import HookGraphError, SpecError
+from tests.hf_models import EditSoftmax as _EditSoftmax
+from tests.hf_models import eager_gpt2 as _gpt2
+from tests.hf_models import eager_llama as _llama
 
 transformers = pytest.importorskip("transformers")
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
-def _gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    return transformers.GPT2LMHeadModel(cfg).eval()
-
-
-def _llama():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
-                                   max_position_embeddings=32, attn_implementation="eager")
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 def _ids(seed: int = 1):
     return torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(seed))
-
-
-class _EditSoftmax(TorchFunctionMode):
-    """The hand-written edit: ``edit(out)`` applied to the softmax's output."""
-
-    def __init__(self, edit):
-        super().__init__()
-        self.edit = edit
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") == "softmax":
-            out = self.edit(out)
-        return out
 
 
 def _gpt2_by_hand(model, ids, layer, edit):

@@ -7,16 +7,10 @@ import pytest
 import torch
 
 import hookgraph as hg
+from tests.hf_models import eager_gpt2 as _gpt2
 
 transformers = pytest.importorskip("transformers")
 nnsight = pytest.importorskip("nnsight")
-
-
-def _gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    return transformers.GPT2LMHeadModel(cfg).eval()
 
 
 def test_op_outputs_and_pattern_edit_equal_nnsight_source():

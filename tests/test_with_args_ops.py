@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import hookgraph as hg
 from hookgraph.errors import SpecError
+from tests.hf_models import EditSoftmax as _EditSoftmax
 from tests.tl_weights import hooked_llama_twin, hooked_twin, tiny_gpt2, tiny_llama
 
 pytest.importorskip("transformers")
@@ -29,15 +29,6 @@ def gpt2() -> torch.nn.Module:
         model(IDS, output_attentions=True)  # output_attentions: before any compile (no_hook_left)
     return model
 
-
-class _EditSoftmax(TorchFunctionMode):
-    def __init__(self, edit):
-        super().__init__()
-        self.edit = edit
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        return self.edit(out) if getattr(func, "__name__", "") == "softmax" else out
 
 
 def _by_hand(model, ids, layer, edit, **kw):
