@@ -39,3 +39,19 @@ class EditSoftmax(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         return self.edit(out) if getattr(func, "__name__", "") == "softmax" else out
+
+
+def gpt2_edited(model, ids, layer, edit, **kwargs):
+    """GPT-2's output with ``edit`` on block ``layer``'s softmax output, written by hand: the
+    mode is entered only while that attention's forward runs (its children c_attn and c_proj
+    call no softmax). ``kwargs`` go to the model's forward."""
+    attn = model.transformer.h[layer].attn
+    mode = EditSoftmax(edit)
+    handles = [attn.register_forward_pre_hook(lambda m, a: [mode.__enter__(), None][1]),
+               attn.register_forward_hook(lambda m, a, o: mode.__exit__(None, None, None))]
+    try:
+        with torch.no_grad():
+            return model(ids, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()

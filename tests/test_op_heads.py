@@ -12,9 +12,9 @@ import torch
 
 import hookgraph as hg
 from hookgraph.errors import HookGraphError, SpecError
-from tests.hf_models import EditSoftmax as _EditSoftmax
 from tests.hf_models import eager_gpt2 as _gpt2
 from tests.hf_models import eager_llama as _llama
+from tests.hf_models import gpt2_edited
 
 transformers = pytest.importorskip("transformers")
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
@@ -25,18 +25,8 @@ def _ids(seed: int = 1):
 
 
 def _gpt2_by_hand(model, ids, layer, edit):
-    """GPT-2's logits with ``edit`` on block ``layer``'s softmax output (the mode is on only
-    while that attention runs its own code: GPT-2's children, c_attn and c_proj, call no softmax)."""
-    attn = model.transformer.h[layer].attn
-    mode = _EditSoftmax(edit)
-    handles = [attn.register_forward_pre_hook(lambda m, a: [mode.__enter__(), None][1]),
-               attn.register_forward_hook(lambda m, a, o: mode.__exit__(None, None, None))]
-    try:
-        with torch.no_grad():
-            return model(ids).logits
-    finally:
-        for h in handles:
-            h.remove()
+    """GPT-2's logits with ``edit`` on block ``layer``'s softmax output, by hand."""
+    return gpt2_edited(model, ids, layer, edit).logits
 
 
 def _zero(heads, query=None):

@@ -11,7 +11,8 @@ import torch
 import hookgraph as hg
 from hookgraph.errors import HookGraphError
 from hookgraph.models.tl_names import run_with_cache, tl_names, tl_specs
-from tests.tl_weights import hooked_llama_twin, hooked_twin, tiny_gpt2, tiny_llama
+from tests.tl_weights import tiny_gpt2
+from tests.tl_weights import twins as tl_twins
 
 pytest.importorskip("transformers")
 pytest.importorskip("transformer_lens")
@@ -21,11 +22,7 @@ IDS = torch.tensor([[0, 5, 9, 2, 7, 11, 3, 5]])
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def twins(request):
-    if request.param == "gpt2":
-        hf = tiny_gpt2()
-        return hf, hooked_twin(hf)
-    hf = tiny_llama()
-    return hf, hooked_llama_twin(hf)
+    return tl_twins(request.param)
 
 
 def test_every_name_equals_run_with_cache(twins):

@@ -14,6 +14,7 @@ import hookgraph as hg
 from hookgraph.errors import SpecError
 from hookgraph.models.tl_names import tl_names
 from tests.tl_weights import hooked_llama_twin, hooked_twin, induction, tiny_gpt2, tiny_llama
+from tests.tl_weights import twins as tl_twins
 
 pytest.importorskip("transformers")
 pytest.importorskip("transformer_lens")
@@ -24,11 +25,7 @@ TL = "transformer_lens"
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def twins(request):
-    if request.param == "gpt2":
-        hf = tiny_gpt2()
-        return hf, hooked_twin(hf)
-    hf = tiny_llama()
-    return hf, hooked_llama_twin(hf)
+    return tl_twins(request.param)
 
 
 def _site(hf, name: str) -> str:

@@ -12,7 +12,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.errors import SpecError
-from tests.hf_models import EditSoftmax as _EditSoftmax
+from tests.hf_models import gpt2_edited
 from tests.tl_weights import hooked_llama_twin, hooked_twin, tiny_gpt2, tiny_llama
 
 pytest.importorskip("transformers")
@@ -29,21 +29,6 @@ def gpt2() -> torch.nn.Module:
         model(IDS, output_attentions=True)  # output_attentions: before any compile (no_hook_left)
     return model
 
-
-
-def _by_hand(model, ids, layer, edit, **kw):
-    """The model's output with ``edit`` on block ``layer``'s softmax output, the mode entered only
-    while that attention's forward runs (its children c_attn and c_proj call no softmax)."""
-    attn = model.transformer.h[layer].attn
-    mode = _EditSoftmax(edit)
-    handles = [attn.register_forward_pre_hook(lambda m, a: [mode.__enter__(), None][1]),
-               attn.register_forward_hook(lambda m, a, o: mode.__exit__(None, None, None))]
-    try:
-        with torch.no_grad():
-            return model(ids, **kw)
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _run(graph, model, ids, **kw):
@@ -64,7 +49,7 @@ def test_with_args_scale_on_the_softmax_equals_a_fresh_compile_and_a_hand_writte
     for factor in (0.5, 2.0):
         moved = graph.with_args("p", factor=factor)
         got = _run(moved, gpt2, IDS).logits  # raised TypeError before the fix
-        want = _by_hand(gpt2, IDS, 0, lambda w, f=factor: w * f).logits
+        want = gpt2_edited(gpt2, IDS, 0, lambda w, f=factor: w * f).logits
         assert (want - plain).abs().max() > 1e-3  # the edit shows
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         torch.testing.assert_close(got, _fresh(gpt2, specs, "p", factor=factor), rtol=0, atol=0)
@@ -93,7 +78,7 @@ def test_with_args_head_mask_on_the_pattern_equals_hf_attentions_and_a_hand_writ
 
         # Hugging Face's own pattern of the edited run: those heads (and queries) zero, the rest as plain.
         torch.testing.assert_close(got.attentions[1], zero(plain), rtol=0, atol=0)
-        torch.testing.assert_close(got.logits, _by_hand(gpt2, IDS, 1, zero).logits, rtol=0, atol=0)
+        torch.testing.assert_close(got.logits, gpt2_edited(gpt2, IDS, 1, zero).logits, rtol=0, atol=0)
         torch.testing.assert_close(got.logits, _fresh(gpt2, specs, "hm", **args), rtol=0, atol=0)
 
 
@@ -112,7 +97,7 @@ def test_with_args_head_patch_from_a_recorded_pattern_equals_hf_clean_heads(gpt2
             return w
 
         got = _run(graph.with_args("hp", heads=head), gpt2, IDS).logits
-        torch.testing.assert_close(got, _by_hand(gpt2, IDS, 1, copy_head).logits, rtol=0, atol=0)
+        torch.testing.assert_close(got, gpt2_edited(gpt2, IDS, 1, copy_head).logits, rtol=0, atol=0)
         torch.testing.assert_close(got, _fresh(gpt2, specs, "hp", heads=head), rtol=0, atol=0)
 
 

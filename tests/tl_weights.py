@@ -103,3 +103,13 @@ def hooked_llama_twin(hf):
         ht = HookedTransformer(cfg).eval()
     ht.load_state_dict({**ht.state_dict(), **{k: v.detach().clone() for k, v in sd.items()}}, strict=True)
     return ht
+
+
+def twins(architecture: str):
+    """``(hf, ht)``: the tiny Hugging Face model of ``architecture`` (gpt2 or llama) and its
+    HookedTransformer with the same weights."""
+    if architecture == "gpt2":
+        hf = tiny_gpt2()
+        return hf, hooked_twin(hf)
+    hf = tiny_llama()
+    return hf, hooked_llama_twin(hf)
