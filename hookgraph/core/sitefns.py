@@ -62,11 +62,14 @@ class SiteFns:
                 return self.defn.factory(ctx, **spec.args)
             site = self._site = self._per_spec(ctx, **spec.args)
             return site(name)
-        except (TypeError, ValueError) as exc:
-            raise BadSite(Problem(full_key(self.key, "args"), f"{self.defn.name}: {exc}")) from None
-        except Exception as exc:  # a factory reading a file or a model (steer, patch): its own error, named
-            said = f"{self.defn.name}: {type(exc).__name__}: {exc}"
-            raise BadSite(Problem(full_key(self.key, "args"), said)) from None
+        except Exception as exc:
+            raise self._refused(exc) from None
+
+    def _refused(self, exc: Exception) -> BadSite:
+        """The factory's refusal under ``<key>.args``: a TypeError or ValueError is a bad argument, said
+        as is; anything else (a factory reading a file or a model: steer, patch) is named by its type."""
+        said = str(exc) if isinstance(exc, (TypeError, ValueError)) else f"{type(exc).__name__}: {exc}"
+        return BadSite(Problem(full_key(self.key, "args"), f"{self.defn.name}: {said}"))
 
     def _op_sites(self, name: str, module: nn.Module) -> ops.OpSites:
         """An op spec's fn: the action's function per op call (ops.OpSites), its arguments
@@ -88,14 +91,12 @@ class SiteFns:
 
                 def make(site: str) -> Any:
                     here = replace(ctx, target=site, op=site.rpartition(":")[2])
-                    if not sourced:
-                        return factory(here, **args)
                     try:
                         return factory(here, **args)
                     except (TypeError, ValueError, HookGraphError) as exc:
+                        if not sourced:  # checked at compile already: as it is
+                            raise
                         raise HookGraphError(f"{full_key(key, 'args')}: {defn.name} at {site!r}: {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise BadSite(Problem(full_key(key, "args"), f"{defn.name}: {exc}")) from None
         except Exception as exc:
-            raise BadSite(Problem(full_key(key, "args"), f"{defn.name}: {type(exc).__name__}: {exc}")) from None
+            raise self._refused(exc) from None
         return ops.OpSites(make)
