@@ -162,7 +162,7 @@ class Attachment:
             # and torch.compile does not trace it.
             eager = bool(graph.bindings) and not compiled and not isinstance(graph.model, torch.jit.ScriptModule)
             if not all(traced) or eager:
-                self._blocks.append(refusal_hook(graph.model, _refusal(graph, eager=not compiled)))
+                self._blocks.append(refusal_hook(graph.model, _refusal(graph, eager=eager)))
             graph.set_step(graph.step)  # registers the bindings live at the current step
             if not compiled:
                 self._clock = install_clock(graph.model, graph.store)
@@ -491,7 +491,9 @@ class HookGraph:
         attachment's hooks are eager-mode ones, which no fullgraph=True trace keeps: every spec
         is named (None only without bindings)."""
         breaking: dict[str, tuple[str, list[str]]] = {}
+        every: dict[str, tuple[str, list[str]]] = {}  # eager hooks: each spec is named, with no reason
         for b in self.bindings:
+            every.setdefault(b.spec.name, ("", []))[1].append(b.target)
             mode = b.compiled_mode()
             if mode.startswith("graph break"):
                 why = mode.removeprefix("graph break").strip(" ()")
@@ -509,14 +511,11 @@ class HookGraph:
             "fails at its recompile limit"
         )
         if not breaking:
-            if not eager or not self.bindings:
+            if not eager or not every:
                 return None
-            targets: dict[str, list[str]] = {}
-            for b in self.bindings:
-                targets.setdefault(b.spec.name, []).append(b.target)
             return (
                 f"the model was compiled with fullgraph=True, which allows no graph break, and {retrace}: "
-                f"{_named({spec: ('', t) for spec, t in targets.items()})}. Attach with graph.attach(compiled=True) "
+                f"{_named(every)}. Attach with graph.attach(compiled=True) "
                 "(their hooks are then traced into the compiled graph) or compile without fullgraph=True." + where
             )
         return (

@@ -53,15 +53,20 @@ def _centred(x: Tensor) -> Tensor:
     return x - x.mean(-1, keepdim=True)
 
 
+def _scale_of(module: nn.Module, xc: Tensor) -> Tensor:
+    """sqrt(mean(xc^2) + eps) of a centred input ``xc``: TransformerLens's hook_scale."""
+    return (xc.pow(2).mean(-1, keepdim=True) + _eps(module)).sqrt()
+
+
 def _ln_scale(module: nn.Module, x: Tensor) -> Tensor:
     """LayerNorm's scale, as TransformerLens's hook_scale: sqrt(mean((x - mean)^2) + eps)."""
-    return (_centred(x).pow(2).mean(-1, keepdim=True) + _eps(module)).sqrt()
+    return _scale_of(module, _centred(x))
 
 
 def _ln_normalized(module: nn.Module, x: Tensor) -> Tensor:
     """LayerNorm's input centred and divided by its scale, before the weight and bias."""
     xc = _centred(x)
-    return xc / (xc.pow(2).mean(-1, keepdim=True) + _eps(module)).sqrt()
+    return xc / _scale_of(module, xc)
 
 
 def _eps(module: nn.Module) -> float:
