@@ -189,3 +189,24 @@ def test_a_batch_set_in_an_earlier_step_gives_no_token_ids_to_a_later_one(tmp_pa
         run.step()
     items = list(hg.load_run(tmp_path / "run").dataset("h"))
     assert [(i["step"], i["token"]) for i in items] == [(0, 1), (0, 2), (0, 3), (1, -1), (1, -1), (1, -1)]
+
+
+def test_a_tokenizers_batch_encoding_gives_the_token_ids_too(tmp_path):
+    """set_batch(tokenizer(...)) hands a BatchEncoding, a Mapping that is not a dict: its ids were
+    read as none (token -1 in the dataset and in record's token table), silently."""
+    import torch
+    from transformers import BatchEncoding
+
+    model = torch.nn.Sequential(torch.nn.Embedding(20, 4), torch.nn.Linear(4, 4))
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    specs = {"h": {"target": "1", "action": "record"},
+             "t": {"target": "1", "action": "record", "args": {"tokens": True, "drop_padding": True}}}
+    batch = BatchEncoding({"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])})
+    with hg.open_run(tmp_path / "run", model, specs) as run:
+        run.graph.set_batch(batch)
+        model(ids)
+        run.step()
+    r = hg.load_run(tmp_path / "run")
+    assert [i["token"] for i in r.dataset("h")] == [1, 2, 3, 4, 5, 6]
+    table = r.records["t"].entry("1", 0)
+    assert table["token"].tolist() == [1, 2, 3, 4, 5]  # the padded last token dropped by the mask

@@ -11,7 +11,7 @@ cannot change a record unnoticed.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 import torch
@@ -157,8 +157,9 @@ def _tokens(store: Any, positions: Any, drop_padding: bool, spec: str) -> Callab
         if t.dim() < 2:
             raise IndexError(f"positions/drop_padding need a [batch, seq, ...] value, got {t.dim()} dimension(s)")
         batch = store.batch
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
-        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        # A tokenizer's BatchEncoding is a Mapping, not a dict.
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
         b, n = t.shape[:2]
         real = None
         if isinstance(mask, Tensor):

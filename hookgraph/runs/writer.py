@@ -37,7 +37,7 @@ import os
 import threading
 import uuid
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -641,7 +641,7 @@ class RunWriter:
 def batch_token_ids(batch: Any) -> torch.Tensor | None:
     """A batch's token ids as a contiguous CPU int64 ``[batch, seq]`` tensor: ``batch`` itself
     or its ``input_ids`` (a tokenizer's dict); None where there are none."""
-    ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else batch  # a BatchEncoding too
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         return None
     return ids.detach().to("cpu", torch.int64).contiguous()
