@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 from torch import nn
@@ -48,6 +50,27 @@ def run_two_ranks(worker: str, tmp_path: Path, timeout: float = 120) -> list[str
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
     return logs
+
+
+def torchrun_two(worker: str, *args: str, timeout: float = 180) -> str:
+    """``torchrun --nproc_per_node=2 -m <worker> <args>`` (c10d rendezvous on 127.0.0.1, any free
+    port), with the caller's torchrun variables cleared: it must exit 0 within ``timeout`` (its
+    process group is killed otherwise); its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", worker, *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun did not end within {timeout:g} s")
+    assert proc.returncode == 0, output[-3000:]
+    return output
 
 CPU = ("runner.device=cpu", "runner.progress=false")
 

@@ -10,19 +10,13 @@ changed the training identically), zero tolerance on the CPU.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import hookgraph as hg
+from tests.runs import torchrun_two
 from tests.trainers import HFNet, hf_trainer, lit_data, lit_net_class, lit_trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "net.1:relu.0"  # the ReLU module's own call of F.relu
 SPECS = {
     "acts": {"target": "net.1", "op": "relu", "action": "record", "when": {"mode": "train"}},
@@ -151,20 +145,7 @@ def test_hf_trainer_callback_op_specs_equal_hand_written_hooks(tmp_path):
 def test_torchrun_ddp_op_specs_equal_a_hand_written_torch_function_mode(tmp_path):
     from safetensors.torch import load_file
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", "tests.op_ddp_worker", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not end within 180 s")
-    assert proc.returncode == 0, output[-3000:]
+    torchrun_two("tests.op_ddp_worker", str(tmp_path))
     key = ":gelu.1"
     firsts = []
     for rank in (0, 1):

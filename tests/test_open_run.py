@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from omegaconf import OmegaConf
 import hookgraph as hg
 from hookgraph.runner import session as session_mod
 from tests.models import hook_snapshot, mlp
-from tests.runs import mlp_cfg, strict_json
+from tests.runs import mlp_cfg, strict_json, torchrun_two
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -315,7 +314,6 @@ def _readme_loops() -> str:
 
 
 def test_the_readme_plain_loop_and_accelerate_examples_run_as_written(tmp_path, monkeypatch):
-    import sys
 
     from accelerate import Accelerator
 
@@ -355,21 +353,7 @@ def test_the_readme_plain_loop_and_accelerate_examples_run_as_written(tmp_path, 
 def test_two_processes_write_the_per_rank_layout_and_both_ranks_read_back(tmp_path):
     from safetensors.torch import load_file
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", "tests.open_run_worker",
-           str(tmp_path / "run"), str(tmp_path / "hand")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not end within 180 s")
-    assert proc.returncode == 0, output[-3000:]
+    torchrun_two("tests.open_run_worker", str(tmp_path / "run"), str(tmp_path / "hand"))
     root = tmp_path / "run"
     s = strict_json(root / "summary.json")
     assert s["status"] == "completed" and s["world_size"] == 2
