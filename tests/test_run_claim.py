@@ -15,7 +15,7 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.runner import claim as claiming
 from hookgraph.runner import run
-from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts
+from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts, signals_held
 from hookgraph.runner.parts import as_config
 from hookgraph.runs.writer import RunWriter
 from tests.runs import cfg, strict_json
@@ -106,6 +106,22 @@ def test_a_handler_installed_from_c_is_restored_as_the_default(monkeypatch, hand
     assert [c[0] for c in calls] == [signal.SIGINT, signal.SIGTERM, signal.SIGINT, signal.SIGTERM]
     assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_run_ended_waits_for_the_last_line(handlers, signum):
+    # The command line's job: torchrun's SIGTERM to the rank left came after the run wrote its
+    # summary and before the rank's one line, and the default handler killed it mid-way (-15).
+    with signals_held() as held:
+        with pytest.raises(RunInterrupted):  # before any run ended, a signal stops the job as ever
+            os.kill(os.getpid(), signum)
+        assert held == []
+        with signals_as_interrupts():
+            pass
+        os.kill(os.getpid(), signum)  # after: noted, and the job goes on to say its line
+        os.kill(os.getpid(), signum)
+        assert held == [signum, signum]
+    assert signal.getsignal(signum) is handlers[signum]  # and the handlers found come back
 
 
 # ---------------------------------------------------------------- what counts as an earlier run

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import re
 import shutil
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -50,7 +51,7 @@ from hookgraph.core.spec import MAX_PATTERNS
 from hookgraph.errors import ConfigError, HookGraphError, SpecError, nearest
 from hookgraph.runner import register_configs, run
 from hookgraph.runner.distributed import rank_overrides, world_from_env
-from hookgraph.runner.lifecycle import RunInterrupted
+from hookgraph.runner.lifecycle import RunInterrupted, signals_held
 from hookgraph.runner.messages import closing_lines
 from hookgraph.runner.outputs import where_of
 from hookgraph.runner.ranks import peer_message, stopped_by_peer
@@ -146,6 +147,19 @@ def _tidy(out_dir: str, summary: dict[str, Any], exc: BaseException | None) -> b
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> float | None:
+    # A signal after the run ended (torchrun stopping this rank because another failed) waits
+    # until the job's last line is said; the default handler would kill the process mid-way.
+    with signals_held() as held:
+        objective = _job(cfg)
+    if held:
+        name = signal.Signals(held[0]).name
+        _error(f"stopped by {name} after the run ended; what it wrote is in its run folder")
+        if not (HydraConfig.get().mode == RunMode.MULTIRUN and not callbacks.in_command_line_process()):
+            sys.exit(128 + held[0])
+    return objective
+
+
+def _job(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
     sweep = hc.mode == RunMode.MULTIRUN

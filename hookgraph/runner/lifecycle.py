@@ -1,6 +1,7 @@
 """A run's claim on its folder and its response to signals.
 
-Public names: MARKER, check_run_dir, claim_run_dir, live_claim, RunInterrupted, RunFolderError, signals_as_interrupts.
+Public names: MARKER, check_run_dir, claim_run_dir, live_claim, RunInterrupted, RunFolderError,
+signals_as_interrupts, signals_held.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hookgraph.runs.layout import MARKER, SUMMARY
 from hookgraph.runs.reader import run_content
 
 __all__ = ["MARKER", "check_run_dir", "claim_run_dir", "live_claim", "RunInterrupted", "RunFolderError",
-           "signals_as_interrupts"]
+           "signals_as_interrupts", "signals_held"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -100,6 +101,8 @@ def live_claim(out_dir: str | Path) -> str | None:
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How many signals_as_interrupts scopes have ended in this process (main thread only).
+_runs_ended = [0]
 
 
 class _Signals:
@@ -141,6 +144,39 @@ def signals_as_interrupts() -> Iterator[_Signals]:
                 previous[signum] = signal.signal(signum, handler)
         yield _Signals(fired)
     finally:
+        _runs_ended[0] += 1  # before the handlers go back: signals_held's handler reads it
         for number, old in previous.items():
             # None: a handler installed from C, which Python cannot put back; the default is closest.
+            signal.signal(number, signal.SIG_DFL if old is None else old)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM that arrive after a run ended are noted in the list it yields, not
+    acted on (before, they raise :class:`RunInterrupted`).
+
+    The command line keeps this around a whole job: :func:`signals_as_interrupts` puts this
+    handler back when the run ends, so a signal that comes after the run wrote its summary and
+    before the command line said its last line (torchrun stopping the other ranks when one
+    failed) is held until that line is out, instead of killing the process mid-sentence. The
+    caller decides what a held signal means; the previous handlers come back after."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    start = _runs_ended[0]
+
+    def handler(signum: int, frame: Any) -> None:
+        if _runs_ended[0] == start:  # no run has ended yet (still building it): stop, as before
+            raise RunInterrupted(signum)
+        held.append(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for signum in _SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
+        yield held
+    finally:
+        for number, old in previous.items():
             signal.signal(number, signal.SIG_DFL if old is None else old)
