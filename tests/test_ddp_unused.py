@@ -59,12 +59,12 @@ def test_ddp_of_a_model_with_nothing_to_train_is_a_config_error(tmp_path, monkey
         monkeypatch.delenv(k, raising=False)
     cfg = {"model": {"name": "mlp"}, "runner": {"distributed": "ddp", "progress": False}, "hooks": {},
            "sink": {"figures": False}}
-    build = parts.build_from_config
+    build = parts.build_from_settings
 
     def frozen(c):
         return build(c).requires_grad_(False)
 
-    monkeypatch.setattr(parts, "build_from_config", frozen)
+    monkeypatch.setattr(parts, "build_from_settings", frozen)
     with pytest.raises(ConfigError, match=r"runner\.distributed: ddp synchronises gradients, and no parameter"):
         run(cfg, tmp_path / "r")
     assert not is_initialized()

@@ -147,7 +147,8 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
 def _list(job: Job, parts: Parts, pattern: str) -> dict[str, Any]:
     """list_targets: the model's matching names, printed; nothing compiles or runs."""
     if job.cfg.ops:  # the calls inside each matching module's forward, from one batch of the data
-        inputs = to_device(first_inputs(job, parts), parts.device, parts.dtype)
+        batch = first_inputs(job, parts)
+        inputs = to_device(batch, parts.device, parts.dtype)
         rows = list_ops(parts.bare, pattern, inputs)
         if job.world.main:
             print(format_ops(rows))

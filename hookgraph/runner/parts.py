@@ -1,6 +1,7 @@
 """Building a run's parts: the model on its device, the graph (the settings come from the door).
 
-Public names: as_config, build_from_config, open_tensorboard, build_parts, compile_specs, write_plan.
+Public names: as_config, build_from_config, build_from_settings, open_tensorboard, build_parts, compile_specs,
+write_plan.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import TensorBoardSink
 
-__all__ = ["as_config", "build_from_config", "open_tensorboard", "build_parts", "compile_specs", "write_plan"]
+__all__ = ["as_config", "build_from_config", "build_from_settings", "open_tensorboard", "build_parts", "compile_specs",
+           "write_plan"]
 
 log = logging.getLogger("hookgraph")
 
@@ -38,10 +40,12 @@ as_config = settings_from
 
 def build_from_config(cfg: Any) -> torch.nn.Module:
     """The model a config's ``model`` section describes (seeded by ``runner.seed``)."""
-    return _build(settings_from(cfg))
+    return build_from_settings(settings_from(cfg))
 
 
-def _build(cfg: RunSettings) -> torch.nn.Module:
+def build_from_settings(cfg: RunSettings) -> torch.nn.Module:
+    """The model the settings' ``model`` section describes (seeded by ``runner.seed``): the runner's
+    own path, which holds settings already and does not pass the door a second time."""
     torch.manual_seed(cfg.runner.seed)
     m = cfg.model
     target = m._target_
@@ -63,7 +67,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     device = pick_device(r.device, world)
     dtype = resolve_dtype(r.dtype)
     job.summary["device"] = str(device)
-    bare = build_from_config(cfg).to(device=device, dtype=dtype)  # settings pass the door as they are
+    bare = build_from_settings(cfg).to(device=device, dtype=dtype)
     bare.train(r.mode == "train")
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
