@@ -306,16 +306,13 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
         views = {}
     store = ResultStore(per_device=_multi_device(model))
     bindings: list[Binding] = []
-    unmatched: dict[str, str] = {}  # specs allowed to bind nothing that did: named at the end of a run
+    silent: list[HookSpec] = []  # specs allowed to bind nothing that did: named at the end of a run
     for spec_index, spec in enumerate(parsed):
         key = full_key(prefix, spec.name)
         matched, found = _match(spec, key, targets)
         problems += found
         if spec.enabled and spec.targets and not matched and not found and spec.name not in broken:
-            unmatched[spec.name] = explain_no_match(
-                targets=spec.targets, names=targets.index(POINTS[spec.at].on_params), excludes=spec.excludes,
-                types=_canonical_types(spec.type_names, targets.index(POINTS[spec.at].on_params)),
-            )
+            silent.append(spec)
         # An argument whose interpolation failed is reported already; it is not also "missing".
         defn, found = _action(spec, key, reported={p.key for p in problems})
         problems += found
@@ -329,11 +326,19 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     problems += _conflicts(bindings, prefix)
     if problems:
         raise SpecError(problems)
+    unmatched = {spec.name: _no_match(spec, targets) for spec in silent}  # worded once, for the run's end
     # Bindings come in (spec, target) order already, so ranks differ only by ``order``: a
     # stable sort on it is the full rank order, and with one order for all there is none to do.
     if len({b.rank[0] for b in bindings}) > 1:
         bindings.sort(key=lambda b: b.rank[0])
     return HookGraph(model, bindings, store, unmatched=unmatched, bare=targets.model)
+
+
+def _no_match(spec: HookSpec, targets: _Targets) -> str:
+    """Why a spec allowed to bind nothing bound nothing (its targets, the nearest names)."""
+    names = targets.index(POINTS[spec.at].on_params)
+    types = _canonical_types(spec.type_names, names)
+    return explain_no_match(targets=spec.targets, names=names, excludes=spec.excludes, types=types)
 
 
 def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list[Problem]]:
@@ -349,12 +354,14 @@ def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list
     expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
     if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
         return [], problems
+    names = targets.index(info.on_params)
+    types = _canonical_types(spec.type_names, names)
     matched, found = resolve_names(
         key=key,
         targets=spec.targets,
         excludes=spec.excludes,
-        names=targets.index(info.on_params),
-        types=_canonical_types(spec.type_names, targets.index(info.on_params)),
+        names=names,
+        types=types,
         expect_min=spec.expect.min if spec.enabled else 0,
         expect_max=spec.expect.max,
         known_types=_torch_module_types(),
