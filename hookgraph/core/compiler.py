@@ -299,12 +299,12 @@ class _Targets:
 def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     parsed, problems, broken = check_specs(specs, prefix=prefix)
     targets = _Targets(unwrap_model(model))
+    store = ResultStore(per_device=_multi_device(model))
     if any(s.names is not None for s in parsed):  # another library's names (names: transformer_lens) -> the model's
         parsed, views, found = name_maps.expand(parsed, targets.model, prefix)
         problems += found
     else:
         views = {}
-    store = ResultStore(per_device=_multi_device(model))
     bindings: list[Binding] = []
     silent: list[HookSpec] = []  # specs allowed to bind nothing that did: named at the end of a run
     for spec_index, spec in enumerate(parsed):
