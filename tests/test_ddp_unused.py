@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.core.compiler import replacing_specs
 from hookgraph.errors import ConfigError
 from hookgraph.runner import run
-from hookgraph.runner.distributed import replacing_specs
 
 needs_gloo = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
 RUNNER = {"steps": 3, "batch_size": 2, "optimizer": "sgd", "lr": 0.1, "distributed": "ddp", "progress": False}

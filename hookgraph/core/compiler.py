@@ -1,6 +1,6 @@
 """compile_graph(): hook specs + a model -> a validated HookGraph, nothing registered yet.
 
-Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap_model.
+Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap_model, replacing_specs.
 
 All problems (spec fields, names that match nothing, unknown actions, bad arguments,
 points that ignore replacement, in-place modules under full backward hooks, two
@@ -31,7 +31,7 @@ from hookgraph.core.store import ResultStore
 from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
 from hookgraph.errors import Problem, SpecError, full_key
 
-__all__ = ["compile", "compile_graph", "unwrap_model"]
+__all__ = ["compile", "compile_graph", "unwrap_model", "replacing_specs"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -238,6 +238,27 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
 
 
 compile = compile_graph  # noqa: A001 - the public name; internal code calls compile_graph
+
+
+def replacing_specs(specs: Any, *, prefix: str = "hooks") -> list[str]:
+    """The specs whose action may replace a module's input or output in the forward pass.
+
+    Such a spec can cut parameters out of the backward (``zero``, ``patch``, a detached value),
+    and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
+    Specs with problems are skipped here, and so are specs that cannot be read at all:
+    compiling them reports the problems.
+    """
+    try:
+        parsed, _, _ = check_specs(specs, prefix=prefix)
+    except SpecError:
+        return []
+    out = []
+    for spec in parsed:
+        if spec.enabled and POINTS[spec.at].activation:
+            defn, _ = resolve_action(spec.action, f"{prefix}.{spec.name}.action")
+            if defn is not None and defn.replaces:
+                out.append(spec.name)
+    return out
 
 
 def _multi_device(model: nn.Module) -> bool:

@@ -15,14 +15,14 @@ import torch
 from hookgraph.config.hooksets import refuse_shared_specs
 from hookgraph.config.settings import Settings as RunSettings
 from hookgraph.config.settings import settings_from
-from hookgraph.core.compiler import compile_graph
+from hookgraph.core.compiler import compile_graph, replacing_specs
 from hookgraph.core.fingerprint import model_identity
 from hookgraph.core.graph import HookGraph
 from hookgraph.models import build_model
 from hookgraph.report import module_tree, write_plan_svg
 from hookgraph.runner.checks import Settings
 from hookgraph.runner.device import resolve_dtype
-from hookgraph.runner.distributed import pick_device, replacing_specs, wrap_model
+from hookgraph.runner.distributed import pick_device, wrap_model
 from hookgraph.runner.outputs import write
 from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
@@ -73,18 +73,19 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
     job.summary["model"] = model_identity(bare)
     progress.lap("build_s", progress.t0)
+    # ddp's find_unused_parameters, when left to the run (None): on for a spec that may cut
+    # parameters out of the backward. Asked of the specs here, before the runner's own steps.
+    unused = r.find_unused_parameters
+    replacing = replacing_specs(cfg.hooks) if unused is None and r.distributed == "ddp" else []
     # Written before compiling, so the page of a run whose specs fail still shows the whole tree.
     modules = module_tree(bare)
     if world.main:
         write(job.writer.json, layout.MODULES, modules)
+    if replacing:
+        log.info("runner.find_unused_parameters: on for ddp, for the specs %s", ", ".join(replacing))
     # Wrapped before compiling: the specs bind to the modules the wrapped model runs.
-    unused = r.find_unused_parameters
-    if unused is None and r.distributed == "ddp":  # auto: a spec that may cut parameters out of the backward
-        replacing = replacing_specs(cfg.hooks)
-        unused = bool(replacing)
-        if replacing:
-            log.info("runner.find_unused_parameters: on for ddp, for the specs %s", ", ".join(replacing))
-    model = wrap_model(bare, r.distributed, settings.shard, device, find_unused_parameters=bool(unused))
+    model = wrap_model(bare, r.distributed, settings.shard, device,
+                       find_unused_parameters=bool(replacing) if unused is None else bool(unused))
     return Parts(device, dtype, bare, model, settings.gradcam, modules)
 
 
