@@ -5,7 +5,7 @@ Public names: run.
 ``run(cfg, out_dir)`` is a plain function over a config (DictConfig, dict or Settings) and a folder;
 the Hydra entry point only supplies the folder. It reads as its steps: claim the folder
 (:mod:`~hookgraph.runner.claim`), check the settings (:mod:`~hookgraph.runner.checks`),
-build the model and compile the specs (:mod:`~hookgraph.runner.parts`), run the steps
+build the model (:mod:`~hookgraph.runner.parts`), compile the specs against it, run the steps
 (:mod:`~hookgraph.runner.steps`), write the tables and figures, and, whatever happened,
 write ``summary.json`` (:mod:`~hookgraph.runner.outputs`).
 
@@ -25,10 +25,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
+from hookgraph.config.hooksets import refuse_shared_specs
 from hookgraph.config.settings import Settings, settings_from
+from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_ops, format_targets, list_ops, list_targets
 from hookgraph.core.graph import HookGraph
 from hookgraph.runner.batches import to_device
@@ -37,7 +40,7 @@ from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
 from hookgraph.runner.outputs import close, fail
-from hookgraph.runner.parts import build_parts, compile_specs, open_tensorboard, write_plan
+from hookgraph.runner.parts import build_parts, open_tensorboard, write_plan
 from hookgraph.runner.ranks import RankFailedError
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
@@ -124,7 +127,11 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     if cfg.list_targets is not None:
         _list(job, parts, cfg.list_targets)
         return None
-    graph = progress.graph = compile_specs(job, parts, progress)
+    # The specs go down to the core once, compiled against the wrapped model (it runs).
+    refuse_shared_specs()  # two chosen hook sets defining one spec name would merge silently
+    t = time.perf_counter()
+    graph = progress.graph = compile_graph(parts.model, cfg.hooks, prefix="hooks")
+    progress.lap("compile_s", t)
     check_compiled(cfg, parts.gradcam, graph)
     write_plan(job, parts.modules, graph)
     if cfg.dry_run:

@@ -1,21 +1,18 @@
-"""Building a run's parts: the model on its device, the graph (the settings come from the door).
+"""Building a run's parts: the model on its device, wrapped; the plan of its graph (the settings come from the door).
 
-Public names: as_config, build_from_config, build_from_settings, open_tensorboard, build_parts, compile_specs,
-write_plan.
+Public names: as_config, build_from_config, build_from_settings, open_tensorboard, build_parts, write_plan.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
 
-from hookgraph.config.hooksets import refuse_shared_specs
 from hookgraph.config.settings import Settings as RunSettings
 from hookgraph.config.settings import settings_from
-from hookgraph.core.compiler import compile_graph, replacing_specs
+from hookgraph.core.compiler import replacing_specs
 from hookgraph.core.fingerprint import model_identity
 from hookgraph.core.graph import HookGraph
 from hookgraph.models import build_model
@@ -28,8 +25,7 @@ from hookgraph.runner.state import Job, Parts, Progress
 from hookgraph.runs import layout
 from hookgraph.runs.writer import TensorBoardSink
 
-__all__ = ["as_config", "build_from_config", "build_from_settings", "open_tensorboard", "build_parts", "compile_specs",
-           "write_plan"]
+__all__ = ["as_config", "build_from_config", "build_from_settings", "open_tensorboard", "build_parts", "write_plan"]
 
 log = logging.getLogger("hookgraph")
 
@@ -87,15 +83,6 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     model = wrap_model(bare, r.distributed, settings.shard, device,
                        find_unused_parameters=bool(replacing) if unused is None else bool(unused))
     return Parts(device, dtype, bare, model, settings.gradcam, modules)
-
-
-def compile_specs(job: Job, parts: Parts, progress: Progress) -> HookGraph:
-    """The specs compiled against the model (the wrapped one: it runs)."""
-    t = time.perf_counter()
-    refuse_shared_specs()  # two chosen hook sets defining one spec name would merge silently
-    graph = compile_graph(parts.model, job.cfg.hooks, prefix="hooks")
-    progress.lap("compile_s", t)
-    return graph
 
 
 def write_plan(job: Job, modules: list[dict], graph: HookGraph) -> None:
