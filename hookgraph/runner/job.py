@@ -40,7 +40,7 @@ from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
 from hookgraph.runner.outputs import close, fail
-from hookgraph.runner.parts import build_parts, open_tensorboard, write_plan
+from hookgraph.runner.parts import build_parts, write_plan
 from hookgraph.runner.ranks import RankFailedError
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
@@ -122,7 +122,6 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     :class:`LiveRun`, not started. None when the config only lists targets or plans."""
     cfg, world = job.cfg, job.world
     settings = check_settings(cfg, world)
-    progress.tb = open_tensorboard(job)
     parts = build_parts(job, settings, progress)
     if cfg.list_targets is not None:
         _list(job, parts, cfg.list_targets)

@@ -53,18 +53,20 @@ def build_from_settings(cfg: RunSettings) -> torch.nn.Module:
 def open_tensorboard(job: Job) -> TensorBoardSink | None:
     """sink.tensorboard's writer (rank 0's histograms and scalars only), or None."""
     if job.cfg.sink.tensorboard and job.world.main:
-        return TensorBoardSink(job.writer.dir)  # before the model is built: a missing package fails fast
+        return TensorBoardSink(job.writer.dir)  # its package was checked with the settings
     return None
 
 
 def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
-    """The model on its device, its module tree written, wrapped as runner.distributed asks."""
+    """The model on its device, its module tree written, wrapped as runner.distributed asks; the
+    tensorboard sink opened (``progress.tb``) when sink.tensorboard asks for one."""
     cfg, r, world = job.cfg, job.cfg.runner, job.world
     device = pick_device(r.device, world)
     dtype = resolve_dtype(r.dtype)
     job.summary["device"] = str(device)
     bare = build_from_settings(cfg).to(device=device, dtype=dtype)
     bare.train(r.mode == "train")
+    progress.tb = open_tensorboard(job)  # the run's writers beside its model
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
     job.summary["model"] = model_identity(bare)
