@@ -28,6 +28,13 @@ def test_specs_that_may_replace_a_forward_value_are_found():
 
 
 @needs_gloo
+@pytest.mark.parametrize("hooks", [[{"target": "fc1", "action": "zero"}], "no/such/specs.yaml"])
+def test_specs_that_cannot_be_read_are_left_to_compile_to_report(hooks):
+    assert replacing_specs(hooks) == []
+    with pytest.raises(hg.SpecError):
+        hg.compile(torch.nn.Linear(2, 2), hooks)
+
+
 def test_ddp_turns_find_unused_parameters_on_for_a_zero_spec(tmp_path, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
