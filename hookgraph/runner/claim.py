@@ -57,9 +57,6 @@ def _writer(sink: SinkSettings, folder: str | Path, world: World, key: str) -> R
     run's) and mark it as theirs first; any other rank joins the folder rank 0 claimed. Rank 0 then
     tells the other ranks where the folder is, or why there is none."""
     joining = world.ranked and not world.main
-    # pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's
-    marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
-                        indent=2) + "\n"
     try:
         if not joining:
             check_run_dir(folder, key)
@@ -67,7 +64,7 @@ def _writer(sink: SinkSettings, folder: str | Path, world: World, key: str) -> R
             writer = RunWriter(folder, max_bytes=sink.max_bytes, rank=world.rank if world.ranked else None,
                                fsync=sink.fsync)
             if not joining:
-                claim_run_dir(folder, marker.encode(), key)  # exclusive: a run that got here first keeps the folder
+                claim_run_dir(folder, _marker(), key)  # exclusive: a run that got here first keeps the folder
             writer.reserve_room()  # only in a folder that is now this run's (claimed, or rank 0's joined)
         except OSError as exc:
             who = f"rank {world.rank} cannot" if joining else "cannot"
@@ -79,3 +76,9 @@ def _writer(sink: SinkSettings, folder: str | Path, world: World, key: str) -> R
     if world.ranked and world.main:
         broadcast((str(Path(folder).resolve()), None), world)
     return writer
+
+
+def _marker() -> bytes:
+    """The claim's content; pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's."""
+    return (json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
+                       indent=2) + "\n").encode()
