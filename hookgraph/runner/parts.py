@@ -66,7 +66,7 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     job.summary["device"] = str(device)
     bare = build_from_settings(cfg).to(device=device, dtype=dtype)
     bare.train(r.mode == "train")
-    progress.tb = open_tensorboard(job)  # the run's writers beside its model
+    progress.tb = open_tensorboard(job)  # once the model is built; its package was checked with the settings
     # Which model this run ran: a patch or steer that reads this run's records from another
     # run compares it with its own model (hookgraph.actions.recorded.check_source_model).
     job.summary["model"] = model_identity(bare)
