@@ -33,7 +33,7 @@ from hookgraph.config.hooksets import refuse_shared_specs
 from hookgraph.config.settings import Settings, settings_from
 from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_ops, format_targets, list_ops, list_targets
-from hookgraph.core.graph import HookGraph
+from hookgraph.core.graph import Plan
 from hookgraph.runner.batches import to_device
 from hookgraph.runner.checks import check_compiled, check_settings
 from hookgraph.runner.claim import claim
@@ -131,10 +131,12 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     t = time.perf_counter()
     graph = progress.graph = compile_graph(parts.model, cfg.hooks, prefix="hooks")
     progress.lap("compile_s", t)
+    # Its plan, made once: plan.json and plan.svg, and a dry run's table (graph breaks listed under runner.compile).
+    plan = graph.plan(compiled=bool(cfg.runner.compile))
     check_compiled(cfg, parts.gradcam, graph)
-    write_plan(job, parts.modules, graph)
+    write_plan(job, parts.modules, plan)
     if cfg.dry_run:
-        _plan_only(job, graph)
+        _plan_only(job, plan)
         return None
     live = LiveRun(
         graph,
@@ -167,9 +169,8 @@ def _list(job: Job, parts: Parts, pattern: str) -> dict[str, Any]:
     return job.summary
 
 
-def _plan_only(job: Job, graph: HookGraph) -> dict[str, Any]:
+def _plan_only(job: Job, plan: Plan) -> dict[str, Any]:
     """dry_run: the compiled plan, printed; nothing runs (graph breaks listed under runner.compile)."""
-    plan = graph.plan(compiled=bool(job.cfg.runner.compile))
     if job.world.main:
         print(plan)
     job.summary.update(status="planned", bindings=len(plan))

@@ -14,7 +14,7 @@ from hookgraph.config.settings import Settings as RunSettings
 from hookgraph.config.settings import settings_from
 from hookgraph.core.compiler import replacing_specs
 from hookgraph.core.fingerprint import model_identity
-from hookgraph.core.graph import HookGraph
+from hookgraph.core.graph import Plan
 from hookgraph.models import build_model
 from hookgraph.report import module_tree, write_plan_svg
 from hookgraph.runner.checks import Settings
@@ -87,9 +87,9 @@ def build_parts(job: Job, settings: Settings, progress: Progress) -> Parts:
     return Parts(device, dtype, bare, model, settings.gradcam, modules)
 
 
-def write_plan(job: Job, modules: list[dict], graph: HookGraph) -> None:
-    """plan.json and plan.svg (rank 0); ``modules``: the module tree (modules.json's)."""
+def write_plan(job: Job, modules: list[dict], plan: Plan) -> None:
+    """plan.json and plan.svg (rank 0) of the compiled graph's ``plan``; ``modules``: the module tree
+    (modules.json's)."""
     if job.world.main:
-        plan = graph.plan()
         write(job.writer.json, layout.PLAN, list(plan))
         write(write_plan_svg, plan, modules, job.writer.dir / layout.PLAN_SVG)
