@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import hookgraph as hg
+from hookgraph.core.compiler import replacing_specs
 from hookgraph.errors import ConfigError
 from hookgraph.runner import run
-from hookgraph.runner.distributed import replacing_specs
 
 needs_gloo = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")
 RUNNER = {"steps": 3, "batch_size": 2, "optimizer": "sgd", "lr": 0.1, "distributed": "ddp", "progress": False}
@@ -28,6 +28,13 @@ def test_specs_that_may_replace_a_forward_value_are_found():
 
 
 @needs_gloo
+@pytest.mark.parametrize("hooks", [[{"target": "fc1", "action": "zero"}], "no/such/specs.yaml"])
+def test_specs_that_cannot_be_read_are_left_to_compile_to_report(hooks):
+    assert replacing_specs(hooks) == []
+    with pytest.raises(hg.SpecError):
+        hg.compile(torch.nn.Linear(2, 2), hooks)
+
+
 def test_ddp_turns_find_unused_parameters_on_for_a_zero_spec(tmp_path, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
@@ -59,12 +66,12 @@ def test_ddp_of_a_model_with_nothing_to_train_is_a_config_error(tmp_path, monkey
         monkeypatch.delenv(k, raising=False)
     cfg = {"model": {"name": "mlp"}, "runner": {"distributed": "ddp", "progress": False}, "hooks": {},
            "sink": {"figures": False}}
-    build = parts.build_from_config
+    build = parts.build_from_settings
 
     def frozen(c):
         return build(c).requires_grad_(False)
 
-    monkeypatch.setattr(parts, "build_from_config", frozen)
+    monkeypatch.setattr(parts, "build_from_settings", frozen)
     with pytest.raises(ConfigError, match=r"runner\.distributed: ddp synchronises gradients, and no parameter"):
         run(cfg, tmp_path / "r")
     assert not is_initialized()

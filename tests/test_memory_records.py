@@ -189,7 +189,7 @@ def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
         alive_at_page.append([g() is not None for g in graphs])
         return real_page(folder)
 
-    monkeypatch.setattr("hookgraph.runner.parts.compile_graph", compile_and_watch)
+    monkeypatch.setattr("hookgraph.runner.job.compile_graph", compile_and_watch)
     monkeypatch.setattr("hookgraph.runner.outputs.write_report", page)
     summary = run_config(
         {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},

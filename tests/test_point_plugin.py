@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 import hookgraph as hg
+from hookgraph.core.compiler import replacing_specs
 from hookgraph.core.hooks.callers import Inputs, make_caller
 from hookgraph.core.hooks.eager import module_hook
 from hookgraph.core.points import PointInfo, register_point, unregister_point
-from hookgraph.runner.distributed import replacing_specs
 
 KWARGS = PointInfo(
     on_params=False,

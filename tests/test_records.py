@@ -315,7 +315,9 @@ def test_tensorboard_missing_is_a_config_error_with_the_install_hint(tmp_path, m
         run(mlp_cfg({"r": {"target": "fc1", "action": "record"}}, sink={"tensorboard": True}), tmp_path)
     assert err.value.key == "sink.tensorboard"
     assert "pip install hookgraph[tensorboard]" in str(err.value)
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "model" not in summary  # said with the settings, before the model was built
 
 
 def test_record_under_inference_mode_copies_what_has_no_version_counter():

@@ -15,7 +15,15 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.runner import claim as claiming
 from hookgraph.runner import run
-from hookgraph.runner.lifecycle import MARKER, RunInterrupted, check_run_dir, signals_as_interrupts, signals_held
+from hookgraph.runner.distributed import World
+from hookgraph.runner.lifecycle import (
+    MARKER,
+    RunFolderError,
+    RunInterrupted,
+    check_run_dir,
+    signals_as_interrupts,
+    signals_held,
+)
 from hookgraph.runner.parts import as_config
 from hookgraph.runs.writer import RunWriter
 from tests.runs import cfg, strict_json
@@ -176,6 +184,50 @@ def test_claiming_the_same_folder_twice_refuses_the_second(tmp_path, monkeypatch
     # The first run is still running there: its claim and the room it keeps for its summary.
     with pytest.raises(hg.ConfigError, match=r"holds an earlier run \(\.hookgraph, \.reserve\)"):
         check_run_dir(tmp_path)
+
+
+# ---------------------------------------------------------------- the claim of each rank
+
+
+def _blocked(tmp_path):
+    (tmp_path / "file").write_text("a file, not a folder")
+    return tmp_path / "file" / "run"  # no folder can be made under a file
+
+
+def test_a_folder_that_cannot_be_made_is_a_run_folder_error_naming_it(tmp_path):
+    out = _blocked(tmp_path)
+    with pytest.raises(RunFolderError, match=rf"^cannot write the run folder {out}: "):
+        claiming.claim(as_config(cfg()), out, {})
+
+
+def test_rank_0_claims_the_folder_then_tells_the_other_ranks_where_or_why_not(tmp_path, monkeypatch):
+    told = []
+    monkeypatch.setattr(claiming, "broadcast", lambda value, world: told.append(value) or value)
+    job = claiming.claim(as_config(cfg()), tmp_path / "run", {}, World(rank=0, size=2))
+    assert told == [(str((tmp_path / "run").resolve()), None)]
+    assert (tmp_path / "run" / MARKER).is_file() and job.writer.rank == 0
+    assert job.summary["rank"] == 0 and job.summary["world_size"] == 2
+    told.clear()
+    with pytest.raises(RunFolderError) as err:
+        claiming.claim(as_config(cfg()), _blocked(tmp_path), {}, World(rank=0, size=2))
+    assert told == [(None, str(err.value))]  # the other ranks hear why, and stop too
+
+
+def test_another_rank_writes_into_rank_0_s_folder_or_says_why_it_cannot(tmp_path, monkeypatch):
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir()
+    own.mkdir()  # the empty folder Hydra made for this rank: removed, the run lives in rank 0's
+    (shared / MARKER).write_text("{}")  # rank 0's claim: joined, never refused
+    monkeypatch.setattr(claiming, "broadcast", lambda value, world: (str(shared.resolve()), None))
+    job = claiming.claim(as_config(cfg()), own, {}, World(rank=1, size=2))
+    assert job.writer.dir == shared.resolve() and job.writer.rank == 1 and not own.exists()
+    monkeypatch.setattr(claiming, "broadcast", lambda value, world: (None, "the disk is full"))
+    with pytest.raises(RunFolderError, match=r"^rank 0 could not claim the run folder: the disk is full$"):
+        claiming.claim(as_config(cfg()), own, {}, World(rank=1, size=2))
+    blocked = _blocked(tmp_path)
+    monkeypatch.setattr(claiming, "broadcast", lambda value, world: (str(blocked), None))
+    with pytest.raises(RunFolderError, match=rf"^rank 1 cannot write the run folder {blocked}: "):
+        claiming.claim(as_config(cfg()), own, {}, World(rank=1, size=2))
 
 
 # ------------------------------------------------ open_run(overwrite=True) and live runs (issue 36 item 8)

@@ -1,6 +1,6 @@
 """compile_graph(): hook specs + a model -> a validated HookGraph, nothing registered yet.
 
-Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap_model.
+Public names: compile_graph (exported as ``hookgraph.compile``), compile, unwrap_model, replacing_specs.
 
 All problems (spec fields, names that match nothing, unknown actions, bad arguments,
 points that ignore replacement, in-place modules under full backward hooks, two
@@ -31,7 +31,7 @@ from hookgraph.core.store import ResultStore
 from hookgraph.core.torch_internals import compiled_module_of, direct_parameters, named_modules
 from hookgraph.errors import Problem, SpecError, full_key
 
-__all__ = ["compile", "compile_graph", "unwrap_model"]
+__all__ = ["compile", "compile_graph", "unwrap_model", "replacing_specs"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -240,6 +240,27 @@ def compile_graph(model: nn.Module, specs: Any, *, prefix: str = "hooks") -> Hoo
 compile = compile_graph  # noqa: A001 - the public name; internal code calls compile_graph
 
 
+def replacing_specs(specs: Any, *, prefix: str = "hooks") -> list[str]:
+    """The specs whose action may replace a module's input or output in the forward pass.
+
+    Such a spec can cut parameters out of the backward (``zero``, ``patch``, a detached value),
+    and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
+    Specs with problems are skipped here, and so are specs that cannot be read at all:
+    compiling them reports the problems.
+    """
+    try:
+        parsed, _, _ = check_specs(specs, prefix=prefix)
+    except SpecError:
+        return []
+    out = []
+    for spec in parsed:
+        if spec.enabled and POINTS[spec.at].activation:
+            defn, _ = resolve_action(spec.action, f"{prefix}.{spec.name}.action")
+            if defn is not None and defn.replaces:
+                out.append(spec.name)
+    return out
+
+
 def _multi_device(model: nn.Module) -> bool:
     """DataParallel over several devices runs the hooks of its replicas in threads."""
     inner: object = model
@@ -299,23 +320,20 @@ class _Targets:
 def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     parsed, problems, broken = check_specs(specs, prefix=prefix)
     targets = _Targets(unwrap_model(model))
+    store = ResultStore(per_device=_multi_device(model))
     if any(s.names is not None for s in parsed):  # another library's names (names: transformer_lens) -> the model's
         parsed, views, found = name_maps.expand(parsed, targets.model, prefix)
         problems += found
     else:
         views = {}
-    store = ResultStore(per_device=_multi_device(model))
     bindings: list[Binding] = []
-    unmatched: dict[str, str] = {}  # specs allowed to bind nothing that did: named at the end of a run
+    silent: list[HookSpec] = []  # specs allowed to bind nothing that did: named at the end of a run
     for spec_index, spec in enumerate(parsed):
         key = full_key(prefix, spec.name)
         matched, found = _match(spec, key, targets)
         problems += found
         if spec.enabled and spec.targets and not matched and not found and spec.name not in broken:
-            unmatched[spec.name] = explain_no_match(
-                targets=spec.targets, names=targets.index(POINTS[spec.at].on_params), excludes=spec.excludes,
-                types=_canonical_types(spec.type_names, targets.index(POINTS[spec.at].on_params)),
-            )
+            silent.append(spec)
         # An argument whose interpolation failed is reported already; it is not also "missing".
         defn, found = _action(spec, key, reported={p.key for p in problems})
         problems += found
@@ -329,11 +347,19 @@ def _compile(model: nn.Module, specs: Any, prefix: str) -> HookGraph:
     problems += _conflicts(bindings, prefix)
     if problems:
         raise SpecError(problems)
+    unmatched = {spec.name: _no_match(spec, targets) for spec in silent}  # worded once, for the run's end
     # Bindings come in (spec, target) order already, so ranks differ only by ``order``: a
     # stable sort on it is the full rank order, and with one order for all there is none to do.
     if len({b.rank[0] for b in bindings}) > 1:
         bindings.sort(key=lambda b: b.rank[0])
     return HookGraph(model, bindings, store, unmatched=unmatched, bare=targets.model)
+
+
+def _no_match(spec: HookSpec, targets: _Targets) -> str:
+    """Why a spec allowed to bind nothing bound nothing (its targets, the nearest names)."""
+    names = targets.index(POINTS[spec.at].on_params)
+    types = _canonical_types(spec.type_names, names)
+    return explain_no_match(targets=spec.targets, names=names, excludes=spec.excludes, types=types)
 
 
 def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list[Problem]]:
@@ -349,12 +375,14 @@ def _match(spec: HookSpec, key: str, targets: _Targets) -> tuple[list[str], list
     expect_ok = spec.expect.min >= 0 and (spec.expect.max is None or spec.expect.max >= spec.expect.min)
     if not spec.targets or not expect_ok:  # reported already; resolving would say it twice
         return [], problems
+    names = targets.index(info.on_params)
+    types = _canonical_types(spec.type_names, names)
     matched, found = resolve_names(
         key=key,
         targets=spec.targets,
         excludes=spec.excludes,
-        names=targets.index(info.on_params),
-        types=_canonical_types(spec.type_names, targets.index(info.on_params)),
+        names=names,
+        types=types,
         expect_min=spec.expect.min if spec.enabled else 0,
         expect_max=spec.expect.max,
         known_types=_torch_module_types(),

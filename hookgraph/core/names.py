@@ -173,6 +173,9 @@ def expand(
 
 def _expand_one(spec: HookSpec, model: nn.Module, key: str) -> tuple[HookSpec | None, View | None, list[Problem]]:
     map_name = str(spec.names)
+    # The action first (an unknown one is the compiler's to report): whether it edits decides below
+    # which names it may act on, and the problems are worded after the lookups.
+    defn, _ = resolve_action(spec.action, full_key(key, "action"))
     if map_name not in map_names():
         return None, None, [Problem(full_key(key, "names"), f"unknown name map {map_name!r}; "
                                     f"{did_you_mean(map_name, map_names(), 'name maps (conf/names)')}")]
@@ -214,7 +217,6 @@ def _expand_one(spec: HookSpec, model: nn.Module, key: str) -> tuple[HookSpec | 
     view = VIEWS.get(where["view"]) if "view" in where else None
     if "view" in where and view is None:
         raise HookGraphError(f"conf/names/{map_name}.yaml: {found[0]}: unknown view {where['view']!r}")
-    defn, _ = resolve_action(spec.action, full_key(key, "action"))  # an unknown action: the compiler says so
     if defn is not None and defn.replaces:
         why = where.get("readonly")
         if not why and view is not None and view.put is None:

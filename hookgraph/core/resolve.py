@@ -267,19 +267,12 @@ def resolve_names(
         matched = [n for n in matched if n not in dropped]
 
     before_types = matched
+    # Types the model lacks: worded (with the nearest types) once the names are settled, first among the problems.
+    unknown = [t for t in types if t not in index.all_kinds and t not in known_types]
     if types:
-        for t in types:
-            if t not in index.all_kinds and t not in known_types:
-                close = nearest(t, index.short_kinds)
-                hint = (
-                    f"did you mean {', '.join(map(repr, close))}?"
-                    if close
-                    else f"types in this model: {', '.join(index.short_kinds[:15])}"
-                )
-                problems.append(Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}"))
         wanted = set(types)
         matched = [n for n in matched if wanted.intersection(index.kinds.get(n, ()))]
-        if before_types and not matched and expect_min > 0 and not problems:
+        if before_types and not matched and expect_min > 0 and not unknown:
             present = sorted({index.kinds[n][0] for n in before_types if index.kinds.get(n)})
             return [], [
                 Problem(
@@ -293,7 +286,7 @@ def resolve_names(
     count = len(matched)
     if count < expect_min or (expect_max is not None and count > expect_max):
         shown = ", ".join(repr(p) for p in targets)
-        if count == 0 and before_types and problems:
+        if count == 0 and before_types and unknown:
             pass  # the target did match: a type named above that the model lacks dropped every name
         elif count == 0 and before_exclude:  # the target matched: the exclude dropped every name
             problems.append(
@@ -320,7 +313,13 @@ def resolve_names(
                     f"{', '.join(matched[:8])}{', ...' if count > 8 else ''}",
                 )
             )
-    return matched, problems
+    return matched, [*(_unknown_type(key, t, nearest(t, index.short_kinds), index) for t in unknown), *problems]
+
+
+def _unknown_type(key: str, t: str, close: list[str], index: NameIndex) -> Problem:
+    hint = f"did you mean {', '.join(map(repr, close))}?" if close else \
+        f"types in this model: {', '.join(index.short_kinds[:15])}"
+    return Problem(f"{key}.types", f"no module of type {t!r} in the model; {hint}")
 
 
 # Suggestions run only when a spec matches nothing, but on a model of 100,000 modules a

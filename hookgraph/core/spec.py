@@ -129,7 +129,13 @@ def _plain(specs: Any, prefix: str = "hooks") -> Mapping[str, Any]:
         # Resolved spec by spec: one bad interpolation is that spec's problem.
         return spec_bodies(specs, prefix)
     if isinstance(specs, Mapping):
-        return specs
+        if len(specs) > MAX_SPECS or not any(is_config_container(body) for body in specs.values()):
+            return specs  # plain already, or refused by its length before anything is read
+        from hookgraph.config.specs import read_body  # lazy: loaded already, a body is one of its containers
+
+        # A DictConfig body in a mapping of specs: read from the config here, with the others, before any is checked.
+        return {name: read_body(body, f"{prefix}.{name}") if is_config_container(body) else body
+                for name, body in specs.items()}
     if isinstance(specs, (list, tuple)) and all(isinstance(s, HookSpec) for s in specs):
         unnamed = [i for i, s in enumerate(specs) if not s.name]
         if unnamed:
@@ -150,10 +156,6 @@ def _check_body(name: str, body: Any, key: str) -> tuple[HookSpec | None, list[P
     if isinstance(body, HookSpec):
         # Objects built in Python go through the same checks as YAML: enums, bounds, types.
         body = {k: v for k, v in _to_dict(body).items() if k != "name"}
-    elif is_config_container(body):  # a DictConfig body in a mapping of specs
-        from hookgraph.config.specs import read_body  # lazy: loaded already, body is one of its containers
-
-        body = read_body(body, key)
     if isinstance(body, ReadBody):
         problems = [*(_too_many(f"{key}.{k}", n) for k, n in body.too_long), *body.problems]
         if body.unreadable:

@@ -25,6 +25,7 @@ from hookgraph.runner.distributed import World, check_distributed
 from hookgraph.runner.generate import check_generate
 from hookgraph.runner.lens import check_lens
 from hookgraph.runner.metrics import check_metric
+from hookgraph.runs.writer import summary_writer
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ def check_settings(cfg: RunSettings, world: World) -> Settings:
             "weights equal; set runner.distributed=ddp or fsdp",
         )
     _check_show(cfg)
-    return Settings(shard, _check_sink(cfg.sink))
+    gradcam = _check_sink(cfg.sink)
+    if cfg.sink.tensorboard and world.main:
+        summary_writer()  # its package, before the model is built: a missing one fails fast
+    return Settings(shard, gradcam)
 
 
 def _check_show(cfg: RunSettings) -> None:

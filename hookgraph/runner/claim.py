@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from hookgraph.config.settings import Settings
+from hookgraph.config.settings import Settings, SinkSettings
 from hookgraph.runner.distributed import World, broadcast
 from hookgraph.runner.lifecycle import RunFolderError, check_run_dir, claim_run_dir
 from hookgraph.runner.state import Job
@@ -31,45 +31,17 @@ def claim(cfg: Settings, out_dir: str | Path, summary: dict[str, Any], world: Wo
           key: str = "hydra.run.dir") -> Job:
     """The :class:`Job` of a run in ``out_dir``, its folder claimed; ``summary`` says ``running``.
     ``key``: the setting that chose the folder, as a refusal names it (``run_dir`` for open_run)."""
-    if not world.ranked:
-        writer = _claim_folder(cfg, out_dir, None, key)
-    elif world.main:
-        writer = _claim_and_tell(cfg, out_dir, world, key)
-    else:
-        writer = _join(cfg, out_dir, world)
+    # Where first (another rank learns rank 0's folder), then the one writer of it, made once.
+    folder = _rank0s_folder(out_dir, world) if world.ranked and not world.main else out_dir
+    writer = _writer(cfg.sink, folder, world, key)
     summary.update(status="running", steps=0, steps_requested=cfg.runner.steps, versions=versions())
     if world.ranked:
         summary.update(rank=world.rank, world_size=world.size)
     return Job(cfg, writer, world, summary)
 
 
-def _claim_folder(cfg: Settings, out_dir: str | Path, rank: int | None, key: str) -> RunWriter:
-    check_run_dir(out_dir, key)
-    # pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's
-    marker = json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
-                        indent=2) + "\n"
-    try:
-        writer = RunWriter(out_dir, max_bytes=cfg.sink.max_bytes, rank=rank, fsync=cfg.sink.fsync)
-        claim_run_dir(writer.dir, marker.encode(), key)  # exclusive: a run that got here first keeps the folder
-        writer.reserve_room()  # only in a folder that is now this run's
-    except OSError as exc:
-        raise RunFolderError(f"cannot write the run folder {out_dir}: {exc}") from exc
-    return writer
-
-
-def _claim_and_tell(cfg: Settings, out_dir: str | Path, world: World, key: str) -> RunWriter:
-    """Rank 0: claim the folder, then tell the other ranks where it is (or why there is none)."""
-    try:
-        writer = _claim_folder(cfg, out_dir, world.rank, key)
-    except Exception as exc:
-        broadcast((None, str(exc)), world)
-        raise
-    broadcast((str(writer.dir.resolve()), None), world)
-    return writer
-
-
-def _join(cfg: Settings, out_dir: str | Path, world: World) -> RunWriter:
-    """Any other rank: write into rank 0's folder."""
+def _rank0s_folder(out_dir: str | Path, world: World) -> str:
+    """Any rank but 0: the folder rank 0 claimed (this rank's own, empty, is removed)."""
     shared, refused = broadcast((None, None), world)  # rank 0's folder, or why it has none
     if refused is not None:
         raise RunFolderError(f"rank 0 could not claim the run folder: {refused}")
@@ -77,9 +49,36 @@ def _join(cfg: Settings, out_dir: str | Path, world: World) -> RunWriter:
     if own.resolve() != Path(shared):
         with contextlib.suppress(OSError):
             own.rmdir()  # the empty folder Hydra made for this rank: the run lives in rank 0's
+    return str(shared)
+
+
+def _writer(sink: SinkSettings, folder: str | Path, world: World, key: str) -> RunWriter:
+    """The writer of ``folder``: a single process and rank 0 claim the folder (refusing an earlier
+    run's) and mark it as theirs first; any other rank joins the folder rank 0 claimed. Rank 0 then
+    tells the other ranks where the folder is, or why there is none."""
+    joining = world.ranked and not world.main
     try:
-        writer = RunWriter(shared, max_bytes=cfg.sink.max_bytes, rank=world.rank, fsync=cfg.sink.fsync)
-        writer.reserve_room()  # in this rank's own folder of the run rank 0 claimed
-        return writer
-    except OSError as exc:
-        raise RunFolderError(f"rank {world.rank} cannot write the run folder {shared}: {exc}") from exc
+        if not joining:
+            check_run_dir(folder, key)
+        try:
+            writer = RunWriter(folder, max_bytes=sink.max_bytes, rank=world.rank if world.ranked else None,
+                               fsync=sink.fsync)
+            if not joining:
+                claim_run_dir(folder, _marker(), key)  # exclusive: a run that got here first keeps the folder
+            writer.reserve_room()  # only in a folder that is now this run's (claimed, or rank 0's joined)
+        except OSError as exc:
+            who = f"rank {world.rank} cannot" if joining else "cannot"
+            raise RunFolderError(f"{who} write the run folder {folder}: {exc}") from exc
+    except Exception as exc:
+        if world.ranked and world.main:
+            broadcast((None, str(exc)), world)
+        raise
+    if world.ranked and world.main:
+        broadcast((str(Path(folder).resolve()), None), world)
+    return writer
+
+
+def _marker() -> bytes:
+    """The claim's content; pid and host: how open_run(overwrite=True) tells a live run's folder from a dead one's."""
+    return (json.dumps({"hookgraph": versions()["hookgraph"], "pid": os.getpid(), "host": socket.gethostname()},
+                       indent=2) + "\n").encode()

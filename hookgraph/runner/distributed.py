@@ -1,7 +1,7 @@
 """More than one process: the process group and the wrapped model.
 
 Public names: DISTRIBUTED, World, world_from_env, check_distributed, pick_device, process_group,
-broadcast, wrap_model, replacing_specs, rank_overrides.
+broadcast, wrap_model, rank_overrides.
 
 Under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` in the environment) a run joins the
 default process group (gloo on the CPU, ``cpu:gloo,cuda:nccl`` on GPUs, so small objects can
@@ -30,9 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hookgraph.core.points import POINTS
-from hookgraph.core.registry import resolve_action
-from hookgraph.core.spec import check_specs
 from hookgraph.errors import ConfigError, did_you_mean
 from hookgraph.runner.device import resolve_device
 
@@ -45,7 +42,6 @@ __all__ = [
     "process_group",
     "broadcast",
     "wrap_model",
-    "replacing_specs",
     "rank_overrides",
 ]
 
@@ -182,23 +178,6 @@ def _class_names(model: nn.Module) -> dict[str, list[nn.Module]]:
     for m in model.modules():
         found.setdefault(type(m).__name__, []).append(m)
     return found
-
-
-def replacing_specs(hooks: Any) -> list[str]:
-    """The specs whose action may replace a module's input or output in the forward pass.
-
-    Such a spec can cut parameters out of the backward (``zero``, ``patch``, a detached value),
-    and DDP then waits for their gradients forever unless ``find_unused_parameters`` is set.
-    Specs with problems are skipped here: compiling them reports the problems.
-    """
-    specs, _, _ = check_specs(hooks, prefix="hooks")
-    out = []
-    for spec in specs:
-        if spec.enabled and POINTS[spec.at].activation:
-            defn, _ = resolve_action(spec.action, f"hooks.{spec.name}.action")
-            if defn is not None and defn.replaces:
-                out.append(spec.name)
-    return out
 
 
 def wrap_model(

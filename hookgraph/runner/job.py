@@ -5,7 +5,7 @@ Public names: run.
 ``run(cfg, out_dir)`` is a plain function over a config (DictConfig, dict or Settings) and a folder;
 the Hydra entry point only supplies the folder. It reads as its steps: claim the folder
 (:mod:`~hookgraph.runner.claim`), check the settings (:mod:`~hookgraph.runner.checks`),
-build the model and compile the specs (:mod:`~hookgraph.runner.parts`), run the steps
+build the model (:mod:`~hookgraph.runner.parts`), compile the specs against it, run the steps
 (:mod:`~hookgraph.runner.steps`), write the tables and figures, and, whatever happened,
 write ``summary.json`` (:mod:`~hookgraph.runner.outputs`).
 
@@ -25,19 +25,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
+from hookgraph.config.hooksets import refuse_shared_specs
 from hookgraph.config.settings import Settings, settings_from
+from hookgraph.core.compiler import compile_graph
 from hookgraph.core.discovery import format_ops, format_targets, list_ops, list_targets
-from hookgraph.core.graph import HookGraph
+from hookgraph.core.graph import Plan
 from hookgraph.runner.batches import to_device
 from hookgraph.runner.checks import check_compiled, check_settings
 from hookgraph.runner.claim import claim
 from hookgraph.runner.distributed import World, check_distributed, pick_device, process_group, world_from_env
 from hookgraph.runner.lifecycle import RunInterrupted, signals_as_interrupts
 from hookgraph.runner.outputs import close, fail
-from hookgraph.runner.parts import build_parts, compile_specs, open_tensorboard, write_plan
+from hookgraph.runner.parts import build_parts, write_plan
 from hookgraph.runner.ranks import RankFailedError
 from hookgraph.runner.session import LiveRun
 from hookgraph.runner.state import Job, Parts, Progress
@@ -119,16 +122,21 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
     :class:`LiveRun`, not started. None when the config only lists targets or plans."""
     cfg, world = job.cfg, job.world
     settings = check_settings(cfg, world)
-    progress.tb = open_tensorboard(job)
     parts = build_parts(job, settings, progress)
     if cfg.list_targets is not None:
         _list(job, parts, cfg.list_targets)
         return None
-    graph = progress.graph = compile_specs(job, parts, progress)
+    # The specs go down to the core once, compiled against the wrapped model (it runs).
+    refuse_shared_specs()  # two chosen hook sets defining one spec name would merge silently
+    t = time.perf_counter()
+    graph = progress.graph = compile_graph(parts.model, cfg.hooks, prefix="hooks")
+    progress.lap("compile_s", t)
+    # Its plan, made once: plan.json and plan.svg, and a dry run's table (graph breaks listed under runner.compile).
+    plan = graph.plan(compiled=bool(cfg.runner.compile))
     check_compiled(cfg, parts.gradcam, graph)
-    write_plan(job, parts.modules, graph)
+    write_plan(job, parts.modules, plan)
     if cfg.dry_run:
-        _plan_only(job, graph)
+        _plan_only(job, plan)
         return None
     live = LiveRun(
         graph,
@@ -147,7 +155,8 @@ def _prepare(job: Job, progress: Progress) -> tuple[Parts, LiveRun] | None:
 def _list(job: Job, parts: Parts, pattern: str) -> dict[str, Any]:
     """list_targets: the model's matching names, printed; nothing compiles or runs."""
     if job.cfg.ops:  # the calls inside each matching module's forward, from one batch of the data
-        inputs = to_device(first_inputs(job, parts), parts.device, parts.dtype)
+        batch = first_inputs(job, parts)
+        inputs = to_device(batch, parts.device, parts.dtype)
         rows = list_ops(parts.bare, pattern, inputs)
         if job.world.main:
             print(format_ops(rows))
@@ -160,9 +169,8 @@ def _list(job: Job, parts: Parts, pattern: str) -> dict[str, Any]:
     return job.summary
 
 
-def _plan_only(job: Job, graph: HookGraph) -> dict[str, Any]:
+def _plan_only(job: Job, plan: Plan) -> dict[str, Any]:
     """dry_run: the compiled plan, printed; nothing runs (graph breaks listed under runner.compile)."""
-    plan = graph.plan(compiled=bool(job.cfg.runner.compile))
     if job.world.main:
         print(plan)
     job.summary.update(status="planned", bindings=len(plan))

@@ -203,7 +203,7 @@ class LiveRun:
                     write(job.writer.json, layout.MODULES, self._modules)
                     if self._config is not None:
                         write(_write_config, job, self._config)
-                write_plan(job, self._modules, self.graph)
+                    write_plan(job, self._modules, self.graph.plan())
             self.graph.set_step(self._start_step)
             self.graph.warn_unreached = False  # the summary and the closing lines say it
             self._attachment = self.graph.attach(compiled=self._compiled)

@@ -60,7 +60,7 @@ class Progress:
     phases: set[str] = field(default_factory=set)  # the when.mode phases that ran (train, eval)
     first_input: torch.Tensor | None = None  # sample 0 of the first step, for the Grad-CAM overlay
     first_tokens: list[int] | None = None  # sample 0's input_ids at the first step: attention patterns' labels
-    tb: TensorBoardSink | None = None  # open from before the model is built (sink.tensorboard)
+    tb: TensorBoardSink | None = None  # open once the model is built (sink.tensorboard)
     graph: HookGraph | None = None  # from the moment the specs compiled
     shown: dict[str, dict[str, str]] = field(default_factory=dict)  # sink.show: spec -> target -> the last values
 

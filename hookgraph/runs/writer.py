@@ -1,6 +1,6 @@
 """Writing a run folder: atomic files, record shards streamed per step, tables.
 
-Public names: RunWriter, TensorBoardSink, atomic_write, shard_key, strict_json.
+Public names: RunWriter, TensorBoardSink, summary_writer, atomic_write, shard_key, strict_json.
 
 Every file is written under a temporary name and renamed into place, so a reader (or a
 crash) never sees half a file. Records leave memory at the end of every step as one
@@ -57,8 +57,8 @@ except ImportError:  # hookgraph's dependency lists do not name it (yet): SHA-25
     _xxhash = None
 
 __all__ = [
-    "RunWriter", "TensorBoardSink", "atomic_write", "shard_key", "strict_json", "digest", "hasher", "tagged",
-    "disk_full", "batch_token_ids", "INPUT_IDS",
+    "RunWriter", "TensorBoardSink", "summary_writer", "atomic_write", "shard_key", "strict_json", "digest", "hasher",
+    "tagged", "disk_full", "batch_token_ids", "INPUT_IDS",
 ]  # fmt: skip
 
 FORMAT = "2"
@@ -655,6 +655,18 @@ def rows_with_spec(records: dict[str, Any]) -> Iterable[dict]:
                 yield {"spec": spec, **r}
 
 
+def summary_writer(key: str = "sink.tensorboard") -> Any:
+    """torch's SummaryWriter class; where the optional ``tensorboard`` package is missing, a
+    ConfigError naming ``key`` (a run checks this with its settings, before its model is built)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # lazy: an optional extra
+    except ImportError as exc:
+        raise ConfigError(
+            key, f"needs the tensorboard package ({exc}); pip install hookgraph[tensorboard], or set {key}=false"
+        ) from None
+    return SummaryWriter
+
+
 class TensorBoardSink:
     """``<run>/tensorboard/`` event files: stats rows as scalars (tag ``<spec>/<target>/<stat>``)
     and the first record of each target per step as a histogram (tag ``<spec>/<target>``),
@@ -663,14 +675,9 @@ class TensorBoardSink:
     the device once. Needs the optional ``tensorboard`` package."""
 
     def __init__(self, run_dir: str | os.PathLike, key: str = "sink.tensorboard"):
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: an optional extra
-        except ImportError as exc:
-            raise ConfigError(
-                key, f"needs the tensorboard package ({exc}); pip install hookgraph[tensorboard], or set {key}=false"
-            ) from None
+        writer = summary_writer(key)
         self.dir = Path(run_dir) / layout.TENSORBOARD
-        self._writer = SummaryWriter(log_dir=str(self.dir))
+        self._writer = writer(log_dir=str(self.dir))
 
     def histograms(self, records: dict[str, Any], step: int) -> int:
         """One histogram per record target: its first call of this step. Returns how many."""
