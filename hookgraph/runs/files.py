@@ -311,23 +311,22 @@ def stream_plan(path: Path) -> Iterator[dict]:
     one binding and a piece of the text at a time: a page that shows the first bindings
     and counts the rest does not hold 200,000 dicts. Damage (the file changed since
     ``load_run`` checked it) is a DamagedFileError after the bindings before it."""
-    return _stream_checked(path, _check_binding)
+    return _stream_checked(path, _check_binding, read_plan)
 
 
 def stream_modules(path: Path) -> Iterator[dict]:
     """modules.json's modules one at a time, checked as :func:`read_modules` checks them."""
-    return _stream_checked(path, _check_module)
+    return _stream_checked(path, _check_module, read_modules)
 
 
-def _stream_checked(path: Path, check: Any) -> Iterator[dict]:
+def _stream_checked(path: Path, check: Any, whole: Any) -> Iterator[dict]:
     try:
         yield from _stream_items(path, check)
-    except _Unstreamable as exc:
-        raise DamagedFileError(path, f"not a JSON array of objects ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise DamagedFileError(path, f"not UTF-8 ({exc.reason})") from None
-    except OSError as exc:
-        raise DamagedFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    except (_Unstreamable, UnicodeDecodeError, OSError) as exc:
+        # Damage the piecewise read cannot word as the whole read does (a file that is not
+        # JSON, not UTF-8, not a file): the whole read, only then, names it in its own words.
+        whole(path)
+        raise DamagedFileError(path, f"changed while it was read ({exc})") from None
 
 
 class _Unstreamable(Exception):
