@@ -98,3 +98,15 @@ def test_a_modules_json_damaged_past_its_first_entries_is_a_note_and_the_tree_co
     data = _tree(html)
     assert [n[0] for n in data["nodes"]] == ["", "layers", *(f"layers.{i}" for i in range(4))]
     assert sorted(data["hooks"]) == [f"layers.{i}" for i in range(4)]
+
+
+def test_iter_plan_and_iter_modules_read_what_json_reads(tmp_path):
+    import hookgraph as hg
+
+    plan, modules = _folder(tmp_path / "run", 50, hooked_every=7)
+    (tmp_path / "run" / "summary.json").write_text('{"status": "planned"}')
+    run = hg.load_run(tmp_path / "run")
+    assert list(run.iter_plan()) == json.loads((tmp_path / "run" / "plan.json").read_text()) == plan
+    assert list(run.iter_modules()) == json.loads((tmp_path / "run" / "modules.json").read_text()) == modules
+    (tmp_path / "run" / "modules.json").unlink()
+    assert hg.load_run(tmp_path / "run").iter_modules() is None
