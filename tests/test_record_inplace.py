@@ -132,3 +132,87 @@ def test_records_are_detached_and_do_not_hold_the_autograd_graph():
     rec = graph.records["r"][""][1]
     assert rec.grad_fn is None and not rec.requires_grad
     assert rec.data_ptr() == out.data_ptr()  # no copy on CPU: detach only
+
+
+class Emits(nn.Module):
+    """Returns a fresh copy of ``value``: the recorded module."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        self.value = value
+
+    def forward(self, x):
+        return self.value.clone()
+
+
+class EditsAfter(nn.Module):
+    """``emit``'s output, then (with ``edit``) rewritten in place, as ReLU(inplace=True) does."""
+
+    def __init__(self, value: torch.Tensor, edit: bool):
+        super().__init__()
+        self.emit = Emits(value)
+        self.edit = edit
+
+    def forward(self, x):
+        y = self.emit(x)
+        if self.edit:
+            y.zero_() if y.dtype != torch.bool else y.logical_not_()
+        return y
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.tensor([[1.5, -2.0, 3.0, -4.0]]),
+        torch.tensor(-7.0),
+        torch.tensor([[-1.0, 2.0]], dtype=torch.float16),
+        torch.tensor([-1.0, 2.0, -3.0], dtype=torch.bfloat16),
+        torch.tensor([5, -6, 7], dtype=torch.int64),
+        torch.tensor([True, False, True]),
+        torch.tensor([1 + 2j, -3j], dtype=torch.complex64),
+        torch.arange(-40.0, 40.0).reshape(2, 40),  # 320 bytes: over the packed limit, cloned
+        torch.arange(-8.0, 8.0).reshape(4, 4).t(),  # not contiguous: cloned
+    ],
+    ids=["f32", "0-dim", "f16", "bf16", "i64", "bool", "c64", "big", "strided"],
+)
+@pytest.mark.parametrize("edit", [True, False], ids=["edited", "untouched"])
+def test_a_first_record_equals_the_output_whatever_follows_it(value, edit):
+    """The first call's entry, kept without a tensor copy of its own for small outputs, holds
+    what the module produced: put back when a later op rewrote the output in place."""
+    model = EditsAfter(value, edit)
+    graph = hg.compile(model, {"r": {"target": "emit", "action": "record"}})
+    want, handles = _reference(model, ["emit"])
+    outs = []
+    try:
+        with graph.attach(), torch.no_grad():
+            for _ in range(3):
+                outs.append(model(None))
+    finally:
+        for h in handles:
+            h.remove()
+    got = graph.records["r"]["emit"]
+    assert len(got) == 3
+    for rec, ref in zip(got, want["emit"], strict=True):
+        assert rec.dtype == ref.dtype and rec.shape == ref.shape
+        assert torch.equal(rec, ref) and torch.equal(ref, value)
+    if not edit:  # nothing rewrites it: the output itself, from the first call on where it is small
+        first = 0 if value.is_contiguous() and value.numel() * value.element_size() <= 256 else 1
+        assert [r.data_ptr() for r in got[first:]] == [o.data_ptr() for o in outs[first:]]
+
+
+def test_a_small_first_output_is_kept_uncopied_and_put_back_when_rewritten_later():
+    """The first entry of a small output is the output itself (no copy), yet a rewrite that
+    comes after the hook, before the records are read, still leaves the record unchanged."""
+    lin = nn.Linear(2, 4)
+    model = nn.Sequential(lin)
+    graph = hg.compile(model, {"r": {"target": "0", "action": "record"}})
+    x = torch.tensor([[1.0, -1.0]])
+    with graph.attach(), torch.no_grad():
+        out = model(x)
+        first = graph.store.records["r"]["0"][0]  # the raw slot, before any read settles it
+        assert first.data_ptr() == out.data_ptr()
+        want = out.clone()
+        out.mul_(0)  # after the hook, before the read
+    (rec,) = graph.records["r"]["0"]
+    assert torch.equal(rec, want) and torch.equal(rec, lin(x).detach())
+    assert rec.data_ptr() != out.data_ptr()

@@ -63,6 +63,12 @@ class Entries(list):
     every uncopied tensor entry (the counter only grows, so 0 proves it untouched; a
     non-zero one is refused, never returned).
 
+    A plain tensor's probe entry (:meth:`keep_tensor`, a small CPU tensor) is the output
+    itself, with its bytes kept aside in a shared chunk (:class:`_Backups`): a tensor object
+    and its storage per probe were ~540 bytes, the whole first step of a 200,000-module model.
+    The entry is put back from those bytes, before anyone reads it, where the output was
+    rewritten; until then it counts as a copy (the probe decides as above).
+
     ``append_on_device(value, device)``: where replicas run hooks in threads
     (DataParallel), each device appends to its own list; :meth:`gather` moves them here in
     device order, so entries never interleave by thread timing.
@@ -77,6 +83,7 @@ class Entries(list):
         "fresh",
         "_fresh_from",
         "_probes",
+        "_pending",
         "_watched",
         "_parts",
         "spans",
@@ -94,6 +101,8 @@ class Entries(list):
         # until the first one, as most slots of a big model hold none for most of a run
         # (three empty containers were ~180 bytes a slot, ~30,000 slots per big-model compile).
         self._probes: list[tuple[Tensor, int]] | tuple[()] = ()
+        # keep_tensor's probe: (entry, its version, its index, backup chunk, offset, shape), or None.
+        self._pending: tuple[Tensor, int, int, Tensor, int, torch.Size] | None = None
         self._watched: list[tuple[Tensor, int]] | tuple[()] = ()
         self._parts: dict[tuple, list] | None = None
         # (sequence, absolute token positions, dim, beam reorder) of each entry, where the record
@@ -108,7 +117,7 @@ class Entries(list):
             # version counter to watch: its entry is a copy, which nothing else can rewrite.
             return True
         if not self.alias and not self.copy_always:
-            if self._probes and not self.replicas:
+            if (self._probes or self._pending is not None) and not self.replicas:
                 self._decide()  # replicas decide at settle, when every device's thread is done
             if not self.alias and not self.copy_always:
                 if self._probes:
@@ -129,6 +138,16 @@ class Entries(list):
         slot needs it (:meth:`needs_copy`): what ``record`` does for a tensor with no
         reductions, without building its per-target pipeline."""
         t = value.detach()
+        if not (self.alias or self.copy_always or self.replicas or self.last_only) and not t.is_inference():
+            # Probing: the entry is the output itself, its bytes kept aside (see the class docstring).
+            if self._probes or self._pending is not None:
+                self._decide()
+            if not (self.alias or self.copy_always):
+                kept = _BACKUPS.put(t)
+                if kept is not None:
+                    self._pending = (t, version(t), len(self), *kept)
+                    self.append(t)
+                    return
         self.append(t.clone() if self.needs_copy(t) else t)
 
     def forget(self) -> None:
@@ -136,14 +155,33 @@ class Entries(list):
         self._watched = ()
 
     def _decide(self) -> None:
-        if self._probes:
+        pending = self._pending
+        if self._probes or (pending is not None and not (self.alias or self.copy_always)):
             probes, self._probes = self._probes, ()
+            if pending is not None:
+                probes = [*probes, (pending[0], pending[1])]
             if any(version(t) != v for t, v in probes):
                 self.copy_always = True
             else:
                 self.alias = True
                 if self.plain and all(v == 0 for _, v in probes):
                     self.fresh, self._fresh_from = True, len(self)
+
+    def _put_back(self) -> None:
+        """The pending probe entry settled: put back from its bytes where the output was
+        rewritten since (what the copy would have held), else watched as any kept output."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        live, v, index, chunk, offset, shape = pending
+        if version(live) != v:
+            self[index] = _BACKUPS.get(chunk, offset, shape, live.dtype)
+        elif self.fresh and v == 0:
+            self._fresh_from = min(self._fresh_from, index)
+        elif self._watched:
+            self._watched.append((live, v))
+        else:
+            self._watched = [(live, v)]
 
     def settle(self) -> bool:
         """Decide the probe; True when a watched (uncopied) entry was rewritten in place.
@@ -152,6 +190,7 @@ class Entries(list):
         tensor (a cache it updates in place) would otherwise rewrite an entry already read.
         """
         self._decide()
+        self._put_back()
         rewritten = any(version(t) != v for t, v in self._watched)
         if self.fresh and not rewritten:
             rewritten = any(
@@ -189,11 +228,66 @@ class Entries(list):
 
     def clear(self) -> None:
         super().clear()
+        if self._pending is not None:  # its entry is gone; an undecided probe still decides later
+            live, v = self._pending[:2]
+            self._pending = None
+            if not (self.alias or self.copy_always):
+                self._probes = [*self._probes, (live, v)]
         self._fresh_from = 0
         self._watched = ()
         self._parts = None
         if self.spans:
             self.spans.clear()
+
+
+class _Backups:
+    """The bytes of small CPU tensors kept aside, packed into shared chunks.
+
+    ``put(t)`` -> ``(chunk, offset, shape)``, or None where ``t`` is not one (bigger, on a
+    device, strided otherwise, a subclass): those are cloned, their own bytes outweigh a
+    tensor object. ``get(chunk, offset, shape, dtype)``: the kept value as a tensor of its own.
+    A chunk lives while a pending entry refers to it.
+    """
+
+    LIMIT = 256  # bytes of one tensor
+    CHUNK = 1 << 16  # bytes of one chunk
+    ALIGN = 16  # every offset: a multiple of the widest element (complex128)
+
+    def __init__(self) -> None:
+        self._chunk: Tensor | None = None
+        self._used = self.CHUNK
+        self._lock = threading.Lock()  # user code may call hooked modules from threads
+
+    def put(self, t: Tensor) -> tuple[Tensor, int, torch.Size] | None:
+        if (
+            type(t) is not Tensor
+            or not t.is_cpu
+            or t.layout is not torch.strided
+            or t.is_quantized
+            or t.is_conj()
+            or t.is_neg()
+            or not t.is_contiguous()
+        ):
+            return None
+        n = t.numel() * t.element_size()
+        if not 0 < n <= self.LIMIT:
+            return None
+        with self._lock:
+            if self._used + n > self.CHUNK or self._chunk is None:
+                self._chunk, self._used = torch.empty(self.CHUNK, dtype=torch.uint8), 0
+            chunk, offset = self._chunk, self._used
+            self._used += -(-n // self.ALIGN) * self.ALIGN
+        shape = t.shape
+        chunk.narrow(0, offset, n).view(t.dtype).view(shape).copy_(t)
+        return chunk, offset, shape
+
+    @staticmethod
+    def get(chunk: Tensor, offset: int, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+        n = shape.numel() * dtype.itemsize
+        return chunk.narrow(0, offset, n).view(dtype).view(shape).clone()  # its own storage: the chunk goes
+
+
+_BACKUPS = _Backups()
 
 
 class StatsBuffer:

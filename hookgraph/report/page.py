@@ -5,7 +5,9 @@ Public names: read_run_page, LIMITS.
 Everything the page shows comes from the folder alone (it works on a folder copied from
 a cluster), read by :func:`hookgraph.runs.load_run`: a missing file leaves its section empty,
 and so does a damaged one (``load_run(strict=False)``), named in the page's notes. Sizes are
-bounded by ``LIMITS``: long series are sampled, long tables cut with their counts kept.
+bounded by ``LIMITS``: long series are sampled, long tables cut with their counts kept (the
+plan's bindings and the module tree too, read one entry at a time: the page says how many
+there are and which file holds them all).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 
 from hookgraph.errors import HookGraphError
-from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
+from hookgraph.report.modules import hooks_by_module, merge_missing, owner, tree_from_plan
 from hookgraph.runs import layout
 from hookgraph.runs.files import read_bytes, read_text
 from hookgraph.runs.reader import load_run
@@ -32,6 +34,8 @@ LIMITS = {
     "hist_targets": 12,       # record histograms per spec
     "hist_elements": 100_000,  # values read into one histogram (a sample spread over the tensor; 30 bins)
     "figure_bytes": 8_000_000,   # PNG bytes inlined in total; later figures are linked
+    "plan_rows": 1000,        # bindings listed (the plan's table and picture); plan.json holds them all
+    "tree_modules": 25_000,   # modules of the module tree; modules.json holds them all
 }
 
 # The statistics drawn over steps, and how several calls in one step combine.
@@ -59,38 +63,105 @@ def schedule(when: Any) -> str:
     return ", ".join(parts) or "always"
 
 
-def _specs(summary: dict, plan: list[dict]) -> list[dict]:
+def _spec_of(out: dict, row: dict) -> None:
+    """Count ``row`` into its spec's line of the Specs table (the first 8 targets named)."""
+    s = out.get(row.get("spec"))
+    if s is None:
+        s = out[row.get("spec")] = {
+            "spec": row.get("spec"),
+            "at": [],
+            "action": row.get("action"),
+            "order": row.get("order", 0),
+            "schedule": schedule(row.get("when")),
+            "targets": [],
+            "n": 0,
+        }
+    if row.get("at") not in s["at"]:
+        s["at"].append(row.get("at"))
+    if s["n"] < 8:
+        s["targets"].append(row.get("target"))
+    s["n"] += 1
+
+
+def _specs(summary: dict, out: dict) -> list[dict]:
+    """The Specs table from the lines :func:`_spec_of` counted (keyed by the row's spec:
+    None where plan.json has none) and the summary's counts."""
     counts = summary.get("specs") or {}
     unmatched = summary.get("unmatched") or {}
     never = set(summary.get("never_fired") or [])
-    out: dict[str | None, dict] = {}  # keyed by the row's spec: None where plan.json has none
-    for row in plan:
-        s = out.setdefault(
-            row.get("spec"),
-            {
-                "spec": row.get("spec"),
-                "at": [],
-                "action": row.get("action"),
-                "order": row.get("order", 0),
-                "schedule": schedule(row.get("when")),
-                "targets": [],
-            },
-        )
-        if row.get("at") not in s["at"]:
-            s["at"].append(row.get("at"))
-        s["targets"].append(row.get("target"))
     for name in [*counts, *unmatched]:
-        out.setdefault(name, {"spec": name, "at": [], "action": None, "order": None, "schedule": "", "targets": []})
+        out.setdefault(
+            name, {"spec": name, "at": [], "action": None, "order": None, "schedule": "", "targets": [], "n": 0}
+        )
     for name, s in out.items():
         c = counts.get(name) or {}
+        n = s.pop("n")
         s["at"] = ", ".join(map(str, s["at"]))
-        s["bindings"] = c.get("bindings", len(s["targets"]))
+        s["bindings"] = c.get("bindings", n)
         s["calls"] = c.get("calls")
         s["records"] = c.get("records")
         s["never_fired"] = name in never
         s["unmatched"] = unmatched.get(name)
-        s["targets"] = s["targets"][:8] + ([f"... {len(s['targets']) - 8} more"] if len(s["targets"]) > 8 else [])
+        s["targets"] = s["targets"] + ([f"... {n - 8} more"] if n > 8 else [])
     return list(out.values())
+
+
+def _tree_and_plan(run: Any, modules: list[dict] | None) -> dict:
+    """The module tree, the plan's first bindings and the Specs lines, in one pass over
+    plan.json and modules.json that holds what the page shows, not the files: at 200,000
+    bindings their dicts were ~350 MB, the run's peak. The tree holds the first
+    ``tree_modules`` modules (then each hooked module the tree lacks, as an older tree may),
+    the hooks those modules' bindings; counts say what is not shown."""
+    cap = LIMITS["tree_modules"]
+    notes: list[str] = []
+    source = iter(modules) if modules is not None else run.iter_modules()
+    tree: list[dict] = []
+    total_modules = 0
+    if source is not None:
+        before = len(run.problems)
+        for node in source:
+            total_modules += 1
+            if len(tree) < cap:
+                tree.append(node)
+        if len(run.problems) > before:  # damaged on the way: the tree from the plan, as with none
+            tree, total_modules = [], 0
+    known = {n["name"] for n in tree}
+    whole = bool(tree) and total_modules <= cap  # every module is in the tree: a hooked one it lacks is added
+    rows: list[dict] = []
+    specs: dict = {}
+    hooks: dict[str, list[dict]] = {}
+    extra: dict[str, dict] = {}  # a hooked module the tree lacks -> a row naming it (its type where known)
+    total = outside = 0
+    for row in run.iter_plan():
+        total += 1
+        if len(rows) < LIMITS["plan_rows"]:
+            rows.append(row)
+        _spec_of(specs, row)
+        mod, param = owner(row)
+        if mod not in known and mod not in extra:
+            if (tree and not whole) or len(extra) >= cap:
+                outside += 1
+                continue
+            extra[mod] = row
+        elif mod in extra and param is None and owner(extra[mod])[1] is not None:
+            extra[mod] = row  # a module point's row knows the module's type
+        hooks.setdefault(mod, []).extend(hooks_by_module([row])[mod])
+    tree = merge_missing(tree, extra.values()) if tree else tree_from_plan(extra.values())
+    if total_modules > cap:
+        notes.append(f"the module tree shows the first {cap:,} of {total_modules:,} modules "
+                     f"({layout.MODULES} lists them all)")
+    if outside:
+        notes.append(f"{outside:,} binding(s) hook modules past those shown in the module tree")
+    return {
+        "plan": rows,
+        "plan_total": total,
+        "specs": specs,
+        "tree": tree,
+        "tree_total": max(total_modules, len(tree)),
+        "tree_source": layout.MODULES if known else "plan targets",
+        "hooks": hooks,
+        "notes": notes,
+    }
 
 
 def _stats(rows: list[dict]) -> list[dict]:
@@ -246,23 +317,21 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
     """The page model of one run folder (see the module docstring)."""
     root = Path(run_dir)
     run = load_run(root, strict=False)
-    if modules is None:
-        modules = run.modules  # not strict: a damaged modules.json reads as None, named in run.problems
-    notes = list(run.problems)
-    plan = list(run.plan)
     summary = run.summary
-    tree_source = layout.MODULES if modules else "plan targets"
-    tree = merge_missing(list(modules), plan) if modules else tree_from_plan(plan)
+    shown = _tree_and_plan(run, modules)  # its problems (a damaged modules.json) before the notes are read
+    notes = list(run.problems)
     losses = [v for v in summary.get("losses") or [] if isinstance(v, (int, float))]
     return {
         "title": root.resolve().name,
         "path": str(root.resolve()),
         "summary": summary,
-        "plan": plan,
-        "specs": _specs(summary, plan),
-        "tree": tree,
-        "tree_source": tree_source,
-        "hooks": hooks_by_module(plan),
+        "plan": shown["plan"],
+        "plan_total": shown["plan_total"],
+        "specs": _specs(summary, shown["specs"]),
+        "tree": shown["tree"],
+        "tree_total": shown["tree_total"],
+        "tree_source": shown["tree_source"],
+        "hooks": shown["hooks"],
         "stats": _stats(run.stats),
         "records": _records(run.records),
         "trace": _trace(run.trace),
@@ -273,5 +342,6 @@ def read_run_page(run_dir: str | Path, modules: list[dict] | None = None) -> dic
         "config": _text(root, layout.CONFIG, notes, limit=20000),
         "overrides": _text(root, layout.OVERRIDES, notes),
         # The summary's own note (a folder whose rank 0 was lost, or with no summary) says what is missing.
-        "notes": notes + [str(n) for n in [summary.get("note")] if n] + [str(w) for w in summary.get("warnings") or []],
+        "notes": notes + shown["notes"] + [str(n) for n in [summary.get("note")] if n]
+        + [str(w) for w in summary.get("warnings") or []],
     }

@@ -30,7 +30,7 @@ def _summary(p: dict) -> str:
         ("device", s.get("device")),
         ("last loss", s.get("loss")),
         (f"metric {s.get('metric_name', '')}".rstrip(), s.get("metric")),
-        ("bindings", len(p["plan"])),
+        ("bindings", p["plan_total"]),
         ("records bytes", s.get("records_bytes")),
         ("shards", len(s.get("shards") or [])),
         ("figures", len(p["figures"])),
@@ -109,6 +109,11 @@ def _specs(p: dict) -> str:
     return table(cols, rows, sortable=True, css_id="specs-table") if rows else '<p class="muted">No specs.</p>'
 
 
+def shown_of(shown: int, total: int) -> str:
+    """"N" or "the first N of M": what a bounded section shows."""
+    return f"{total:,}" if shown >= total else f"the first {shown:,} of {total:,}"
+
+
 def _tree(p: dict) -> str:
     colors = {s["spec"]: color(i) for i, s in enumerate(p["specs"])}
     data = {
@@ -118,7 +123,8 @@ def _tree(p: dict) -> str:
     }
     legend = "".join(f'<span style="--c:{c}">{esc(s)}</span>' for s, c in colors.items())
     return (
-        f'<p class="muted">{len(p["tree"])} modules, {len(p["hooks"])} hooked (source: {esc(p["tree_source"])}). '
+        f'<p class="muted">{shown_of(len(p["tree"]), p["tree_total"])} modules, {len(p["hooks"])} hooked '
+        f'(source: {esc(p["tree_source"])}). '
         "Containers open on click; hooked modules are highlighted with their spec · point → action.</p>"
         '<div class="tree-tools"><button id="expand-hooked" type="button">Expand hooked</button>'
         '<button id="collapse-all" type="button">Collapse all</button>'
@@ -283,11 +289,14 @@ def _plan(p: dict) -> str:
             r.get("order"),
             json.dumps(r.get("when")),
         )
-        for r in p["plan"][:1000]
+        for r in p["plan"]
     ]
-    more = f"<p>first 1000 of {len(p['plan'])} bindings</p>" if len(p["plan"]) > 1000 else ""
+    more = ""
+    if len(p["plan"]) < p["plan_total"]:  # the page lists the first; the file holds every binding
+        more = (f'<p class="note" id="plan-more">the first {len(rows):,} of {p["plan_total"]:,} bindings are drawn '
+                f"and listed ({layout.PLAN} holds them all)</p>")
     return (
-        f'<div class="plan-wrap">{svg}</div><details><summary>the bindings as a table</summary>{more}'
+        f'{more}<div class="plan-wrap">{svg}</div><details><summary>the bindings as a table</summary>'
         f"{table(['spec', 'target', 'type', 'at', 'action', 'order', 'when'], rows, sortable=True)}</details>"
     )
 

@@ -299,12 +299,47 @@ def _plan_streams(path: Path) -> bool:
     whole and names what is wrong as read_plan does. The same checks in the same order as
     the whole read: each binding is decoded by the same decoder from the same characters."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        for _ in _stream_items(path, _check_binding):
+            pass
+    except (_Unstreamable, OSError, ValueError, DamagedFileError):
         return False
+    return True
+
+
+def stream_plan(path: Path) -> Iterator[dict]:
+    """plan.json's bindings one at a time, checked as :func:`read_plan` checks them, holding
+    one binding and a piece of the text at a time: a page that shows the first bindings
+    and counts the rest does not hold 200,000 dicts. Damage (the file changed since
+    ``load_run`` checked it) is a DamagedFileError after the bindings before it."""
+    return _stream_checked(path, _check_binding, read_plan)
+
+
+def stream_modules(path: Path) -> Iterator[dict]:
+    """modules.json's modules one at a time, checked as :func:`read_modules` checks them."""
+    return _stream_checked(path, _check_module, read_modules)
+
+
+def _stream_checked(path: Path, check: Any, whole: Any) -> Iterator[dict]:
+    try:
+        yield from _stream_items(path, check)
+    except (_Unstreamable, UnicodeDecodeError, OSError) as exc:
+        # Damage the piecewise read cannot word as the whole read does (a file that is not
+        # JSON, not UTF-8, not a file): the whole read, only then, names it in its own words.
+        whole(path)
+        raise DamagedFileError(path, f"changed while it was read ({exc})") from None
+
+
+class _Unstreamable(Exception):
+    """Not a valid JSON array as a piece-at-a-time read sees it (what, in words)."""
+
+
+def _stream_items(path: Path, check: Any) -> Iterator[dict]:
+    """The items of the JSON array in ``path``, each checked by ``check(path, i, item)``,
+    read a piece at a time; raises _Unstreamable where the text is not such an array."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
+            raise _Unstreamable("not a regular file")
         utf8 = codecs.getincrementaldecoder("utf-8")()
         text, at, eof, want = "", 0, False, _PIECE
 
@@ -336,7 +371,7 @@ def _plan_streams(path: Path) -> bool:
                     return text[at : at + 1]
 
         if space() != "[":
-            return False
+            raise _Unstreamable("it does not open with '['")
         at += 1
         i = 0
         if space() == "]":
@@ -346,14 +381,15 @@ def _plan_streams(path: Path) -> bool:
                 try:
                     entry, end = _DECODER.raw_decode(text, at)
                 except ValueError:
-                    # Cut at the piece's end, or damaged: read on (twice as far each time a
-                    # binding is still cut, so a huge one is not decoded again per MiB).
+                    # Cut at the piece's end, or damaged: read on (twice as far each time an
+                    # item is still cut, so a huge one is not decoded again per MiB).
                     if not more():
-                        return False
+                        raise _Unstreamable(f"item {i} is not JSON") from None
                     want *= 2
                     continue
                 want = _PIECE
-                _check_binding(path, i, entry)
+                check(path, i, entry)
+                yield entry
                 i += 1
                 at = end
                 sep = space()
@@ -361,13 +397,12 @@ def _plan_streams(path: Path) -> bool:
                     at += 1
                     break
                 if sep != ",":
-                    return False
+                    raise _Unstreamable(f"no ',' after item {i - 1}")
                 at += 1
                 if space() == "":
-                    return False
-        return space() == ""
-    except (OSError, ValueError, DamagedFileError):
-        return False
+                    raise _Unstreamable("it ends inside the array")
+        if space() != "":
+            raise _Unstreamable("text follows the array")
     finally:
         os.close(fd)
 
@@ -376,9 +411,14 @@ def read_modules(path: Path) -> list[dict] | None:
     """modules.json: one object per module (name, type, params), in ``named_modules()`` order."""
     modules = _entries(path, "a module", ("name", "type"))
     for i, entry in enumerate(modules or []):
-        if not isinstance(entry.get("name"), str):
-            raise DamagedFileError(path, f"entry {i} has no 'name' string")
+        _check_module(path, i, entry)
     return modules
+
+
+def _check_module(path: Path, i: int, entry: Any) -> None:
+    _check_entry(path, i, entry, "a module", ("name", "type"))
+    if not isinstance(entry.get("name"), str):
+        raise DamagedFileError(path, f"entry {i} has no 'name' string")
 
 
 # The summary's fields that readers use, and the JSON kinds each may hold (null always may).

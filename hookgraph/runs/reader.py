@@ -36,7 +36,7 @@ running or killed before its summary, and a folder written before manifests, cla
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,8 @@ from hookgraph.runs.files import (
     read_jsonl,
     read_modules,
     read_plan,
+    stream_modules,
+    stream_plan,
     summary_shape,
 )
 from hookgraph.runs.manifest import _check_rank, _manifest, _ranked, run_ranks
@@ -134,6 +136,32 @@ class Run:
                 read_modules, self.path / layout.MODULES, strict=self.strict, problems=self.problems, empty=None
             )
         return self._modules
+
+    def iter_plan(self) -> Iterator[dict]:
+        """The bindings of :attr:`plan` one at a time, without holding them all where the plan
+        is not read yet (the run page of 200,000 bindings shows the first and counts them).
+        Not ``strict``, damage found on the way ends the bindings there, named in ``problems``."""
+        if self._plan is not _UNREAD:
+            yield from self._plan
+            return
+        yield from self._stream(stream_plan, layout.PLAN)
+
+    def iter_modules(self) -> Iterator[dict] | None:
+        """The modules of :attr:`modules` one at a time (as :meth:`iter_plan`); None without
+        a modules.json."""
+        if self._modules is not _UNREAD:
+            return None if self._modules is None else iter(self._modules)
+        if not exists(self.path / layout.MODULES):
+            return None
+        return self._stream(stream_modules, layout.MODULES)
+
+    def _stream(self, fn: Any, name: str) -> Iterator[dict]:
+        try:
+            yield from fn(self.path / name)
+        except HookGraphError as exc:
+            if self.strict:
+                raise
+            self.problems.append(str(exc))
 
     @property
     def generations(self) -> list[dict]:
