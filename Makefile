@@ -45,12 +45,15 @@ run: $(BIN)/.installed-run
 # --no-loadscope-reorder: xdist would hand out the files with the most tests first, so the few-test
 # slow files (the multirun of every experiment, the submitit and joblib sweeps, torchrun) came last
 # and the last ran alone; conftest.py orders the files slowest first (tests/schedule.py) instead.
-# -p no:...: pytest plugins that packages of the test extra install and no test uses (each is
-# imported by every worker).
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD, then -p for the two plugins the suite uses (xdist, Hypothesis's):
+# packages of the test extra install pytest plugins no test uses (jaxtyping, typeguard, anyio,
+# Hydra's, platformdirs'), and pytest marks every module of a package that has one for assertion
+# rewriting; where PYTHONDONTWRITEBYTECODE is set nothing caches that, and each worker re-parsed
+# and rewrote Hydra's and Hypothesis's ~180 modules as they were imported (~2.5 CPU-s a worker).
 test: setup
 	$(BIN)/python -m compileall -q -j 0 hookgraph hydra_plugins >/dev/null
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder \
-		-p no:jaxtyping -p no:typeguard -p no:anyio $(PYTEST_ARGS)
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q -p xdist -p hypothesispytest \
+		-n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check hookgraph hydra_plugins tests benchmarks

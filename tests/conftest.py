@@ -28,6 +28,12 @@ from tests.runs import make_run
 from tests.schedule import slowest_first
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Inductor compiles the suite's tiny graphs in the process that asked, not in a pool of compile
+# workers: the pool is a fresh interpreter importing torch and inductor (~3 CPU-s) in every
+# worker and every rank that compiles, for kernels that take milliseconds. Read when
+# torch._inductor.config is first imported, which nothing above does; processes the tests
+# start inherit it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def _share_the_cores() -> None:

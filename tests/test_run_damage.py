@@ -10,6 +10,7 @@ import torch
 
 import hookgraph as hg
 from hookgraph.runs.writer import RunWriter
+from tests.fifos import read_in_thread
 
 
 def _run(path, steps: int = 3):
@@ -280,7 +281,14 @@ def _every_item(ds, how: str) -> None:
     elif how == "iterable":
         list(ds)
     else:  # through DataLoader workers (each reads and checks in its own process)
-        list(DataLoader(ds, batch_size=None if how == "iterable-workers" else 16, num_workers=2))
+        try:
+            list(DataLoader(ds, batch_size=None if how == "iterable-workers" else 16, num_workers=2))
+        except hg.HookGraphError as exc:
+            # The traceback's frames hold the loader's iterator. Left to the cyclic gc (during some
+            # later test), its queues may be finalized before it, so its workers never get the stop
+            # and each join waits out torch's 5 s: 10 s of nothing a test. Without the traceback the
+            # iterator goes here, its workers with it; the error is the same one.
+            raise exc.with_traceback(None) from None
 
 
 @pytest.mark.parametrize("mutation", list(_MUTATIONS))
@@ -320,30 +328,6 @@ def test_probe_refuses_a_shard_whose_bytes_changed(tmp_path, capsys, mutation):
     assert "step-000001.safetensors" in err and ("damaged" in err or "another run" in err), err
 
 
-def _read_in_thread(read, fifo, seconds: float = 20.0):
-    """``read()`` on a thread; a read still blocked after ``seconds`` is unblocked (a writer
-    opens the FIFO) and reported, so a regression fails instead of hanging the suite."""
-    import threading
-
-    box: dict = {}
-
-    def go():
-        try:
-            box["value"] = read()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            box["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-        t.join(5)
-        pytest.fail(f"reading blocked on a FIFO in the shard's place for {seconds} s")
-    return box
-
-
 @pytest.mark.parametrize("how", ["records", "map", "iterable"])
 def test_a_fifo_in_a_shards_place_after_indexing_is_refused_not_waited_on(tmp_path, how):
     run_dir = _table_run(tmp_path / "run", seed=0)
@@ -354,6 +338,6 @@ def test_a_fifo_in_a_shards_place_after_indexing_is_refused_not_waited_on(tmp_pa
     os.mkfifo(shard)
     reads = {"records": lambda: run.records["resid"]["h"], "map": lambda: [ds[i] for i in range(len(ds))],
              "iterable": lambda: list(ds)}
-    box = _read_in_thread(reads[how], shard)
+    box = read_in_thread(reads[how], [shard])
     assert isinstance(box.get("error"), hg.HookGraphError), box
     assert "records/step-000001.safetensors is damaged" in str(box["error"])

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from hookgraph.report import write_report
 from hookgraph.report.sweep import write_sweep_report
 from hookgraph.runs.sweep import sweep_rows
 from hookgraph.runs.writer import RunWriter
+from tests.fifos import fifos_under, read_in_thread
 from tests.payloads import Payload
 
 # -- payloads and guards ----------------------------------------------------------------------
@@ -298,24 +300,15 @@ def test_the_page_runs_only_its_own_script():
 # -- FIFOs and directories where files should be ----------------------------------------------
 
 
-# The reads of a folder run in a process of their own, killed after a bound: a read that hangs
-# on a FIFO fails the test instead of blocking the suite (a thread blocked in open() cannot be
-# stopped). Several reads of one folder share that process, one after another, each with its
-# own output and warnings.
-_CHILD = """
-import json, sys, warnings
-import hookgraph as hg
-from hookgraph.report import write_report
-from hookgraph.report.sweep import write_sweep_report
-folder, results = sys.argv[1], {}
-for what in sys.argv[2:]:
-    out = {}
+def _read(folder: Path, what: str) -> dict:
+    """One read of ``folder`` ("load", "report" or "sweep"): what it gave, its error, its warnings."""
+    out: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             if what == "load":
                 run = hg.load_run(folder)
-                run.stats, run.plan, run.summary
+                run.stats, run.plan, run.summary  # noqa: B018 - each one reads its file
                 out["damaged"] = run.damaged
             elif what == "report":
                 out["html"] = write_report(folder).read_text()
@@ -324,22 +317,17 @@ for what in sys.argv[2:]:
         except hg.HookGraphError as exc:
             out["error"] = str(exc)
     out["warnings"] = [str(w.message) for w in caught]
-    results[what] = out
-print(json.dumps(results))
-"""
+    return out
 
 
 def _bounded(folder: Path, *whats: str, seconds: float = 60.0) -> dict[str, dict]:
-    """The reads ``whats`` ("load", "report", "sweep") of ``folder``, in one process that must
-    finish within ``seconds``: each read's output under its name."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MPLBACKEND": "Agg"}
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(folder), *whats], capture_output=True, text=True,
-                              timeout=seconds, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{', '.join(whats)} of {folder} hung for more than {seconds} s")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The reads ``whats`` of ``folder``, one after another on a thread that must end within
+    ``seconds`` (tests/fifos.py: a read that hangs on a FIFO fails the test instead of blocking
+    the suite): each read's output under its name."""
+    box = read_in_thread(lambda: {what: _read(folder, what) for what in whats}, fifos_under(folder), seconds)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _fifo(path: Path) -> Path:

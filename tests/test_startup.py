@@ -6,6 +6,7 @@ The CLI, reports, figures, run folders and model zoos import what they need when
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -33,10 +34,16 @@ def _loaded_after(code: str) -> set[str]:
     return set(json.loads(out.splitlines()[-1]))
 
 
+@functools.cache
+def _by_torch() -> frozenset[str]:
+    """What ``import torch`` alone loads: the same for every test, so one interpreter finds it
+    (a fresh one a test cost ~3.5 CPU-s)."""
+    return frozenset(_loaded_after("import torch"))
+
+
 def _heavy(loaded: set[str]) -> list[str]:
     """The heavy packages in ``loaded`` that ``import torch`` alone does not load (it loads tqdm)."""
-    by_torch = _loaded_after("import torch")
-    return sorted(m for m in HEAVY if m in loaded and m not in by_torch)
+    return sorted(m for m in HEAVY if m in loaded and m not in _by_torch())
 
 
 def test_import_hookgraph_loads_nothing_heavy():
