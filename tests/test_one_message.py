@@ -10,6 +10,7 @@ import logging
 import shutil
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -426,23 +427,29 @@ def test_fullgraph_on_a_bare_model_runs_traceable_specs(fresh_dynamo):
     torch.testing.assert_close(graph.records["rec"]["0"][0], model[0](x).detach())
 
 
+def _fullgraph_refusal(specs: dict, order: str) -> tuple[hg.HookGraph, Any, str]:
+    """``specs`` attached to a small bare model with graph.attach() (eager-mode hooks), the model
+    compiled with fullgraph=True before or after attach (``order``), called once: the graph, the
+    compiled model and the HookGraphError's message."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = hg.compile(model, specs)
+    if order == "compile_then_attach":
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with graph.attach(), pytest.raises(HookGraphError) as info:
+        if order == "attach_then_compile":
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+        compiled(torch.ones(1, 4))
+    return graph, compiled, str(info.value)
+
+
 @pytest.mark.parametrize("action", ["print", "check_finite"])
 @pytest.mark.parametrize("order", ["attach_then_compile", "compile_then_attach"])
 def test_fullgraph_on_a_bare_model_with_eager_hooks_is_refused_by_name(action, order, fresh_dynamo):
     # Issue 36 item 11: graph.attach() without compiled=True, the bare model compiled with
     # fullgraph=True before or after attach. Before: dynamo's Unsupported (print) or its UserError
     # "data-dependent expression" (check_finite), naming no spec.
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    graph = hg.compile(model, {"s": {"target": "0", "action": action}, "twice": {
-        "target": "2", "action": "scale", "args": {"factor": 2.0}}})  # fmt: skip
-    x = torch.ones(1, 4)
-    if order == "compile_then_attach":
-        compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with graph.attach(), pytest.raises(HookGraphError) as info:
-        if order == "attach_then_compile":
-            compiled = torch.compile(model, backend="eager", fullgraph=True)
-        compiled(x)
-    message = str(info.value)
+    graph, _, message = _fullgraph_refusal({"s": {"target": "0", "action": action}, "twice": {
+        "target": "2", "action": "scale", "args": {"factor": 2.0}}}, order)  # fmt: skip
     assert message.startswith(
         "the model was compiled with fullgraph=True, which allows no graph break, and these specs' hooks would "
         f"break the graph: 's' on 0 (action {action!r} is not traceable). They run Python that dynamo cannot "
@@ -458,21 +465,15 @@ def test_fullgraph_on_a_bare_model_with_eager_hooks_is_refused_by_name(action, o
 def test_fullgraph_on_a_bare_model_with_eager_traceable_hooks_is_refused_at_once(order, fresh_dynamo):
     # Eager-mode hooks count their calls, so dynamo retraced them at every call until
     # fullgraph=True failed at its recompile limit (FailOnRecompileLimitHit at the 9th call).
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    graph = hg.compile(model, {"twice": {"target": "2", "action": "scale", "args": {"factor": 2.0}}})
-    x = torch.ones(1, 4)
-    if order == "compile_then_attach":
-        compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with graph.attach(), pytest.raises(HookGraphError) as info:
-        if order == "attach_then_compile":
-            compiled = torch.compile(model, backend="eager", fullgraph=True)
-        compiled(x)
-    assert str(info.value).startswith(
+    twice = {"twice": {"target": "2", "action": "scale", "args": {"factor": 2.0}}}
+    graph, compiled, message = _fullgraph_refusal(twice, order)
+    assert message.startswith(
         "the model was compiled with fullgraph=True, which allows no graph break, and graph.attach() made "
         "eager-mode hooks, which dynamo retraces at every call until fullgraph=True fails at its recompile "
         "limit: 'twice' on 2. Attach with graph.attach(compiled=True)"
     )
     assert graph.calls == {"twice": 0}
+    model, x = graph.model, torch.ones(1, 4)
     with graph.attach(compiled=True):  # the fix the message names runs, as hand-written torch says
         out = [compiled(x) for _ in range(10)]
     expected = model[2](torch.relu(model[0](x))).detach() * 2
