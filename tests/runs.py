@@ -52,16 +52,18 @@ def run_two_ranks(worker: str, tmp_path: Path, timeout: float = 120) -> list[str
     return logs
 
 
-def torchrun_two(worker: str, *args: str, timeout: float = 180) -> str:
-    """``torchrun --nproc_per_node=2 -m <worker> <args>`` (c10d rendezvous on 127.0.0.1, any free
-    port), with the caller's torchrun variables cleared: it must exit 0 within ``timeout`` (its
-    process group is killed otherwise); its output."""
+def launch_torchrun(module: str, *args: str, timeout: float, cwd: Path = ROOT,
+                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """``torchrun --nproc_per_node=2 -m <module> <args>`` in a process group of its own (c10d
+    rendezvous on 127.0.0.1, any free port), with the caller's torchrun variables cleared and
+    ``env`` added: the ended process and its output; the test fails, its group killed, when it
+    does not end within ``timeout`` s."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", worker, *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+           "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0", "-m", module, *args]
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        full.pop(k, None)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -69,8 +71,15 @@ def torchrun_two(worker: str, *args: str, timeout: float = 180) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"torchrun did not end within {timeout:g} s")
+    return proc, output
+
+
+def torchrun_two(worker: str, *args: str, timeout: float = 180) -> str:
+    """:func:`launch_torchrun` of ``worker``, which must exit 0; its output."""
+    proc, output = launch_torchrun(worker, *args, timeout=timeout)
     assert proc.returncode == 0, output[-3000:]
     return output
+
 
 CPU = ("runner.device=cpu", "runner.progress=false")
 

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from hookgraph.errors import ConfigError, HookGraphError
 from hookgraph.runner import run
 from hookgraph.runner.distributed import rank_overrides
 from hookgraph.runner.ranks import look_at_peers, merge_ranks, peer_message, stopped_by_peer
-from tests.runs import strict_json
+from tests.runs import launch_torchrun, strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per torchrun launch; the process-group timeout below is far shorter
@@ -58,30 +57,19 @@ def torchrun(out: Path | None, *args: str, cwd: Path = ROOT) -> subprocess.Compl
     """``torchrun --nproc_per_node=2 -m hookgraph`` in its own process group, bounded by TIMEOUT;
     the rendezvous listens on 127.0.0.1 only. Afterwards no process of the group may be left.
     ``out``: hydra.run.dir (None: the default runs/<date>/<time> under ``cwd``)."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=0",
-        "-m", "hookgraph", *([f"hydra.run.dir={out}"] if out else []), "hooks=[]",
+    args = (
+        *([f"hydra.run.dir={out}"] if out else []), "hooks=[]",
         *[f"runner.{k}={v}" for k, v in RUNNER.items()],
         *[_override(k, v) for k, v in SPECS.items()],
         *args,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "0"}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"torchrun did not end within {TIMEOUT} s")
+    )  # fmt: skip
+    proc, output = launch_torchrun("hookgraph", *args, timeout=TIMEOUT, cwd=cwd,
+                                   env={"MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "0"})
     left = _alive(proc.pid)
     if left:
         os.killpg(proc.pid, signal.SIGKILL)
     assert not left, f"processes left behind by torchrun: {left}"
-    return subprocess.CompletedProcess(cmd, proc.returncode, output, "")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
 
 
 def _alive(pgid: int) -> list[int]:
