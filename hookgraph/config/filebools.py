@@ -11,21 +11,18 @@ and names the file.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from hookgraph.config.composed import composed_files
 from hookgraph.config.hooksets import _task_overrides
 from hookgraph.config.schema import _field_type, _interpolation, _not_bool
 from hookgraph.errors import ConfigError
 
 __all__ = ["check_file_booleans"]
-
-log = logging.getLogger("hookgraph")
 
 _SPEC_BOOLS = ("enabled", "leaf")  # a hook spec's boolean fields (core/spec.py's HookSpec)
 
@@ -33,37 +30,11 @@ _SPEC_BOOLS = ("enabled", "leaf")  # a hook spec's boolean fields (core/spec.py'
 def _composed_files() -> Iterator[tuple[str, str, Any]]:
     """(package, file, raw content) of each config file the running Hydra app composed, in
     order; nothing where no Hydra app runs, or where Hydra cannot list them again."""
-    from hydra.core.global_hydra import GlobalHydra  # lazy: only a composed run asks
-    from hydra.types import RunMode  # lazy: as above
-
-    if not HydraConfig.initialized() or not GlobalHydra.instance().is_initialized():
+    if not HydraConfig.initialized():
         return
-    loader = GlobalHydra.instance().config_loader()
-    try:  # Hydra's defaults tree for this command line: which file went where
-        name = HydraConfig.get().job.config_name
-        defaults = loader.compute_defaults_list(name, list(_task_overrides() or []), RunMode.RUN).defaults
-    except Exception as exc:  # the composition itself succeeded: this check never stops a run on its own failure
-        log.debug("the composed config files could not be listed: %s", exc)
-        return
-    sources = loader.get_sources()
-    seen: set[str] = set()
-    for d in defaults:
-        path = d.config_path
-        if not path or path in seen:
-            continue
-        seen.add(path)
-        for source in sources:
-            if source.scheme() == "structured" or not source.is_config(path):
-                continue  # the schema (ConfigStore) holds booleans by construction
-            finder = getattr(source, "file", None)  # a library's source maps group/<ns>/x to its group/x
-            file = str(finder(f"{path}.yaml") if finder else Path(source.path or "") / f"{path}.yaml")
-            try:
-                raw = source.load_config(path).config
-            except Exception as exc:  # composed a moment ago: never a reason to stop the run here
-                log.debug("%s could not be read again: %s", file, exc)
-                break
-            yield (d.package or ""), file, raw
-            break
+    files = composed_files(HydraConfig.get().job.config_name, _task_overrides() or [])
+    for package, _, file, raw in files or ():
+        yield package, file, raw
 
 
 def _walk(node: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:

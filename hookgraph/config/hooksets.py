@@ -26,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from hookgraph.config.composed import composed_files
 from hookgraph.config.specs import load_yaml
 from hookgraph.errors import ConfigError
 
@@ -166,38 +167,17 @@ def chosen_hook_sets(
     """The hook sets this composition chose, in order: (option, its file, its spec names), each
     from the first folder Hydra searches that has it (a shadowed one is not chosen). Defaults
     to the running Hydra app's config and command line; [] where no Hydra is initialised."""
-    from hydra.core.global_hydra import GlobalHydra  # lazy: only a composed run asks
-    from hydra.types import RunMode  # lazy: as above
-
     if config_name is None or overrides is None:
         if not HydraConfig.initialized():
             return []
         hc = HydraConfig.get()
         config_name = hc.job.config_name if config_name is None else config_name
         overrides = _task_overrides() if overrides is None else overrides
-    if not GlobalHydra.instance().is_initialized():
-        return []
-    loader = GlobalHydra.instance().config_loader()
-    try:  # Hydra's defaults tree for this command line: which hook sets it chose (choices holds no list)
-        defaults = loader.compute_defaults_list(config_name, list(overrides or []), RunMode.RUN).defaults
-    except Exception as exc:  # the composition itself succeeded: this check never stops a run on its own failure
-        log.debug("the chosen hook sets could not be listed: %s", exc)
-        return []
-    sources = loader.get_sources()
     out: list[tuple[str, str, list[str]]] = []
-    for d in defaults:
-        path = d.config_path or ""
-        if not path.startswith("hooks/") or any(o == path.removeprefix("hooks/") for o, _, _ in out):
-            continue
-        for source in sources:
-            if not source.is_config(path):
-                continue
-            finder = getattr(source, "file", None)  # a library's source maps hooks/<ns>/x to its hooks/x
-            file = str(finder(f"{path}.yaml") if finder else Path(source.path or "") / f"{path}.yaml")
-            cfg = source.load_config(path).config
-            names = [str(k) for k in cfg.keys()] if isinstance(cfg, DictConfig) else []
-            out.append((path.removeprefix("hooks/"), file, names))
-            break
+    for _, path, file, cfg in composed_files(config_name, list(overrides or [])) or ():
+        option = path.removeprefix("hooks/")
+        if path.startswith("hooks/") and not any(o == option for o, _, _ in out):
+            out.append((option, file, [str(k) for k in cfg.keys()] if isinstance(cfg, DictConfig) else []))
     return out
 
 
