@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -88,7 +89,11 @@ def histograms(values: Mapping[str, torch.Tensor], path: Path, title: str, max_p
     for ax, (name, t) in zip(axes.flat, items, strict=False):  # the grid's last row may have spare panels
         x = t.detach().float().cpu().flatten()
         x = x[torch.isfinite(x)]
-        ax.hist(x.numpy(), bins=50)
+        # Counted by numpy and drawn as one filled outline: ax.hist draws 50 bar patches a panel,
+        # and with matplotlib's default ticks that was ~2.5x the time of a 16-panel figure.
+        counts, edges = np.histogram(x.numpy(), bins=50)
+        ax.stairs(counts, edges, fill=True)
+        ax.locator_params(nbins=4)
         ax.set_title(_title(name), fontsize=8)
     for ax in list(axes.flat)[len(items) :]:
         ax.axis("off")
