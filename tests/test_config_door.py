@@ -148,3 +148,25 @@ def test_a_dictconfig_of_too_many_specs_is_refused_by_count_before_any_is_read(m
     with pytest.raises(hg.SpecError, match=f"{MAX_SPECS + 1:,} specs, over the limit of {MAX_SPECS:,}"):
         parse_specs(cfg)
     assert read == []
+
+
+def test_a_command_line_run_lists_its_composed_files_once(tmp_path, monkeypatch):
+    # Two checks read the files Hydra composed (booleans as written; the hook sets chosen): each
+    # asked Hydra for the defaults list again, twice in all per run, each ~0.15 s.
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from tests.cli_helpers import run_cli_here
+
+    calls = []
+    original = ConfigLoaderImpl.compute_defaults_list
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[:2])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "compute_defaults_list", counted)
+    args = ["+experiment=nan_hunt", "sink.figures=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_cli_here(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Hydra's task overrides: the command line without hydra.* keys.
+    assert calls == [("config", args[:2])]

@@ -11,6 +11,7 @@ more, each YAML file parsed again); this does it once for both, not once for eac
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ __all__ = ["composed_files"]
 
 log = logging.getLogger("hookgraph")
 
-# The last composition listed: (loader, config name, overrides) -> its files. One entry, held
-# by the loader itself (not its id, which a later loader may reuse): a run asks twice in a row,
-# and a multirun's next job has other overrides.
-_last: tuple[Any, str | None, tuple[str, ...], list[tuple[str, str, str, Any]]] | None = None
+# The last composition listed: (loader, config name, overrides) -> its files. One entry, the
+# loader by weak reference (not its id, which a later loader may reuse; not kept alive after its
+# app): a run asks twice in a row, and a multirun's next job has other overrides.
+_last: tuple[weakref.ref, str | None, tuple[str, ...], list[tuple[str, str, str, Any]]] | None = None
 
 
 def composed_files(config_name: str | None, overrides: Sequence[str]) -> list[tuple[str, str, str, Any]] | None:
@@ -38,7 +39,7 @@ def composed_files(config_name: str | None, overrides: Sequence[str]) -> list[tu
         return None
     loader = GlobalHydra.instance().config_loader()
     key = (config_name, tuple(overrides))
-    if _last is not None and _last[0] is loader and _last[1:3] == key:
+    if _last is not None and _last[0]() is loader and _last[1:3] == key:
         return _last[3]
     try:  # Hydra's defaults tree for this command line: which file went where
         defaults = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults
@@ -65,5 +66,5 @@ def composed_files(config_name: str | None, overrides: Sequence[str]) -> list[tu
                 break
             files.append((d.package or "", path, file, raw))
             break
-    _last = (loader, *key, files)
+    _last = (weakref.ref(loader), *key, files)
     return files
