@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import random
+import sys
 import tracemalloc
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
+from torch import nn
 
 from hookgraph.runs.writer import RunWriter, shard_key
 from hookgraph.runs.writer_shard import ST_DTYPES, escaped, shard_pieces
@@ -145,3 +147,46 @@ def test_the_writers_shard_reads_back_and_its_digest_is_of_its_bytes(tmp_path, o
     assert meta["run"] == writer.run_id and meta["step"] == "5"
     facts = writer.manifest()["shards"][f"records/{path.name}"]
     assert facts == {"entries": 5, "digest": shard_digest(path.read_bytes())}
+
+
+def test_a_slot_called_once_holds_its_copy_and_nothing_beside_it():
+    # Every slot of a one-step run of a 200,000-module model is called once. Before: its entry
+    # was the live output with a probe beside it (the output's bytes in a shared chunk, a tuple of
+    # six with the offset and a torch.Size): ~310 traced bytes a slot until the records were read,
+    # ~200 bytes of RSS over the entry itself. Now the first call's entry is a copy and nothing is
+    # watched: ~110 (the tensor's Python object and the list's room). The values are what the
+    # module produced (computed here by hand), also where the outputs are rewritten in place after.
+    from hookgraph.core.store import Entries
+
+    n = 5000
+    torch.manual_seed(3)
+    lin = nn.Linear(4, 4).eval()
+    xs = torch.randn(n, 1, 4)
+    slots = [Entries() for _ in range(n)]
+    outs: list = []
+
+    def call_each_once() -> None:
+        with torch.no_grad():
+            for slot, x in zip(slots, xs, strict=True):
+                out = lin(x)
+                slot.keep_tensor(out)
+                if len(outs) < 100:
+                    outs.append(out)  # a few kept, to be rewritten below
+
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        call_each_once()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before - sum(sys.getsizeof(o) for o in outs) - sys.getsizeof(outs)
+    finally:
+        tracemalloc.stop()
+    assert held / n < 160, f"{held / n:.0f} bytes a slot called once"
+    for out in outs:
+        out.mul_(-1)  # after the hook, before the read
+    assert not any(slot.settle() for slot in slots)
+    want = xs @ lin.weight.detach().T + lin.bias.detach()  # what each call produced, by hand
+    for slot, w in zip(slots, want, strict=True):
+        (rec,) = slot
+        torch.testing.assert_close(rec, w, rtol=1e-6, atol=1e-6)
