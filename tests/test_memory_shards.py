@@ -190,3 +190,24 @@ def test_a_slot_called_once_holds_its_copy_and_nothing_beside_it():
     for slot, w in zip(slots, want, strict=True):
         (rec,) = slot
         torch.testing.assert_close(rec, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("changed_walk", [1, 2])
+def test_records_that_change_between_the_walks_leave_no_shard(tmp_path, changed_walk):
+    # The shard is made from several walks of the records (its header counted, written, then the
+    # bytes): were the records to change between them (a hooked call from another thread), the
+    # header would not match its bytes. The write fails with one message and leaves no file.
+    from hookgraph.errors import HookGraphError
+    from hookgraph.runs.writer import atomic_write
+
+    items = [("a", torch.ones(3)), ("b", torch.zeros(2, 2))]
+    walks = [0]
+
+    def tensors():
+        walks[0] += 1
+        return items if walks[0] != changed_walk + 1 else [*items, ("c", torch.ones(1))]
+
+    path = tmp_path / "s.safetensors"
+    with pytest.raises(HookGraphError, match="records changed while their shard was being written"):
+        atomic_write(path, shard_pieces(lambda: [("k", ["v"])], tensors))
+    assert list(tmp_path.iterdir()) == []

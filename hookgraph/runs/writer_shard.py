@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from hookgraph.errors import HookGraphError
+
 __all__ = ["shard_pieces", "escaped", "json_string", "ST_DTYPES"]
 
 # torch dtype -> the safetensors format's name for it (its spec, github.com/huggingface/safetensors).
@@ -69,8 +71,9 @@ def _raw(t: torch.Tensor) -> memoryview:
     return t.reshape(-1).view(torch.uint8).numpy().data
 
 
-def _header_text(meta: Meta, tensors: Tensors) -> Iterator[str]:
-    """The JSON header, unpadded, in pieces: the metadata, then every tensor's entry."""
+def _header_text(meta: Meta, tensors: Tensors, end: list[int]) -> Iterator[str]:
+    """The JSON header, unpadded, in pieces: the metadata, then every tensor's entry. The data's
+    length (the last tensor's end) is appended to ``end``."""
     yield '{"__metadata__":{'
     for n, (key, pieces) in enumerate(meta):
         yield f'{"," if n else ""}"{escaped(key)}":"'
@@ -86,6 +89,7 @@ def _header_text(meta: Meta, tensors: Tensors) -> Iterator[str]:
             f'"data_offsets":[{offset},{offset + nbytes}]}}'
         )
         offset += nbytes
+    end.append(offset)
     yield "}"
 
 
@@ -122,9 +126,7 @@ def _data(tensors: Tensors) -> Iterator[bytes | bytearray | memoryview]:
         yield chunk
 
 
-def shard_pieces(
-    meta: Callable[[], Meta], tensors: Callable[[], Tensors]
-) -> Iterator[bytes | bytearray | memoryview]:
+def shard_pieces(meta: Callable[[], Meta], tensors: Callable[[], Tensors]) -> Iterator[bytes | bytearray | memoryview]:
     """A safetensors file in pieces, each handed on before the next is made.
 
     ``meta()`` and ``tensors()`` each give a fresh walk of the same metadata and tensors every
@@ -132,10 +134,20 @@ def shard_pieces(
     ``(name, tensor)`` in file order, every tensor a contiguous CPU one of a dtype in
     :data:`ST_DTYPES`. A piece may be a view of a tensor's memory: write it (or hash it)
     before asking for the next."""
-    length = sum(len(b) for b in _encoded(_header_text(meta(), tensors())))
+    ends: list[int] = []
+    length = sum(len(b) for b in _encoded(_header_text(meta(), tensors(), ends)))
     pad = -length % 8  # safetensors pads its header with spaces to a multiple of 8 bytes
     yield (length + pad).to_bytes(8, "little")
-    yield from _encoded(_header_text(meta(), tensors()))
+    written = 0
+    for piece in _encoded(_header_text(meta(), tensors(), ends)):
+        written += len(piece)
+        yield piece
     if pad:
         yield b" " * pad
-    yield from _data(tensors())
+    for piece in _data(tensors()):
+        written += memoryview(piece).nbytes
+        yield piece
+    if ends[0] != ends[1] or written != length + ends[0]:
+        # The walks disagreed (records changed while the shard was written): the caller's write
+        # fails and leaves no file, rather than a header that does not match its bytes.
+        raise HookGraphError("the records changed while their shard was being written; no shard was written")
