@@ -144,9 +144,9 @@ def shard_pieces(meta: Callable[[], Meta], tensors: Callable[[], Tensors]) -> It
         yield piece
     if pad:
         yield b" " * pad
-    for piece in _data(tensors()):
-        written += memoryview(piece).nbytes
-        yield piece
+    for data in _data(tensors()):
+        written += memoryview(data).nbytes
+        yield data
     if ends[0] != ends[1] or written != length + ends[0]:
         # The walks disagreed (records changed while the shard was written): the caller's write
         # fails and leaves no file, rather than a header that does not match its bytes.
