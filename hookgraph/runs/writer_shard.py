@@ -135,7 +135,7 @@ def shard_pieces(meta: Callable[[], Meta], tensors: Callable[[], Tensors]) -> It
     :data:`ST_DTYPES`. A piece may be a view of a tensor's memory: write it (or hash it)
     before asking for the next."""
     ends: list[int] = []
-    length = sum(len(b) for b in _encoded(_header_text(meta(), tensors(), ends)))
+    length = sum(len(t) if t.isascii() else len(t.encode()) for t in _header_text(meta(), tensors(), ends))
     pad = -length % 8  # safetensors pads its header with spaces to a multiple of 8 bytes
     yield (length + pad).to_bytes(8, "little")
     written = 0
