@@ -4,7 +4,8 @@ about a mebibyte, never held whole.
 Public names: shard_pieces, escaped, json_string, ST_DTYPES.
 
 The file is what safetensors' own serializer writes for the same tensors in the same order
-(byte for byte, tests/test_memory_shards.py): an 8-byte little-endian header length, the JSON
+(byte for byte with one metadata key, tests/test_memory_shards.py; safetensors orders several
+keys at random): an 8-byte little-endian header length, the JSON
 header (``__metadata__`` first, then each tensor's dtype, shape and data offsets, padded with
 spaces to a multiple of 8 bytes), then every tensor's bytes one after the other.
 
