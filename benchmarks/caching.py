@@ -414,6 +414,7 @@ def part_library(args: argparse.Namespace, tmp: Path) -> list[str]:
     import safetensors
 
     from hookgraph.runs import writer as hw  # lazy: see runner()
+    from hookgraph.runs.writer_shard import shard_pieces
 
     w = hw.RunWriter(tmp / "hg", fsync="never")
     (tmp / "sf").mkdir(parents=True)
@@ -441,7 +442,7 @@ def part_library(args: argparse.Namespace, tmp: Path) -> list[str]:
             elif name == "hookgraph":
                 w.flush_records({"a": {k: [v] for k, v in shard.items()}}, r)
             else:
-                parts = hw._shard_parts(shard.items(), {"hookgraph": hw.FORMAT})  # float32: a dtype it writes
+                parts = shard_pieces(lambda: [("hookgraph", [hw.FORMAT])], shard.items)  # float32: a dtype it writes
                 hw.atomic_write(path, parts, sync=False)
             res[name].append(time.perf_counter() - t)
         for done in [*(tmp / "sf").iterdir(), *(tmp / "hg" / "records").iterdir()]:

@@ -46,8 +46,8 @@ def main() -> None:
     from hookgraph.runs import writer as writer_module
     from hookgraph.runs.writer import RunWriter, digest
 
-    def _no_digest(parts: Any) -> str:
-        return ""
+    def _no_digest(pieces: Any, h: Any) -> Any:
+        return pieces  # written as they come, hashed never
 
     steps = max(1, args.mb // args.shard_mb)
     per_target = args.shard_mb * 2**20 // 4 // 4  # four targets per shard, float32
@@ -59,15 +59,15 @@ def main() -> None:
 
         def write(path: Path, hashed: bool) -> tuple[float, RunWriter]:
             writer = RunWriter(path)
-            # flush_records hashes a shard's buffers through _digest_parts (one call per shard)
-            parts = writer_module._digest_parts
-            writer_module._digest_parts = parts if hashed else _no_digest
+            # flush_records hashes a shard's pieces through _hashed as they are written (one call per shard)
+            parts = writer_module._hashed
+            writer_module._hashed = parts if hashed else _no_digest
             t = time.perf_counter()
             try:
                 for step in range(steps):
                     writer.flush_records({s: {k: list(v) for k, v in ts.items()} for s, ts in records.items()}, step)
             finally:
-                writer_module._digest_parts = parts
+                writer_module._hashed = parts
             return time.perf_counter() - t, writer
 
         with_hash, without = [], []

@@ -177,8 +177,9 @@ class EditsAfter(nn.Module):
 )
 @pytest.mark.parametrize("edit", [True, False], ids=["edited", "untouched"])
 def test_a_first_record_equals_the_output_whatever_follows_it(value, edit):
-    """The first call's entry, kept without a tensor copy of its own for small outputs, holds
-    what the module produced: put back when a later op rewrote the output in place."""
+    """The first calls' entries hold what the module produced: the first a copy, the second
+    (the probe) kept without a tensor copy of its own for small outputs, put back when a later
+    op rewrote the output in place."""
     model = EditsAfter(value, edit)
     graph = hg.compile(model, {"r": {"target": "emit", "action": "record"}})
     want, handles = _reference(model, ["emit"])
@@ -195,24 +196,28 @@ def test_a_first_record_equals_the_output_whatever_follows_it(value, edit):
     for rec, ref in zip(got, want["emit"], strict=True):
         assert rec.dtype == ref.dtype and rec.shape == ref.shape
         assert torch.equal(rec, ref) and torch.equal(ref, value)
-    if not edit:  # nothing rewrites it: the output itself, from the first call on where it is small
-        first = 0 if value.is_contiguous() and value.numel() * value.element_size() <= 256 else 1
+    if not edit:  # nothing rewrites it: the output itself, from the probe (the second call) on where it is small
+        first = 1 if value.is_contiguous() and value.numel() * value.element_size() <= 256 else 2
+        assert got[0].data_ptr() != outs[0].data_ptr()  # the first call's: a copy, nothing watched
         assert [r.data_ptr() for r in got[first:]] == [o.data_ptr() for o in outs[first:]]
 
 
-def test_a_small_first_output_is_kept_uncopied_and_put_back_when_rewritten_later():
-    """The first entry of a small output is the output itself (no copy), yet a rewrite that
-    comes after the hook, before the records are read, still leaves the record unchanged."""
+def test_a_small_probed_output_is_kept_uncopied_and_put_back_when_rewritten_later():
+    """The probe's entry (the second call's) of a small output is the output itself (no copy),
+    yet a rewrite that comes after the hook, before the records are read, still leaves the
+    record unchanged; the first call's entry is a copy, whatever happens to its output."""
     lin = nn.Linear(2, 4)
     model = nn.Sequential(lin)
     graph = hg.compile(model, {"r": {"target": "0", "action": "record"}})
     x = torch.tensor([[1.0, -1.0]])
     with graph.attach(), torch.no_grad():
+        first_out = model(x)
+        first_out.mul_(0)
         out = model(x)
-        first = graph.store.records["r"]["0"][0]  # the raw slot, before any read settles it
-        assert first.data_ptr() == out.data_ptr()
+        probe = graph.store.records["r"]["0"][1]  # the raw slot, before any read settles it
+        assert probe.data_ptr() == out.data_ptr()
         want = out.clone()
         out.mul_(0)  # after the hook, before the read
-    (rec,) = graph.records["r"]["0"]
-    assert torch.equal(rec, want) and torch.equal(rec, lin(x).detach())
+    first, rec = graph.records["r"]["0"]
+    assert torch.equal(first, want) and torch.equal(rec, want) and torch.equal(rec, lin(x).detach())
     assert rec.data_ptr() != out.data_ptr()

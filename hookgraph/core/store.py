@@ -49,7 +49,10 @@ class Entries(list):
     lets an in-place op that runs next (``ReLU(inplace=True)`` after every ResNet
     BatchNorm) rewrite it. Each slot therefore learns, once, whether it needs copies:
 
-    - probing (the first call): the entry is a copy, and the live output is watched
+    - the first call: the entry is a copy, and nothing is watched (a slot called once, as every
+      slot of a one-step run of a 200,000-module model, then holds its copy and no more: the
+      live output, a probe and its bookkeeping were ~200 bytes a slot on top of the copy);
+    - probing (the second call): the entry is a copy, and the live output is watched
       through its ``_version`` counter;
     - at the next call (or the first :meth:`settle`; with per-device parts always at
       settle, when every replica's thread is done) the probe is decided: a slot whose
@@ -65,7 +68,7 @@ class Entries(list):
 
     A plain tensor's probe entry (:meth:`keep_tensor`, a small CPU tensor) is the output
     itself, with its bytes kept aside in a shared chunk (:class:`_Backups`): a tensor object
-    and its storage per probe were ~540 bytes, the whole first step of a 200,000-module model.
+    and its storage per probe were ~540 bytes.
     The entry is put back from those bytes, before anyone reads it, where the output was
     rewritten; until then it counts as a copy (the probe decides as above).
 
@@ -81,6 +84,7 @@ class Entries(list):
         "plain",
         "replicas",
         "fresh",
+        "seen",
         "_fresh_from",
         "_probes",
         "_pending",
@@ -96,6 +100,7 @@ class Entries(list):
         self.plain = False  # the hook may append unwatched tensors once the slot is fresh
         self.replicas = False  # filled by DataParallel replicas, one thread per device
         self.fresh = False  # alias, and outputs are fresh (version 0) when recorded
+        self.seen = False  # the first call was kept (a copy, unwatched): the next one probes
         self._fresh_from = 0  # entries from here on are fresh-path entries
         # The probes, the watched entries and the per-device parts: an empty tuple (or None)
         # until the first one, as most slots of a big model hold none for most of a run
@@ -117,6 +122,9 @@ class Entries(list):
             # version counter to watch: its entry is a copy, which nothing else can rewrite.
             return True
         if not self.alias and not self.copy_always:
+            if not self.seen:  # the first call: a copy, nothing watched or kept beside it
+                self.seen = True
+                return True
             if (self._probes or self._pending is not None) and not self.replicas:
                 self._decide()  # replicas decide at settle, when every device's thread is done
             if not self.alias and not self.copy_always:
@@ -138,7 +146,11 @@ class Entries(list):
         slot needs it (:meth:`needs_copy`): what ``record`` does for a tensor with no
         reductions, without building its per-target pipeline."""
         t = value.detach()
-        if not (self.alias or self.copy_always or self.replicas or self.last_only) and not t.is_inference():
+        if (
+            self.seen
+            and not (self.alias or self.copy_always or self.replicas or self.last_only)
+            and not t.is_inference()
+        ):
             # Probing: the entry is the output itself, its bytes kept aside (see the class docstring).
             if self._probes or self._pending is not None:
                 self._decide()

@@ -30,14 +30,13 @@ import errno
 import functools
 import hashlib
 import io
-import itertools
 import json
 import math
 import os
 import threading
 import uuid
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from safetensors.torch import save as st_save
 from hookgraph.core.tree import describe
 from hookgraph.errors import ConfigError, HookGraphError, RecordBudgetError, did_you_mean
 from hookgraph.runs import layout
+from hookgraph.runs.writer_shard import ST_DTYPES, escaped, json_string, shard_pieces
 
 _xxhash: Any
 try:  # the fast content hash of new shards (see DIGEST_PREFIX); hashlib's SHA-256 without it
@@ -66,7 +66,7 @@ RUN_ID = "run"  # the shard metadata key holding the writing run's id
 # The step batch's token ids, [batch, seq] int64, beside the records: a dataset item of a
 # [batch, seq, ...] record then says which token it is (every record key holds a "/", this none).
 INPUT_IDS = "input_ids"
-_THREADED = 512 << 10  # from this size a shard's digest is computed on a thread beside its write
+_THREADED = 2 << 20  # from this size a piece of a shard is hashed on a thread beside its write
 # Room kept for summary.json while a run writes: on a full disk the reserve is released and the
 # summary written in its place, so the folder still says what happened. 256 KiB holds the summary
 # of a run of about a thousand steps with its manifest; a longer one falls back to a compact summary.
@@ -126,24 +126,17 @@ def digest(data: bytes | memoryview) -> str:
     return tagged(h)
 
 
-def _digest_parts(parts: Sequence[Any]) -> str:
-    h = hasher()
-    for part in parts:
-        h.update(part)
-    return tagged(h)
-
-
 _ONE_TENSOR = '{"tensor":0}'  # a call that is one tensor: stored under the key without /<i>
 
 
-def atomic_write(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) -> None:
-    """``data`` (bytes, or a sequence of buffers written one after another without joining
-    them) into ``path`` under a temporary name, renamed into place; ``sync``: fsync'd
+def atomic_write(path: Path, data: bytes | Iterable[Any], *, sync: bool = True) -> None:
+    """``data`` (bytes, or buffers written one after another without joining them, each
+    written before the next is asked for) into ``path`` under a temporary name, renamed into place; ``sync``: fsync'd
     before the rename."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb", buffering=0) as f:
-            parts: Sequence[Any] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+            parts: Iterable[Any] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
             for part in parts:
                 view = memoryview(part)
                 while view.nbytes:  # a raw write may take less than it was given
@@ -158,80 +151,10 @@ def atomic_write(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) 
 
 FSYNC = ("step", "end", "never")  # sink.fsync: when record shards reach the disk
 
-# torch dtype -> the safetensors format's name for it (its spec, github.com/huggingface/safetensors).
-# A dtype outside the table is written through safetensors' own serializer instead.
-_ST_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-
-
-def _raw(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy."""
-    if t.numel() == 0:
-        return memoryview(b"")
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-# A tensor under this many bytes is copied into a shared chunk of the shard instead of being
-# written from its own memory: the view that writes a tensor where it lies costs ~1.4 KB of
-# Python and torch objects (two tensors, a numpy array, a memoryview), more than the copy of a
-# small one, and a step of 200,000 tiny records held 200,000 of them at once.
-_SMALL = 1024
-_CHUNK = 1 << 20  # the bytes of small tensors gathered into one buffer before the next starts
-
-
-def _shard_parts(tensors: Iterable[tuple[str, torch.Tensor]], meta: dict[str, str]) -> list[Any]:
-    """A safetensors file as ``[header, data, ...]``: the 8-byte header length and the JSON
-    header (padded with spaces to 8 bytes, as safetensors writes it), then the tensors' bytes
-    in order: a large tensor's own memory, small ones copied together into chunks. Nothing
-    large is joined: the write and the digest read big tensors where they lie
-    (``safetensors.torch.save`` would build the whole shard as one bytes object first, a copy
-    of every record). The header is written as text as the tensors go, never as a dict per
-    tensor. Every tensor is a contiguous CPU one of a dtype in ``_ST_DTYPES``.
-
-    Why not safetensors' own writer (reviewed with safetensors 0.8.0, benchmarks/RESULTS.md,
-    "The end of a run"): ``safetensors.torch.save`` returns the whole shard as one bytes
-    object (a copy of every record); ``save_file``/``serialize_file`` write from the tensors'
-    memory without a copy, at the speed of this writer, but write the bytes themselves, so
-    the manifest's digest of those bytes would need the file read back (the cost this
-    writer exists to avoid), and they refuse tensors that share a storage (two slices of
-    one output), which would then be cloned. The format is the library's: its ``load_file``
-    and ``safe_open`` read these files (tests/test_caching.py)."""
-    head = bytearray(b'{"__metadata__":')
-    head += json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode()
-    data: list[Any] = []
-    chunk = bytearray()
-    offset = 0
-    for key, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        shape = ",".join(map(str, t.shape))
-        head += (
-            f',{json.dumps(key, ensure_ascii=False)}:{{"dtype":"{_ST_DTYPES[t.dtype]}","shape":[{shape}],'
-            f'"data_offsets":[{offset},{offset + nbytes}]}}'
-        ).encode()
-        offset += nbytes
-        if not nbytes:
-            continue
-        if nbytes < _SMALL:
-            chunk += _raw(t)  # the view lives only for this copy
-            if len(chunk) >= _CHUNK:
-                data.append(chunk)
-                chunk = bytearray()
-        else:
-            if chunk:
-                data.append(chunk)
-                chunk = bytearray()
-            data.append(_raw(t))
-    if chunk:
-        data.append(chunk)
-    head += b"}"
-    head += b" " * (-len(head) % 8)
-    return [len(head).to_bytes(8, "little"), head, *data]
-
 
 def _escape(name: str) -> str:
+    if "%" not in name and "/" not in name:
+        return name  # nearly every name: no new string
     # '%' first, so an escape that was already in a name is escaped, not read as one.
     return name.replace("%", "%25").replace("/", "%2F")
 
@@ -242,12 +165,21 @@ def shard_key(spec: str, target: str, step: int, call: int, index: int | None = 
     return key if index is None else f"{key}/{index}"
 
 
-def _shard_tensors(
-    order: Sequence[tuple[str, str]], slots: Sequence[list], step: int
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(key, tensor)`` for every tensor of the slots, in the shard's order (``order[i]``
-    names ``slots[i]``); keys as :func:`shard_key` makes them."""
-    for (spec, target), slot in zip(order, slots, strict=True):
+def _filled(records: Mapping[str, Any]) -> Iterator[tuple[str, str, list]]:
+    """``(spec, target, slot)`` for every slot that holds entries, in the shard's order. Every
+    walk of one flush sees the same slots: nothing records while a shard is written."""
+    for spec, targets in records.items():
+        if not isinstance(targets, dict):
+            continue  # trace-style rows belong to the trace table
+        for target, slot in targets.items():
+            if slot:
+                yield spec, target, slot
+
+
+def _shard_tensors(records: Mapping[str, Any], step: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, tensor)`` for every tensor of the filled slots, in the shard's order; keys as
+    :func:`shard_key` makes them."""
+    for spec, target, slot in _filled(records):
         prefix = f"{_escape(spec)}/{_escape(target)}/{step}/"
         for call, value in enumerate(slot):
             if isinstance(value, torch.Tensor):
@@ -257,11 +189,22 @@ def _shard_tensors(
                     yield f"{prefix}{call}/{i}", t
 
 
-def _entries_json(flat: array) -> str:
-    """The metadata's ``entries``, ``[[order index, call, structure index], ...]``, from the
-    flat triples, as ``json.dumps`` writes the nested lists compactly."""
-    it = iter(flat)
-    return "[" + ",".join(f"[{o},{c},{k}]" for o, c, k in zip(it, it, it, strict=True)) + "]"
+def _hashed(pieces: Iterable[Any], h: Any) -> Iterator[Any]:
+    """``pieces`` as they come, each hashed into ``h`` before the next is asked for: a large
+    one on a thread while the caller writes it (hashlib, xxhash and the write release the
+    GIL, so on two cores the hash hides behind the write: benchmarks/RESULTS.md), a small one
+    here, cheaper than starting a thread (~50 us)."""
+    for piece in pieces:
+        if memoryview(piece).nbytes < _THREADED:
+            h.update(piece)
+            yield piece
+            continue
+        worker = threading.Thread(target=h.update, args=(piece,), name="hg-digest")
+        worker.start()
+        try:
+            yield piece
+        finally:
+            worker.join()  # the piece may be a view of a record: hashed before it is let go
 
 
 @functools.cache
@@ -536,42 +479,37 @@ class RunWriter:
         ``input_ids``: the step batch's token ids ([batch, seq] integers), kept in the shard
         under :data:`INPUT_IDS` when it holds records (see :func:`batch_token_ids`).
 
-        The slots are walked three times (structures, then the tensors to check, then to
-        write) rather than gathered into a dict of keys and tensors: at 200,000 tiny records
-        a step, what a shard's bookkeeping holds per tensor is most of its memory."""
-        order: list[tuple[str, str]] = []
+        The shard is streamed (:func:`hookgraph.runs.writer_shard.shard_pieces`): the slots are
+        walked again for each part of it (structures, the tensors to check, the header's
+        length, the header, the bytes) rather than gathered into lists of names, keys and
+        texts, since at 200,000 tiny records a step what a shard's bookkeeping holds per
+        record is most of its memory."""
         structures: dict[str, int] = {}  # a structure's JSON -> its index in this shard
-        entries = array("q")  # (order index, call, structure index) per entry, flat
-        slots: list[list] = []
-        for spec, targets in records.items():
-            if not isinstance(targets, dict):
-                continue  # trace-style rows belong to the trace table
-            for target, slot in targets.items():
-                if not slot:
-                    continue
-                slots.append(slot)
-                order.append((spec, target))
-                for call, value in enumerate(slot):
-                    if isinstance(value, torch.Tensor):  # most records: skip the walk
-                        text = _ONE_TENSOR
-                    else:
-                        structure = describe(value)[1]
-                        text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
-                    entries.extend((len(order) - 1, call, structures.setdefault(text, len(structures))))
-        if not entries:
+        kinds = array("q")  # the structure index of each entry that is not one tensor, in walk order
+        count = 0
+        for _, _, slot in _filled(records):
+            for value in slot:
+                if isinstance(value, torch.Tensor):  # most records: skip the walk
+                    structures.setdefault(_ONE_TENSOR, len(structures))
+                else:
+                    structure = describe(value)[1]
+                    text = json.dumps(strict_json(structure), separators=(",", ":"), allow_nan=False)
+                    kinds.append(structures.setdefault(text, len(structures)))
+            count += len(slot)
+        if not count:
             return 0
         # Tensors that cannot be written where they lie (on a GPU, not contiguous), by their
         # place in the walk; nearly always none.
         moved: dict[int, torch.Tensor] = {}
         cuda: set[torch.device] = set()
         size = 0
-        native = True  # every dtype is one _shard_parts writes itself
-        for i, (key, t) in enumerate(_shard_tensors(order, slots, step)):
+        native = True  # every dtype is one shard_pieces writes itself
+        for i, (key, t) in enumerate(_shard_tensors(records, step)):
             ready = _writable(key, t, cuda)
             if ready is not t:
                 moved[i] = ready
             size += ready.numel() * ready.element_size()
-            native = native and ready.dtype in _ST_DTYPES
+            native = native and ready.dtype in ST_DTYPES
         _synchronize(cuda)
         ids = batch_token_ids(input_ids)
         if ids is not None:
@@ -582,60 +520,83 @@ class RunWriter:
                 f"{self.max_bytes:,}; record less (types/target filters, when.every, args.keep=last, "
                 f"args.dtype=bf16) or raise sink.max_bytes. {len(self.shards)} shard(s) already written stay readable."
             )
-        prepared = itertools.chain(
-            ((key, moved.get(i, t)) for i, (key, t) in enumerate(_shard_tensors(order, slots, step))),
-            [] if ids is None else [(INPUT_IDS, ids)],
-        )
+
+        def prepared() -> Iterator[tuple[str, torch.Tensor]]:
+            for i, (key, t) in enumerate(_shard_tensors(records, step)):
+                yield key, moved.get(i, t)
+            if ids is not None:
+                yield INPUT_IDS, ids
+
         if self.rank is not None:
             self.records_dir.parent.mkdir(exist_ok=True)  # records/, then records/rank-N
         self.records_dir.mkdir(exist_ok=True)
         name = layout.shard_name(step)
-        compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
-        meta = {
-            "hookgraph": FORMAT,
-            "step": str(step),
-            "order": json.dumps(order, **compact),
-            "structures": "[" + ",".join(structures) + "]",
-            "entries": _entries_json(entries),
-            RUN_ID: self.run_id,
-        }
+        meta = _shard_meta(records, step, structures, kinds, self.run_id)
+        pieces: Iterable[Any]
         if native:
-            parts = _shard_parts(prepared, meta)
+            pieces = shard_pieces(meta, prepared)
         else:  # a dtype only safetensors' own serializer knows: its bytes, joined
-            tensors = dict(prepared)
+            tensors = dict(prepared())
             _prepare(tensors)
-            parts = [st_save(tensors, metadata=meta)]
-        total = sum(memoryview(p).nbytes for p in parts)
-        # The digest of the bytes in hand (no second read of the file), hashed on another
-        # thread while this one writes them: hashlib and the system calls release the GIL,
-        # so on two cores the hash hides behind the write (benchmarks/RESULTS.md). A small
-        # shard is hashed here: cheaper than starting a thread (~50 us).
-        hashed: list[str] = [] if total >= _THREADED else [_digest_parts(parts)]
-        worker = None if hashed else threading.Thread(
-            target=lambda: hashed.append(_digest_parts(parts)), name="hg-digest"
-        )
-        if worker is not None:
-            worker.start()
+            pieces = [st_save(tensors, metadata={k: json.loads('"' + "".join(v) + '"') for k, v in meta()})]
+        # The digest of the bytes in hand, as they are written (no second read of the file).
+        h = hasher()
         path = self.records_dir / name
-        try:
-            atomic_write(path, parts, sync=self.fsync == "step")
-        finally:
-            if worker is not None:
-                worker.join()
+        atomic_write(path, _hashed(pieces, h), sync=self.fsync == "step")
         if self.fsync == "end":
             self._start_sync(path)
         elif self.fsync == "step":
             self._sync_folder()
         self._shard_facts[(self.records_dir / name).relative_to(self.dir).as_posix()] = {
-            "entries": len(entries) // 3,
-            "digest": hashed[0],
+            "entries": count,
+            "digest": tagged(h),
         }
         self.shards.append(name)
         self.bytes_written += size
-        for (spec, _), slot in zip(order, slots, strict=True):
+        for spec, _, slot in _filled(records):  # clearing a slot leaves the dicts as they are
             self.counts[spec] = self.counts.get(spec, 0) + len(slot)
             slot.clear()
         return size
+
+
+def _shard_meta(
+    records: Mapping[str, Any], step: int, structures: dict[str, int], kinds: array, run_id: str
+) -> Callable[[], list[tuple[str, Iterable[str]]]]:
+    """The shard's metadata as :func:`shard_pieces` takes it (each value's JSON string content,
+    escaped, in pieces): ``order`` and ``entries`` name every record, so they are made from a
+    walk of the slots each time, never held whole."""
+
+    def order() -> Iterator[str]:
+        # [[spec, target], ...] as json.dumps writes it compactly, without an encoder per pair
+        yield "["
+        for n, (spec, target, _) in enumerate(_filled(records)):
+            yield escaped(f"{',' if n else ''}[{json_string(spec)},{json_string(target)}]")
+        yield "]"
+
+    def entries() -> Iterator[str]:
+        # [[order index, call, structure index], ...], as json.dumps writes the nested lists compactly
+        one = structures.get(_ONE_TENSOR)
+        others = iter(kinds)
+        yield "["
+        first = True
+        for o, (_, _, slot) in enumerate(_filled(records)):
+            for call, value in enumerate(slot):
+                k = one if isinstance(value, torch.Tensor) else next(others)
+                yield f"[{o},{call},{k}]" if first else f",[{o},{call},{k}]"
+                first = False
+        yield "]"
+
+    def meta() -> list[tuple[str, Iterable[str]]]:
+        return [
+            ("hookgraph", [FORMAT]),
+            ("step", [str(step)]),
+            ("order", order()),
+            ("structures", [escaped("[" + ",".join(structures) + "]")]),
+            ("entries", entries()),
+            (RUN_ID, [escaped(run_id)]),
+        ]
+
+    return meta
 
 
 def batch_token_ids(batch: Any) -> torch.Tensor | None:
