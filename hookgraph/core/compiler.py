@@ -21,7 +21,7 @@ from hookgraph.core import names as name_maps
 from hookgraph.core.gcpause import gc_paused
 from hookgraph.core.graph import HookGraph
 from hookgraph.core.hooks import fsdp2
-from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.hooks.binding import Binding, Site
 from hookgraph.core.points import POINTS
 from hookgraph.core.registry import ActionDef, check_args, resolve_action
 from hookgraph.core.resolve import NameIndex, explain_no_match, resolve_names
@@ -445,7 +445,9 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
     # model, before the first module using the parameter: it needs all of them (tied weights).
     param_modules = on_params and not info.tensor_only
     root = targets.model if param_modules else None
-    lock = store.lock
+    # What the spec's bindings share; an op binding carries no lock, as before.
+    lock = None if spec.op is not None and not on_params else store.lock
+    site = Site(spec, at, defn, rank, key, start, stop, want_training, lock, root)
     fns = SiteFns(spec, key, defn, store, targets.model)
     script_module = torch.jit.ScriptModule
     for name in matched:
@@ -482,20 +484,13 @@ def _bind(spec: HookSpec, spec_index: int, key: str, defn: ActionDef, matched: l
         except BadSite as exc:
             problems.append(exc.problem)
             break
-        if param is None and (lock is None or spec.op is not None):  # an op binding carries no lock, as before
-            # Positional, in Binding's field order (spec .. want_training): half the cost of
-            # keywords, for the ~30,000 module bindings of a 20,000-module model.
-            bindings.append(
-                Binding(spec, name, at, module, None, defn, fn, rank, key, start, stop, want_training)
-            )
+        if param is None:
+            # Positional, in Binding's field order: half the cost of keywords, for the ~30,000
+            # module bindings of a 20,000-module model.
+            bindings.append(Binding(site, name, module, None, fn))
             continue
-        bindings.append(
-            Binding(spec=spec, target=name, at=at, module=module, param=param, action=defn, fn=fn,
-                    rank=rank, key=key, start=start, stop=stop,
-                    want_training=want_training, lock=lock,
-                    holders=targets.holders(param) if param is not None and param_modules else (), root=root,
-                    shard=shard)
-        )
+        holders = targets.holders(param) if param_modules else ()
+        bindings.append(Binding(site, name, module, param, fn, holders, shard))
     problems += [_refusal(key, spec, why, names) for why, names in refused.items()]
     return bindings, problems
 
