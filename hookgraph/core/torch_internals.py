@@ -281,25 +281,24 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if not _FAST_WALK:
         return list(model.named_modules())
     out: list[tuple[str, nn.Module]] = []
-    memo: set[nn.Module] = set()
-
-    def visit(prefix: str, m: nn.Module) -> None:
-        if type(m).named_modules is not _NAMED_MODULES:
-            out.extend(m.named_modules(memo, prefix))
-            return
-        if m in memo:  # a module under two names keeps its first, as named_modules() does
-            return
-        memo.add(m)
-        out.append((prefix, m))
-        for name, sub in m._modules.items():
-            if sub is not None:
-                visit(f"{prefix}.{name}" if prefix else name, sub)
-
-    visit("", model)
-    # visit's cell holds visit: a cycle that kept memo (~100 bytes a module) alive until the
-    # collector ran, which compile pauses. Emptying the cell frees it here.
-    del visit
+    _visit("", model, out, set())
     return out
+
+
+def _visit(prefix: str, m: nn.Module, out: list[tuple[str, nn.Module]], memo: set[nn.Module]) -> None:
+    """named_modules' walk below ``m``. A module-level function, not a closure of the walk:
+    a closure that calls itself is a cycle through its own cell, which kept the memo set (~100
+    bytes a module) alive until the collector ran, and compile pauses it."""
+    if type(m).named_modules is not _NAMED_MODULES:
+        out.extend(m.named_modules(memo, prefix))
+        return
+    if m in memo:  # a module under two names keeps its first, as named_modules() does
+        return
+    memo.add(m)
+    out.append((prefix, m))
+    for name, sub in m._modules.items():
+        if sub is not None:
+            _visit(f"{prefix}.{name}" if prefix else name, sub, out, memo)
 
 
 def _parameters_probe() -> bool:
