@@ -35,6 +35,7 @@ from hookgraph.core.torch_internals import (
     full_backward_flag,
     is_inplace_error_of_backward_hook,
     is_inplace_error_of_saved_tensor,
+    remove_forward_hook,
     restore_full_backward_flag,
 )
 from hookgraph.core.transfer import HostCopier
@@ -106,6 +107,16 @@ def _refusal(graph: HookGraph, *, eager: bool = False) -> Callable[[], str]:
     return refusal
 
 
+# What an attachment holds for one binding: its hooks' handles and switches in registration
+# order, or a plain forward hook's bare id (an int: see Attachment._handles).
+Held = Sequence[RemovableHandle | Switch | int] | int
+
+
+def _parts(held: Held) -> Sequence[RemovableHandle | Switch | int]:
+    """A binding's handles as a sequence (a bare hook id is one)."""
+    return (held,) if type(held) is int else held  # type: ignore[return-value]  # not an int: a sequence
+
+
 def _named(specs: dict[str, tuple[str, list[str]]]) -> str:
     """``'spec' on t1, t2, t3 ... (why)`` for each spec, joined by '; '."""
     return "; ".join(
@@ -146,8 +157,10 @@ class Attachment:
             (SpecState(group[0], log), group) for group in graph._spec_groups()
         ]
         self._live = True
-        # In registration order; () while a binding's hooks are being registered.
-        self._handles: dict[Binding, Sequence[RemovableHandle | Switch]] = {}
+        # In registration order; () while a binding's hooks are being registered. A plain
+        # forward hook (eager.forward's common case) is held as its bare hook id (an int), which
+        # remove_forward_hook takes with the binding's module: no handle object per binding.
+        self._handles: dict[Binding, Held] = {}
         self._full: set[Binding] = set()  # bindings holding a full backward hook (see _FULL_HOOK_FLAGS)
         self._blocks: list[RemovableHandle] = []  # compiled: the model's trace-log block hooks
         self._clock: Callable[[], None] | None = None  # undoes install_clock
@@ -213,11 +226,14 @@ class Attachment:
                 dropped = [b for b in list(self._handles) if b.module in changed]
                 # A binding that stays live keeps the switches of its tensor hooks: hooks its
                 # earlier forward placed on activations must still act in the coming backward.
-                carried: dict[Binding, list[RemovableHandle | Switch]] = {
-                    b: [h for h in self._handles[b] if isinstance(h, Switch)] for b in dropped if b in wanted
-                }
-                for b in carried:
-                    self._handles[b] = [h for h in self._handles[b] if not isinstance(h, Switch)]
+                carried: dict[Binding, list[RemovableHandle | Switch | int]] = {}
+                for b in dropped:
+                    switches: list[RemovableHandle | Switch | int] = (
+                        [h for h in _parts(handles[b]) if isinstance(h, Switch)] if b in wanted else []
+                    )
+                    if switches:
+                        carried[b] = switches
+                        handles[b] = [h for h in _parts(handles[b]) if not isinstance(h, Switch)]
                 self._drop(dropped)
                 register = self._register
                 for st, group in want:
@@ -230,18 +246,18 @@ class Attachment:
                             if full:
                                 _claim_full_backward(b.module)
                                 self._full.add(b)
-                            # The registrar's own list where nothing is carried (a list more
-                            # per binding was ~90 bytes at 200,000 bindings).
+                            # The registrar's own list (or hook id) where nothing is carried (a
+                            # list more per binding was ~90 bytes at 200,000 bindings).
                             if kept is None:
                                 handles[b] = register(b, st)
                             else:
-                                kept.extend(register(b, st))
+                                kept.extend(_parts(register(b, st)))
         except BaseException:
             self.remove(warn=False)
             raise
 
     @staticmethod
-    def _register(b: Binding, st: SpecState) -> list[RemovableHandle]:
+    def _register(b: Binding, st: SpecState) -> Held:
         """The binding's hooks, by its point's registrar: the traced one where dynamo traces
         them (a compiled attachment), FSDP2's for a sharded parameter, else the eager one."""
         if b.spec.op is not None:  # an op point: its hooks bracket the module's forward (core/ops.py)
@@ -256,8 +272,15 @@ class Attachment:
         """Remove these bindings' hooks, newest first, and give modules their flag back."""
         doomed = list(bindings)
         for b in reversed(doomed):
-            for h in reversed(self._handles.pop(b)):
-                h.remove()
+            held = self._handles.pop(b)
+            if type(held) is int:  # a plain forward hook's id (eager.forward)
+                remove_forward_hook(b.module, held)
+                continue
+            for h in reversed(held):  # type: ignore[arg-type]  # not an int: a sequence
+                if type(h) is int:
+                    remove_forward_hook(b.module, h)
+                else:
+                    h.remove()  # type: ignore[union-attr]  # not an int: a handle or a switch
             if b in self._full:
                 self._full.discard(b)
                 _release_full_backward(b.module)
@@ -268,7 +291,7 @@ class Attachment:
         placed: dict[str, int] = {}
         fired: dict[str, int] = {}
         for b, handles in self._handles.items():
-            for h in handles:
+            for h in _parts(handles):
                 if isinstance(h, Switch) and h.placed:
                     placed[b.spec.name] = placed.get(b.spec.name, 0) + h.placed
                     fired[b.spec.name] = fired.get(b.spec.name, 0) + h.fired
@@ -619,7 +642,11 @@ class HookGraph:
         was attached with ``compiled=True``, not in eager code."""
         if compiled is None:
             compiled = self._ran_compiled or is_compiled(self.model)
-        return Plan((b.plan_row() for b in self.bindings), compiled=compiled)
+        # The rows of one spec share its schedule's dict (200,000 rows: ~35 MiB less while a run writes them).
+        return Plan(
+            (b.plan_row(when) for group in self._spec_groups() for when in (group[0].when_row(),) for b in group),
+            compiled=compiled,
+        )
 
     def with_args(self, spec: str, /, **args: Any) -> HookGraph:
         """This graph with ``spec``'s action arguments changed (the others kept): the action

@@ -130,9 +130,10 @@ POINTS: dict[HookPoint, PointInfo] = {
 
 # ``registrar(binding, state) -> handles``: registers a binding's hooks (the binding is a
 # hookgraph.core.hooks.binding.Binding, the state its spec's SpecState in the attachment)
-# and returns what removes them (objects with ``remove()``). Typed loosely here: the hook
-# machinery sits above this table.
-Registrar = Callable[[Any, Any], list]
+# and returns what removes them (objects with ``remove()``), or the bare id of a plain forward
+# hook it registered with torch_internals.add_forward_hook (the attachment removes that with
+# remove_forward_hook). Typed loosely here: the hook machinery sits above this table.
+Registrar = Callable[[Any, Any], list | int]
 
 # The eager registrar of every point (hookgraph.core.hooks.eager fills the built-in ones), and
 # the traced one of every traceable point (hookgraph.core.hooks.traced), which attach uses for

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from hookgraph.core.hooks.binding import Binding
+from hookgraph.core.hooks.binding import Binding, Site
 from hookgraph.core.registry import check_args
 from hookgraph.core.sitefns import BadSite, SiteFns
 from hookgraph.core.spec import plain_args
@@ -55,11 +55,15 @@ def rebind(bindings: Sequence[Binding], store: ResultStore, bare: nn.Module, spe
     # view-wrapped action (b.action is it already), record its per_spec split, run once.
     fns = SiteFns(new_spec, key, defn, store, bare)
     fresh: dict[int, Binding] = {}
+    sites: dict[int, Site] = {}  # the spec's shared part, copied once with the new spec
     for b in mine:
         try:
             fn = fns(b.target, b.module, b.param)
         except BadSite as exc:
             raise SpecError([exc.problem]) from None
-        values: list[Any] = [new_spec if f == "spec" else fn if f == "fn" else getattr(b, f) for f in _FIELDS]
+        site = sites.get(id(b.site))
+        if site is None:
+            site = sites[id(b.site)] = dataclasses.replace(b.site, spec=new_spec)
+        values: list[Any] = [site if f == "site" else fn if f == "fn" else getattr(b, f) for f in _FIELDS]
         fresh[id(b)] = Binding(*values)
     return [fresh.get(id(b), b) for b in bindings]

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import CodeType
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.utils._pytree as _pytree  # torch has no public pytree module (2.1 to 2.14)
@@ -66,42 +66,34 @@ def _same_as_torch() -> bool:
 _same_as_torch()  # at import: the probe takes a handle id, which a later registration should not see
 
 
-class _ForwardHookHandle:
-    """What :func:`add_forward_hook` returns: ``remove()`` takes the hook out of the module's
-    dicts as ``RemovableHandle.remove`` does. Two slots, ~50 bytes: a RemovableHandle is an
-    instance dict, three weak references and a tuple, ~420 bytes, and a 200,000-module
-    model holds one per hooked module while attached. It holds the module, which the
-    binding that registered it holds already."""
-
-    __slots__ = ("module", "id")
-
-    def __init__(self, module: nn.Module, hid: int) -> None:
-        self.module = module
-        self.id = hid
-
-    def remove(self) -> None:
-        m, hid = self.module, self.id
-        m._forward_hooks.pop(hid, None)
-        m._forward_hooks_with_kwargs.pop(hid, None)  # never set for a plain hook; as torch's remove does
-        m._forward_hooks_always_called.pop(hid, None)
-
-
-def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHandle:
+def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> int | RemovableHandle:
     """``module.register_forward_hook(hook)``, done as PyTorch does it for a plain hook (no
     prepend, with_kwargs or always_call): the same dict entry under the next handle id, at
     half the cost (attach registers ~30,000 hooks on a 20,000-module model, and
-    RemovableHandle's constructor was most of it) and with a handle of a tenth of the
-    memory (:class:`_ForwardHookHandle`). A module class that overrides
-    register_forward_hook gets its own method, and so does every module where the probe
-    (``_same_as_torch``) finds torch's registration laid out otherwise.
-    tests/test_bigmodel_compile.py holds the two equal; if PyTorch's registration grows a
-    step, that test fails."""
+    RemovableHandle's constructor was most of it). Returns the hook's id, which
+    :func:`remove_forward_hook` takes, and no handle: a RemovableHandle is an instance dict,
+    three weak references and a tuple, ~420 bytes, and even a slotted one with a list to
+    hold it was ~110 bytes more than the id (which the hook dict holds already) for each of
+    the 200,000 hooked modules of benchmarks/memory_records.py. A module class that
+    overrides register_forward_hook gets its own method, and so does every module where the
+    probe (``_same_as_torch``) finds torch's registration laid out otherwise: then the
+    RemovableHandle it returns. tests/test_bigmodel_compile.py holds the two equal; if
+    PyTorch's registration grows a step, that test fails."""
     if type(module).register_forward_hook is not _TORCH_REGISTER_FORWARD_HOOK or not _same_as_torch():
         return module.register_forward_hook(hook)
     hid = RemovableHandle.next_id
     RemovableHandle.next_id = hid + 1
     module._forward_hooks[hid] = hook
-    return cast(RemovableHandle, _ForwardHookHandle(module, hid))
+    return hid
+
+
+def remove_forward_hook(module: nn.Module, hid: int) -> None:
+    """Remove the hook :func:`add_forward_hook` registered on ``module`` under ``hid``, from
+    the dicts ``RemovableHandle.remove`` empties (kwargs and always-called are never set for
+    a plain hook; taken out as torch's remove does). Idempotent; others' hooks stay."""
+    module._forward_hooks.pop(hid, None)
+    module._forward_hooks_with_kwargs.pop(hid, None)
+    module._forward_hooks_always_called.pop(hid, None)
 
 
 def keep_outermost(module: nn.Module, pre: RemovableHandle, post: RemovableHandle) -> None:
@@ -289,22 +281,24 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if not _FAST_WALK:
         return list(model.named_modules())
     out: list[tuple[str, nn.Module]] = []
-    memo: set[nn.Module] = set()
-
-    def visit(prefix: str, m: nn.Module) -> None:
-        if type(m).named_modules is not _NAMED_MODULES:
-            out.extend(m.named_modules(memo, prefix))
-            return
-        if m in memo:  # a module under two names keeps its first, as named_modules() does
-            return
-        memo.add(m)
-        out.append((prefix, m))
-        for name, sub in m._modules.items():
-            if sub is not None:
-                visit(f"{prefix}.{name}" if prefix else name, sub)
-
-    visit("", model)
+    _visit("", model, out, set())
     return out
+
+
+def _visit(prefix: str, m: nn.Module, out: list[tuple[str, nn.Module]], memo: set[nn.Module]) -> None:
+    """named_modules' walk below ``m``. A module-level function, not a closure of the walk:
+    a closure that calls itself is a cycle through its own cell, which kept the memo set (~100
+    bytes a module) alive until the collector ran, and compile pauses it."""
+    if type(m).named_modules is not _NAMED_MODULES:
+        out.extend(m.named_modules(memo, prefix))
+        return
+    if m in memo:  # a module under two names keeps its first, as named_modules() does
+        return
+    memo.add(m)
+    out.append((prefix, m))
+    for name, sub in m._modules.items():
+        if sub is not None:
+            _visit(f"{prefix}.{name}" if prefix else name, sub, out, memo)
 
 
 def _parameters_probe() -> bool:

@@ -86,7 +86,18 @@ def hooks_by_module(plan: Iterable[dict]) -> dict[str, list[dict]]:
 
 
 def merge_missing(tree: list[dict], plan: Iterable[dict]) -> list[dict]:
-    """``tree`` plus any hooked module it lacks (a tree written by an older model version)."""
+    """``tree`` plus any hooked module it lacks (a tree written by an older model version).
+
+    Only the rows whose module or its parent the tree lacks are rebuilt into nodes (the tree
+    holds every ancestor of what it holds): the plan of 200,000 bindings on a tree that has
+    them all was a second tree of 200,000 nodes, built and dropped."""
     known = {n["name"] for n in tree}
-    extra = [n for n in tree_from_plan(plan) if n["name"] not in known]
+    rows = []
+    for row in plan:
+        mod = owner(row)[0]
+        if mod not in known or (mod and mod.rpartition(".")[0] not in known):
+            rows.append(row)
+    if not rows:
+        return tree
+    extra = [n for n in tree_from_plan(rows) if n["name"] not in known]
     return tree + extra

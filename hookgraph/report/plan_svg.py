@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from html import escape
 from pathlib import Path
 
-from hookgraph.report.modules import hooks_by_module, merge_missing, tree_from_plan
+from hookgraph.report.modules import hooks_by_module, merge_missing, owner, tree_from_plan
 from hookgraph.report.svg import color
 from hookgraph.runs.writer import atomic_write
 
@@ -31,11 +31,13 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
     (:func:`~hookgraph.report.module_tree`; rebuilt from the targets' names when None)."""
     plan = list(plan_rows)
     tree = merge_missing(list(model_tree), plan) if model_tree else tree_from_plan(plan)
-    hooks = hooks_by_module(plan)
+    # The hooked modules' names first; each binding's details only for the modules drawn (at
+    # most MAX_ROWS): a dict per binding was ~50 MiB at 200,000 bindings, nearly all never drawn.
+    hooked_names = dict.fromkeys(owner(r)[0] for r in plan)
     specs = list(dict.fromkeys(str(r.get("spec")) for r in plan))
     spec_color = {s: color(i) for i, s in enumerate(specs)}
     shown: set[str] = set()
-    for hooked in hooks:
+    for hooked in hooked_names:
         node: str | None = hooked
         while node is not None and node not in shown:
             shown.add(node)
@@ -50,6 +52,14 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
         p = _parent(m)
         if p is not None:
             shown_children[p] = shown_children.get(p, 0) + 1
+    drawn = []
+    for n in tree:
+        if n["name"] in shown:
+            drawn.append(n)
+            if len(drawn) > MAX_ROWS:
+                break
+    drawn_names = {n["name"] for n in drawn[:MAX_ROWS]}
+    hooks = hooks_by_module(r for r in plan if owner(r)[0] in drawn_names)
     rows: list[str] = []
     y, width, dropped = 54, 400, 0
     for n in tree:
@@ -64,7 +74,7 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
         label = (name.rpartition(".")[2] if name else "(model)") + f"  {n.get('type', '?')}"
         # Children not drawn are counted on their parent's line.
         extra = children.get(name, 0) - shown_children.get(name, 0)
-        cls = "hooked" if name in hooks else "mod"
+        cls = "hooked" if name in hooked_names else "mod"
         parts = [f'<g class="{cls}" data-name="{escape(name)}"><text x="{x}" y="{y}">{escape(label)}</text>']
         bx = x + len(label) * CHAR + 12
         if extra > 0:
@@ -86,7 +96,7 @@ def plan_svg(plan_rows: Iterable[dict], model_tree: list[dict] | None = None, ti
         width = max(width, int(bx) + 10)
         y += ROW
     height = 54 + ROW * len(rows) + 10
-    summary = f"{len(plan)} binding(s) of {len(specs)} spec(s) on {len(hooks)} module(s) of {len(tree)}"
+    summary = f"{len(plan)} binding(s) of {len(specs)} spec(s) on {len(hooked_names)} module(s) of {len(tree)}"
     if dropped:
         summary += f"; {dropped} more rows not drawn"
     folded = len(tree) - len(shown)

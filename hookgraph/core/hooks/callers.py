@@ -101,7 +101,7 @@ def make_caller(b: Binding) -> Callable[[Any, Any, Any], Any]:
 def without_index(b: Binding) -> Binding:
     """The binding without its ``index``: for gradient points the index picks which tensor
     gets a hook, not part of the gradient."""
-    return replace(b, spec=replace(b.spec, index=None))
+    return replace(b, site=replace(b.site, spec=replace(b.spec, index=None)))
 
 
 def pick(b: Binding, value: Any, index: Any) -> Any:

@@ -1,0 +1,137 @@
+"""Host memory of attach on many modules (issue 36: 200,000 modules x 1 step). The bounds are
+tracemalloc's count of hookgraph's own Python objects per binding, at a few thousand, with a
+margin over what the code holds now and under what it held before; the whole process's RSS at
+200,000 is measured by ``python -m benchmarks.memory_records`` (benchmarks/RESULTS.md). The
+hooks are checked against hand-written torch hooks on the same model and inputs."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tracemalloc
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookgraph as hg
+
+PACKAGE = os.path.dirname(hg.__file__)
+
+
+class _Chain(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _held(fn: Any) -> int:
+    """Bytes that hookgraph's own lines allocated during ``fn()`` and still hold (the suite's
+    fixtures allocate beside it, and are not counted)."""
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        fn()
+        own = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, f"{PACKAGE}{os.sep}*")])
+    finally:
+        tracemalloc.stop()
+    return sum(s.size for s in own.statistics("filename"))
+
+
+@pytest.mark.parametrize("action", ["record", "zero"])
+def test_attach_holds_little_per_binding(action):
+    # What attach holds per hooked module while attached. Before: ~825 bytes with record (a
+    # closure with two cells of its own, a slotted handle in a list per binding) and ~1,305
+    # with zero (also a per-tensor caller of its own); now ~610: the hook dict's entry and
+    # its id (~290, PyTorch's own layout), a function sharing its spec's closure with its
+    # two defaults, its name, and the attachment's dict entry holding the bare hook id.
+    warm = _Chain(4).eval()
+    hg.compile(warm, {"all": {"target": "layers.*", "action": action}}).attach().remove()
+    n = 3000
+    model = _Chain(n).eval()
+    graph = hg.compile(model, {"all": {"target": "layers.*", "action": action}})
+    held: list = []
+    size = _held(lambda: held.append(graph.attach()))
+    try:
+        assert size / n < 720, f"{size / n:.0f} bytes a binding"
+    finally:
+        held[0].remove()
+    assert not any(m._forward_hooks for m in model.layers)
+
+
+def test_compile_holds_little_per_binding():
+    # What compile leaves per binding of a spec whose action keeps nothing per site (zero), the
+    # collector not run in between (compile pauses it). Before: ~320 bytes and the walk's memo
+    # set (~100) in a cycle only the collector freed; now ~160: the binding (its spec's shared
+    # part is one Site) and the target's name.
+    warm = _Chain(4).eval()
+    hg.compile(warm, {"all": {"target": "layers.*", "action": "zero"}})
+    n = 3000
+    model = _Chain(n).eval()
+    held: list = []
+    size = _held(lambda: held.append(hg.compile(model, {"all": {"target": "layers.*", "action": "zero"}})))
+    assert len(held[0]) == n
+    assert size / n < 220, f"{size / n:.0f} bytes a binding"
+
+
+def test_compact_hooks_act_as_hand_written_hooks_and_leave_others_hooks():
+    torch.manual_seed(0)
+    model = _Chain(6).eval()
+    x = torch.randn(2, 4)
+    # The independent oracle: each layer's output, by hand-written torch hooks.
+    seen: dict[str, torch.Tensor] = {}
+    hand = [m.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, o.detach().clone()))
+            for name, m in model.layers.named_children()]
+    with torch.no_grad():
+        expected = model(x)
+    for h in hand:
+        h.remove()
+    # A user's own hooks, registered before and after ours, on the same modules.
+    mine: list[str] = []
+    before = model.layers[2].register_forward_hook(lambda m, a, o: mine.append("before"))
+    graph = hg.compile(model, {"acts": {"target": "layers.*", "action": "record"},
+                               "cut": {"target": "layers.5", "action": "zero", "order": 1}})
+    with graph.attach():
+        after = model.layers[2].register_forward_hook(lambda m, a, o: mine.append("after"))
+        hooks = list(model.layers[2]._forward_hooks.values())
+        assert [h.__name__ for h in hooks] == ["<lambda>", "hookgraph[acts|layers.2|forward]", "<lambda>"]
+        assert hooks[1].__qualname__ == hooks[1].__name__
+        with torch.no_grad():
+            out = model(x)
+    assert mine == ["before", "after"]
+    for name, value in seen.items():
+        (got,) = graph.records["acts"][f"layers.{name}"]
+        assert torch.equal(got, value)
+    assert torch.equal(out, torch.zeros_like(expected))  # zero replaced the last layer's output
+    assert graph.calls == {"acts": 6, "cut": 1}
+    # Ours are gone, the user's stay, in their order.
+    assert list(model.layers[2]._forward_hooks) == [before.id, after.id]
+    assert not any(m._forward_hooks for i, m in enumerate(model.layers) if i != 2)
+    after.remove()  # `before` stays: the suite's no_hook_left compares with the hooks before compile()
+
+
+def test_a_schedule_that_changes_removes_and_registers_compact_hooks_in_spec_order():
+    # Lazy registration drops and re-registers a module's hooks (newest first, then in rank
+    # order) as schedules change; the compact ids are removed as handles were.
+    model = _Chain(3).eval()
+    graph = hg.compile(model, {
+        "every": {"target": "layers.*", "action": "record"},
+        "odd": {"target": "layers.1", "action": "record", "order": -1, "when": {"steps": "1:", "every": 2}},
+    })
+    seen = []
+    with graph.attach():
+        for step in range(4):
+            graph.set_step(step)
+            seen.append([h.__name__ for h in model.layers[1]._forward_hooks.values()])
+            with torch.no_grad():
+                model(torch.ones(1, 4))
+    odd, every = "hookgraph[odd|layers.1|forward]", "hookgraph[every|layers.1|forward]"
+    assert seen == [[every], [odd, every], [every], [odd, every]]
+    assert len(graph.records["every"]["layers.1"]) == 4 and len(graph.records["odd"]["layers.1"]) == 2
+    assert not any(m._forward_hooks for m in model.layers)
