@@ -13,22 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import hookgraph as hg
+from benchmarks.memory_records import Chain  # the benchmark's own chain of Linear(4, 4)
 
 PACKAGE = os.path.dirname(hg.__file__)
-
-
-class _Chain(nn.Module):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _held(fn: Any) -> int:
@@ -51,10 +40,10 @@ def test_attach_holds_little_per_binding(action):
     # with zero (also a per-tensor caller of its own); now ~610: the hook dict's entry and
     # its id (~290, PyTorch's own layout), a function sharing its spec's closure with its
     # two defaults, its name, and the attachment's dict entry holding the bare hook id.
-    warm = _Chain(4).eval()
+    warm = Chain(4).eval()
     hg.compile(warm, {"all": {"target": "layers.*", "action": action}}).attach().remove()
     n = 3000
-    model = _Chain(n).eval()
+    model = Chain(n).eval()
     graph = hg.compile(model, {"all": {"target": "layers.*", "action": action}})
     held: list = []
     size = _held(lambda: held.append(graph.attach()))
@@ -70,10 +59,10 @@ def test_compile_holds_little_per_binding():
     # collector not run in between (compile pauses it). Before: ~320 bytes and the walk's memo
     # set (~100) in a cycle only the collector freed; now ~160: the binding (its spec's shared
     # part is one Site) and the target's name.
-    warm = _Chain(4).eval()
+    warm = Chain(4).eval()
     hg.compile(warm, {"all": {"target": "layers.*", "action": "zero"}})
     n = 3000
-    model = _Chain(n).eval()
+    model = Chain(n).eval()
     held: list = []
     size = _held(lambda: held.append(hg.compile(model, {"all": {"target": "layers.*", "action": "zero"}})))
     assert len(held[0]) == n
@@ -82,7 +71,7 @@ def test_compile_holds_little_per_binding():
 
 def test_compact_hooks_act_as_hand_written_hooks_and_leave_others_hooks():
     torch.manual_seed(0)
-    model = _Chain(6).eval()
+    model = Chain(6).eval()
     x = torch.randn(2, 4)
     # The independent oracle: each layer's output, by hand-written torch hooks.
     seen: dict[str, torch.Tensor] = {}
@@ -119,7 +108,7 @@ def test_compact_hooks_act_as_hand_written_hooks_and_leave_others_hooks():
 def test_a_schedule_that_changes_removes_and_registers_compact_hooks_in_spec_order():
     # Lazy registration drops and re-registers a module's hooks (newest first, then in rank
     # order) as schedules change; the compact ids are removed as handles were.
-    model = _Chain(3).eval()
+    model = Chain(3).eval()
     graph = hg.compile(model, {
         "every": {"target": "layers.*", "action": "record"},
         "odd": {"target": "layers.1", "action": "record", "order": -1, "when": {"steps": "1:", "every": 2}},

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 import hookgraph as hg
+from benchmarks.memory_records import Chain  # the benchmark's own chain of Linear(4, 4)
 from hookgraph.core.hooks.binding import Binding
 from hookgraph.core.hooks.state import SpecState
 from hookgraph.core.store import Entries
@@ -29,6 +29,8 @@ from hookgraph.runs.files import DamagedFileError, check_plan, read_plan
 from hookgraph.runs.writer import RunWriter, shard_key
 
 PACKAGE = os.path.dirname(hg.__file__)
+
+CHAIN = "benchmarks.memory_records.Chain"  # the same model as a config target
 
 
 def _traced(fn: Any) -> tuple[int, int]:
@@ -63,19 +65,8 @@ def test_a_shard_of_tiny_records_holds_no_bookkeeping_per_tensor(tmp_path):
     assert all(torch.equal(written[shard_key("s", k, 1, 0)], v) for k, v in kept.items())
 
 
-class _Chain(nn.Module):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def _bind_and_record(n: int) -> tuple[hg.HookGraph, Any]:
-    model = _Chain(n).eval()
+    model = Chain(n).eval()
     graph = hg.compile(model, {"all": {"target": "layers.*", "action": "record"}})
     attachment = graph.attach()
     with torch.no_grad():
@@ -91,7 +82,7 @@ def test_a_binding_and_its_first_record_stay_small():
     # now ~2,060. The model's own modules are built outside the count.
     _bind_and_record(8)[1].remove()  # warm: the imports and caches of the first use
     n = 3000
-    model = _Chain(n).eval()
+    model = Chain(n).eval()
     held: list = []
 
     def run() -> None:
@@ -155,7 +146,7 @@ def test_check_plan_finds_what_read_plan_finds(tmp_path, monkeypatch, text, piec
 
 def test_load_run_reads_the_plan_on_first_use(tmp_path, monkeypatch):
     run_config(
-        {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},
+        {"model": {"_target_": CHAIN, "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},
          "runner": {"steps": 1, "batch_size": 1, "progress": False}, "sink": {"figures": False},
          "hooks": {"all": {"target": "layers.*", "action": "record"}}},
         tmp_path / "run",
@@ -192,7 +183,7 @@ def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
     monkeypatch.setattr("hookgraph.runner.job.compile_graph", compile_and_watch)
     monkeypatch.setattr("hookgraph.runner.outputs.write_report", page)
     summary = run_config(
-        {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},
+        {"model": {"_target_": CHAIN, "kwargs": {"n": 3}}, "data": {"kind": "random", "shape": [4]},
          "runner": {"steps": 2, "batch_size": 1, "progress": False}, "sink": {"figures": False},
          "hooks": {"all": {"target": "layers.*", "action": "record"}}},
         tmp_path / "run",
@@ -200,7 +191,7 @@ def test_the_runner_frees_its_graph_before_the_run_page(tmp_path, monkeypatch):
     assert summary["status"] == "completed" and summary["specs"]["all"]["records"] == 6
     assert alive_at_page == [[False]]
     assert (tmp_path / "run" / "report.html").is_file()
-    with hg.open_run(tmp_path / "own", _Chain(2), {"all": {"target": "layers.*", "action": "record"}}) as live:
+    with hg.open_run(tmp_path / "own", Chain(2), {"all": {"target": "layers.*", "action": "record"}}) as live:
         live.step()
     assert live.graph.records is not None  # the user's graph, still theirs after close
 
@@ -233,7 +224,7 @@ def test_the_runner_frees_its_bindings_and_record_slots_by_reference_counting(tm
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("hookgraph.runner.outputs.write_report", page)
             summary = run_config(
-                {"model": {"_target_": f"{__name__}._Chain", "kwargs": {"n": 3}},
+                {"model": {"_target_": CHAIN, "kwargs": {"n": 3}},
                  "data": {"kind": "random", "shape": [4]},
                  "runner": {"steps": 1, "batch_size": 1, "mode": "eval", "backward": False, "progress": False},
                  "sink": {"figures": False}, "hooks": {"all": {"target": "layers.*", "action": "record"}}},
