@@ -48,9 +48,14 @@ class SignalAtThirdStep(nn.Module):
 
 @pytest.fixture
 def handlers():
-    """Put back whatever SIGINT/SIGTERM handlers the test found, whatever the run did."""
+    """Python's own SIGINT/SIGTERM handlers for the test, and afterwards whatever handlers it found,
+    whatever the run did. A suite started in the background by a shell without job control
+    inherits SIGINT ignored, which hookgraph rightly leaves ignored (as under nohup): these tests
+    are about a process that takes the signals."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield saved
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     for s, h in saved.items():
         signal.signal(s, h)
 
