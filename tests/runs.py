@@ -1,6 +1,6 @@
 """Runner configs the tests share, and run folders written in-process as the command line writes them.
 
-Public names: compose, mlp_cfg, cfg, strict_json, make_run, conv_names_of, CPU, PaddedTokens,
+Public names: compose, mlp_cfg, cfg, tiny_records, shard_holds, strict_json, make_run, conv_names_of, CPU, PaddedTokens,
 run_two_ranks.
 """
 
@@ -22,6 +22,7 @@ from torch import nn
 import hookgraph as hg
 from hookgraph.report import module_tree
 from hookgraph.runner import build_from_config, register_configs, run
+from hookgraph.runs.writer import RunWriter, shard_key
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,26 @@ def shard_digest(data: bytes) -> str:
 
         return "sha256:" + hashlib.sha256(data).hexdigest()
     return "xxh3_128:" + xxhash.xxh3_128(data).hexdigest()
+
+
+def tiny_records(tmp_path: Path, n: int) -> tuple[RunWriter, dict, dict]:
+    """A RunWriter in ``tmp_path`` with step 0 written (its imports and caches are not what a test
+    of step 1 measures), and ``n`` seeded [1, 4] records of spec ``s`` for step 1: (writer, the
+    records to flush, a copy of each target's tensor to check the shard against)."""
+    torch.manual_seed(0)
+    records = {"s": {f"layers.{i}": [torch.randn(1, 4)] for i in range(n)}}
+    kept = {k: v[0].clone() for k, v in records["s"].items()}
+    writer = RunWriter(tmp_path)
+    writer.flush_records({"warm": {"a": [torch.ones(1)]}}, 0)
+    return writer, records, kept
+
+
+def shard_holds(path: Path, kept: dict) -> bool:
+    """Whether the step-1 shard at ``path`` holds exactly ``kept``'s targets of spec ``s``, equal."""
+    from safetensors.torch import load_file  # lazy: as the writer's readers
+
+    written = load_file(path)
+    return len(written) == len(kept) and all(torch.equal(written[shard_key("s", k, 1, 0)], v) for k, v in kept.items())
 
 
 def strict_json(path: Path) -> dict:

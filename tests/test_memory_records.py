@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import hookgraph as hg
 from benchmarks.memory_records import Chain  # the benchmark's own chain of Linear(4, 4)
@@ -26,7 +25,8 @@ from hookgraph.runner import outputs
 from hookgraph.runner import run as run_config
 from hookgraph.runs import files, index
 from hookgraph.runs.files import DamagedFileError, check_plan, read_plan
-from hookgraph.runs.writer import RunWriter, shard_key
+from hookgraph.runs.writer import RunWriter
+from tests.runs import shard_holds, tiny_records
 
 PACKAGE = os.path.dirname(hg.__file__)
 
@@ -53,16 +53,10 @@ def test_a_shard_of_tiny_records_holds_no_bookkeeping_per_tensor(tmp_path):
     # Before: a dict entry, a header dict and a view (numpy array, memoryview) per tensor,
     # all held until the shard was written: a peak of ~2,100 bytes an entry; now ~280.
     n = 5000
-    torch.manual_seed(0)
-    records = {"s": {f"layers.{i}": [torch.randn(1, 4)] for i in range(n)}}
-    kept = {k: v[0].clone() for k, v in records["s"].items()}
-    writer = RunWriter(tmp_path)
-    writer.flush_records({"warm": {"a": [torch.ones(1)]}}, 0)  # imports and caches, not counted
+    writer, records, kept = tiny_records(tmp_path, n)
     _, peak = _traced(lambda: writer.flush_records(records, 1))
     assert peak / n < 600, f"{peak / n:.0f} bytes an entry at the peak of flush_records"
-    written = load_file(tmp_path / "records" / writer.shards[-1])
-    assert len(written) == n
-    assert all(torch.equal(written[shard_key("s", k, 1, 0)], v) for k, v in kept.items())
+    assert shard_holds(tmp_path / "records" / writer.shards[-1], kept)
 
 
 def _bind_and_record(n: int) -> tuple[hg.HookGraph, Any]:

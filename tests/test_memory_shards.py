@@ -14,13 +14,12 @@ import tracemalloc
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 from torch import nn
 
 from hookgraph.runs.writer import RunWriter, shard_key
 from hookgraph.runs.writer_shard import ST_DTYPES, escaped, shard_pieces
-from tests.runs import shard_digest
+from tests.runs import shard_digest, shard_holds, tiny_records
 
 
 def _traced_peak(fn) -> int:
@@ -41,18 +40,12 @@ def test_writing_a_shard_of_tiny_records_holds_a_piece_not_the_shard(tmp_path):
     # peak of ~275 bytes a record (~5.3 MiB here, ~55 MB at 200,000). Now a piece at a time
     # (at most a MiB of small tensors' bytes and 64 KiB of header), whatever the record count.
     n = 20_000
-    torch.manual_seed(0)
-    records = {"s": {f"layers.{i}": [torch.randn(1, 4)] for i in range(n)}}
-    kept = {k: v[0].clone() for k, v in records["s"].items()}
-    writer = RunWriter(tmp_path)
-    writer.flush_records({"warm": {"a": [torch.ones(1)]}}, 0)  # imports and caches, not counted
+    writer, records, kept = tiny_records(tmp_path, n)
     peak = _traced_peak(lambda: writer.flush_records(records, 1))
     assert peak < 1.5 * 2**20, f"{peak / 2**20:.2f} MiB at the peak of writing {n:,} tiny records"
     assert all(not slot for slot in records["s"].values())  # the slots are emptied
     path = tmp_path / "records" / writer.shards[-1]
-    written = load_file(path)
-    assert len(written) == n
-    assert all(torch.equal(written[shard_key("s", k, 1, 0)], v) for k, v in kept.items())
+    assert shard_holds(path, kept)
     assert writer.manifest()["shards"][f"records/{path.name}"]["digest"] == shard_digest(path.read_bytes())
 
 
