@@ -87,6 +87,20 @@ def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> int | Remov
     return hid
 
 
+def plain_forward_hooks(module: nn.Module) -> bool:
+    """Whether a forward hook on ``module`` is registered as :func:`add_forward_hook` does it
+    (PyTorch's own method) and the module hashes and compares by identity, as nn.Module
+    does: then a hook shared by many modules can tell them apart by the module PyTorch
+    passes in (eager._direct_forward's per-spec table)."""
+    kind = type(module)
+    return (
+        kind.register_forward_hook is _TORCH_REGISTER_FORWARD_HOOK
+        and kind.__hash__ is object.__hash__
+        and kind.__eq__ is object.__eq__
+        and _same_as_torch()
+    )
+
+
 def remove_forward_hook(module: nn.Module, hid: int) -> None:
     """Remove the hook :func:`add_forward_hook` registered on ``module`` under ``hid``, from
     the dicts ``RemovableHandle.remove`` empties (kwargs and always-called are never set for

@@ -121,6 +121,15 @@ class Binding:
         # join reads the point's text as a str: no Enum.__format__ call per hook registered.
         return "".join(("hookgraph[", self.spec.name, "|", self.target, "|", self.at, "]"))
 
+    @property
+    def spec_label(self) -> str:
+        """``hookgraph[spec|target globs|at]``: the name of a hook shared by the spec's bindings
+        (eager.forward's common case), after the spec's own targets (cut at 80 characters)."""
+        globs = ",".join(self.spec.targets)
+        if len(globs) > 80:
+            globs = globs[:77] + "..."
+        return "".join(("hookgraph[", self.spec.name, "|", globs, "|", self.at, "]"))
+
     def plan_row(self, when: dict | None = None) -> dict:
         """The binding's row of the plan. ``when``: the spec's schedule row (:meth:`when_row`),
         which the rows of one spec may share (``graph.plan()``: ~190 bytes a row less)."""

@@ -40,7 +40,13 @@ from hookgraph.core.hooks.callers import (
 )
 from hookgraph.core.hooks.state import SpecState, Switch
 from hookgraph.core.points import REGISTRARS, HookPoint
-from hookgraph.core.torch_internals import add_forward_hook, compiler_disable, has_old_backward_hooks, recomputing
+from hookgraph.core.torch_internals import (
+    add_forward_hook,
+    compiler_disable,
+    has_old_backward_hooks,
+    plain_forward_hooks,
+    recomputing,
+)
 from hookgraph.core.tree import tensors
 from hookgraph.errors import HookGraphError, full_key
 
@@ -175,21 +181,27 @@ def forward(b: Binding, st: SpecState) -> list[RemovableHandle] | int:
     make = st.maker
     if make is None:
         make = st.maker = _direct_forward(st, want, replaces)
-    hook = make(b)
     if b.lock is None and st.log is None:  # what _prepared does for this case, without its frames
+        hook = make(b, plain_forward_hooks(b.module))
         hid = add_forward_hook(b.module, hook)
         return hid if isinstance(hid, int) else [hid]
-    return [b.module.register_forward_hook(module_hook(b, st, hook))]
+    return [b.module.register_forward_hook(module_hook(b, st, make(b, False)))]
 
 
-def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callable[[Binding], Callable[..., Any]]:
-    """``make(b)``: the hot path's forward hook (every recorded activation), which calls the
-    action straight (``direct_caller(b)``, inlined: the whole value, no index). Made once per
-    spec: every binding's hook is a function of the one code object below, sharing one
-    closure (the spec's values), with the binding's own two values as its defaults. A hook
-    is then a function, a two-item tuple and its name (~300 bytes); a closure of its own, two
-    cells of its own and a per-tensor caller of its own (zero, scale) were ~400-800 bytes a
-    binding at 200,000 bindings. The hook's code is the same, and reads its defaults as
+def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callable[[Binding, bool], Callable[..., Any]]:
+    """``make(b, share)``: the hot path's forward hook (every recorded activation), which
+    calls the action straight (``direct_caller(b)``, inlined: the whole value, no index).
+    Made once per spec.
+
+    With ``share`` (a module hooked as PyTorch does it, no lock, no trace log), the hook is
+    one function for all the spec's bindings, named after the spec's targets
+    (:attr:`Binding.spec_label`): it finds the binding in a per-spec table by the module
+    PyTorch passes in. A table entry is ~50 bytes; a function, two defaults and a name of its
+    own per binding were ~300 bytes at 200,000 bindings. A binding that cannot share (its
+    module bound twice by the spec, a module that hashes by value, an action whose per-tensor
+    caller differs per binding) gets a hook of its own: a function of the one code object
+    below, sharing one closure (the spec's values), with the binding's own two values as its
+    defaults, named after its binding. The hooks' code is the same and reads its defaults as
     locals, no slower than cells."""
 
     def hook(module: nn.Module, args: tuple, output: Any, b: Any = None, direct: Any = None) -> Any:
@@ -213,20 +225,138 @@ def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callabl
     # The spec's last fn and its per-tensor caller: one caller for a spec whose factory returns
     # one function for every site (zero: torch.zeros_like), not one per binding.
     last: list[Any] = [None, None]
+    table: dict[nn.Module, Binding] = {}  # module -> its binding, for the shared hook
+    # The shared hook and what every sharing binding must have in common with the first: the
+    # type of its fn (calls fn(value) or, for a Python class, its __call__ unbound) or its caller.
+    shared: list[Any] = [None, None]
 
-    def make(b: Binding) -> Callable[..., Any]:
+    def direct_of(b: Binding) -> Callable[[Any], Any]:
         fn, direct = b.fn, last[1]
         if not b.action.per_tensor:
-            direct = fn
-        elif last[0] is not fn:
+            return fn
+        if last[0] is not fn:
             direct = direct_caller(b)
             last[0], last[1] = fn, direct
+        return direct
+
+    def share_hook(b: Binding, direct: Callable[[Any], Any]) -> Callable[..., Any] | None:
+        held = table.get(b.module)
+        if held is not None and held is not b:
+            return None  # the module is bound twice by this spec: a table entry cannot tell which
+        key = direct if b.action.per_tensor else type(direct)
+        if shared[0] is None:
+            shared[0] = _shared_forward(st, want, replaces, table, b, direct)
+            shared[1] = key
+        elif shared[1] is not key:
+            return None
+        table[b.module] = b
+        return cast(Callable[..., Any], shared[0])
+
+    def make(b: Binding, share: bool) -> Callable[..., Any]:
+        direct = direct_of(b)
+        if share:
+            made = share_hook(b, direct)
+            if made is not None:
+                return made
         label = b.label
         made = FunctionType(code, scope, label, (b, direct), cells)
         made.__qualname__ = label
         return made
 
     return make
+
+
+def _unbound_call(fn: Any) -> FunctionType | None:
+    """The Python function ``fn(value)`` runs when ``fn`` is an instance of a class that
+    defines ``__call__`` in Python (as CPython finds it: the first class of the MRO holding
+    one), else None. Called unbound, ``call(fn, value)``, it skips the type's call slot."""
+    for klass in type(fn).__mro__:
+        raw = klass.__dict__.get("__call__")
+        if raw is not None:
+            return raw if type(raw) is FunctionType else None
+    return None
+
+
+def _shared_forward(
+    st: SpecState, want: bool | None, replaces: bool, table: dict[nn.Module, Binding], b: Binding, direct: Any
+) -> Callable[..., Any]:
+    """The forward hook all of a spec's sharing bindings register (see ``_direct_forward``):
+    it finds the module's binding in ``table`` and calls its fn, unbound where the fn is an
+    instance of a Python class (record's plain sites), or the spec's one per-tensor caller."""
+
+    def stranger(module: nn.Module) -> HookGraphError:
+        return HookGraphError(
+            f"{b.key}: its forward hook ran on a {type(module).__name__} it was not registered on: a copy or "
+            "replica of the model made while attached (copy.deepcopy, nn.parallel.replicate) carries the hooks "
+            "of the original; compile and attach the model as it runs (DataParallel: pass the DataParallel)"
+        )
+
+    if b.action.per_tensor:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if st.active and (want is None or module.training is want):
+                if module not in table:
+                    raise stranger(module)
+                if recomputing():
+                    st.recomputed += 1
+                    if not replaces:
+                        return None
+                else:
+                    st.calls += 1
+                try:
+                    return direct(output)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(table[module], exc) from exc
+            return None
+
+    elif (call := _unbound_call(direct)) is not None:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if st.active and (want is None or module.training is want):
+                try:
+                    b = table[module]
+                except KeyError:
+                    raise stranger(module) from None
+                if recomputing():
+                    st.recomputed += 1
+                    if not replaces:
+                        return None
+                else:
+                    st.calls += 1
+                try:
+                    return call(b.fn, output)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
+            return None
+
+    else:
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            if st.active and (want is None or module.training is want):
+                try:
+                    b = table[module]
+                except KeyError:
+                    raise stranger(module) from None
+                if recomputing():
+                    st.recomputed += 1
+                    if not replaces:
+                        return None
+                else:
+                    st.calls += 1
+                try:
+                    return b.fn(output)
+                except HookGraphError:
+                    raise
+                except Exception as exc:
+                    raise action_error(b, exc) from exc
+            return None
+
+    hook.__name__ = hook.__qualname__ = b.spec_label
+    return hook
 
 
 def _tensor_hook(b: Binding, st: SpecState, switch: Switch) -> Callable[[Tensor], Any]:
