@@ -117,7 +117,8 @@ class Binding:
 
     @property
     def label(self) -> str:
-        """``hookgraph[spec|target|at]``: the name its hooks carry."""
+        """``hookgraph[spec|target|at]``: the name its hooks carry (but a forward hook its spec's
+        bindings share: :attr:`spec_label`)."""
         # join reads the point's text as a str: no Enum.__format__ call per hook registered.
         return "".join(("hookgraph[", self.spec.name, "|", self.target, "|", self.at, "]"))
 

@@ -11,7 +11,9 @@ prepared here, before registration: the closures below do no name lookups or mat
 They allocate only what PyTorch asks for (a replaced tuple, an alias carrying an
 input-gradient hook) besides the action's own work. Every closure is named after its spec,
 target and point (``hookgraph[spec|target|at]``), so a module's hook dict, a profile or a
-traceback says which spec a hook belongs to.
+traceback says which spec a hook belongs to; the forward hook one spec shares among its
+modules (the common case, ``_direct_forward``) after the spec's target globs
+(``hookgraph[spec|layers.*|forward]``).
 
 Under torch.compile, the hooks here run eagerly beside the compiled code (a graph break
 each); the hooks dynamo traces are in ``traced``.
