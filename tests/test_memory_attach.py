@@ -56,19 +56,22 @@ def test_attach_holds_little_per_binding(action):
     assert not any(m._forward_hooks for m in model.layers)
 
 
-@pytest.mark.parametrize(("action", "bound"), [("zero", 220), ("record", 520)])
-def test_compile_holds_little_per_binding(action, bound):
+@pytest.mark.parametrize(("action", "args", "bound"), [("zero", {}, 220), ("record", {}, 520),
+                                                    ("record", {"to": "cpu"}, 520)])
+def test_compile_holds_little_per_binding(action, args, bound):
     # What compile leaves per binding, the collector not run in between (compile pauses it).
     # zero keeps nothing per site. Before: ~320 bytes and the walk's memo set (~100) in a cycle
     # only the collector freed; now ~195: the binding (its spec's shared part is one Site) and
     # the target's name. record also keeps the site's slot (Entries) and its fn: before ~700,
-    # a closure with two cells per site; now ~445, an object of three slots (record._PlainSite).
+    # a closure with two cells per site (~870 with `to: cpu`, five cells); now ~445, an object of
+    # three slots (record._PlainSite, _HostSite).
+    spec = {"all": {"target": "layers.*", "action": action, "args": args}}
     warm = Chain(4).eval()
-    hg.compile(warm, {"all": {"target": "layers.*", "action": action}})
+    hg.compile(warm, spec)
     n = 3000
     model = Chain(n).eval()
     held: list = []
-    size = _held(lambda: held.append(hg.compile(model, {"all": {"target": "layers.*", "action": action}})))
+    size = _held(lambda: held.append(hg.compile(model, spec)))
     assert len(held[0]) == n
     assert size / n < bound, f"{size / n:.0f} bytes a binding"
 

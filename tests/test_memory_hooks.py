@@ -31,14 +31,14 @@ def _hand_outputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[s
     return seen
 
 
-@pytest.mark.parametrize("action", ["record", "zero"])
-def test_one_hook_function_serves_every_binding_of_a_spec(action):
+@pytest.mark.parametrize(("action", "args"), [("record", {}), ("record", {"to": "cpu"}), ("zero", {})])
+def test_one_hook_function_serves_every_binding_of_a_spec(action, args):
     torch.manual_seed(0)
     model = Chain(5).eval()
     x = torch.randn(3, 4)
     names = [f"layers.{i}" for i in range(5)]
     expected = _hand_outputs(model, names, x)
-    graph = hg.compile(model, {"s": {"target": "layers.*", "action": action}})
+    graph = hg.compile(model, {"s": {"target": "layers.*", "action": action, "args": args}})
     with graph.attach():
         hooks = [h for m in model.layers for h in m._forward_hooks.values()]
         assert len(hooks) == 5 and len({id(h) for h in hooks}) == 1  # one function, five registrations
@@ -126,7 +126,51 @@ def test_an_action_failing_in_the_shared_hook_names_its_own_target(per_tensor):
         factory.__dict__.pop("__hookgraph_action__", None)
 
 
-def test_a_record_of_a_value_without_a_tensor_names_its_target():
+class _Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.lin(x)
+        return y, y * 2
+
+
+class _Pairs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _Pair(), _Pair()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)[1])[0]
+
+
+@pytest.mark.parametrize("args", [{}, {"to": "cpu"}])
+def test_a_plain_record_of_a_tuple_keeps_each_tensor(args):
+    torch.manual_seed(0)
+    model = _Pairs().eval()
+    x = torch.randn(2, 4)
+    seen: dict[str, tuple] = {}
+    hand = [getattr(model, n).register_forward_hook(
+        lambda m, a, o, n=n: seen.__setitem__(n, tuple(t.detach().clone() for t in o))) for n in ("a", "b")]
+    with torch.no_grad():
+        model(x)
+    for h in hand:
+        h.remove()
+    graph = hg.compile(model, {"s": {"target": ["a", "b"], "action": "record", "args": args}})
+    with graph.attach(), torch.no_grad():
+        model(x)
+        model(x)
+    for n in ("a", "b"):
+        entries = graph.records["s"][n]
+        assert len(entries) == 2
+        for entry in entries:
+            assert type(entry) is tuple and len(entry) == 2
+            assert all(torch.equal(got, want) for got, want in zip(entry, seen[n], strict=True))
+
+
+@pytest.mark.parametrize("args", [{}, {"to": "cpu"}])
+def test_a_record_of_a_value_without_a_tensor_names_its_target(args):
     class Gappy(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -137,7 +181,7 @@ def test_a_record_of_a_value_without_a_tensor_names_its_target():
             return self.last(self.first(x))
 
     model = Gappy().eval()
-    graph = hg.compile(model, {"r": {"target": "*", "action": "record"}})
+    graph = hg.compile(model, {"r": {"target": "*", "action": "record", "args": args}})
     with graph.attach(), pytest.raises(hg.HookGraphError, match=r"record spec 'r' at 'none' \(forward\): the value "
                                                                 r"is None: nothing to record"):
         model(torch.ones(1, 4))

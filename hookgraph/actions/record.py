@@ -455,7 +455,7 @@ def _per_spec(
             if slot.spans is None:
                 slot.spans = []
             fn = _positioned(fn, ctx.store.clock, pos, dim, slot.spans, last_only)
-        if type(fn) is not _PlainSite:  # a plain site reads the spec's attributes through its shared part
+        if not isinstance(fn, _PlainSite):  # a plain site reads the spec's attributes through its shared part
             fn.__dict__ = attributes
         return fn
 
@@ -627,23 +627,29 @@ def _copy(t: Tensor) -> Tensor:
 
 class _PlainSpec:
     """What a spec's plain record sites share: a site's ``one`` for values that are not one
-    tensor, built at the first such call and kept by target, and the spec's attributes."""
+    tensor, built at the first such call and kept by target; the spec's attributes; with
+    ``to: cpu``, the copy to the host."""
 
-    __slots__ = ("build_one", "empty", "attributes", "ones")
+    __slots__ = ("build_one", "empty", "attributes", "to_host", "ones")
 
     def __init__(
         self,
         build_one: Callable[[Entries, str], Callable[[Tensor], Any]],
         empty: Callable[..., None],
         attributes: dict[str, Any],
+        to_host: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
-        self.build_one, self.empty, self.attributes = build_one, empty, attributes
+        self.build_one, self.empty, self.attributes, self.to_host = build_one, empty, attributes, to_host
         self.ones: dict[str, Callable[[Tensor], Any]] = {}
 
     def other(self, slot: Entries, target: str, value: Any) -> None:
         """A value that is not one plain tensor: each of its tensors through ``one``."""
         if not tensors(value):
             return self.empty(target, value)
+        return self.each(slot, target, value)
+
+    def each(self, slot: Entries, target: str, value: Any) -> None:
+        """Each tensor of ``value`` through the site's ``one``, the result into the slot."""
         one = self.ones.get(target)
         if one is None:
             one = self.ones[target] = self.build_one(slot, target)
@@ -682,6 +688,27 @@ class _PlainSite:
             return self.shared.attributes[name]
         except KeyError:
             raise AttributeError(name) from None
+
+
+class _HostSite(_PlainSite):
+    """A plain record site with ``to: cpu``: what is not on the host yet is copied there (a
+    closure with five cells of its own before)."""
+
+    __slots__ = ()
+
+    def __call__(self, value: Any) -> None:
+        slot = self.slot
+        if type(value) is Tensor:
+            t = value.detach()
+            if not t.is_cpu:
+                slot.append(self.shared.to_host(t))  # type: ignore[misc]  # set for every host site
+                return None
+            if slot.fresh:
+                slot.append(t)
+                return None
+        elif not tensors(value):
+            return self.shared.empty(self.target, value)
+        return self.shared.each(slot, self.target, value)
 
 
 def _appender(
@@ -753,27 +780,10 @@ def _appender(
 
         return make_plain
 
+    host = _PlainSpec(build_one, empty, attributes, to_host)
+
     def make_to_host(slot: Entries, target: str) -> Callable[[Any], None]:
         slot.plain = True  # host copies are fresh tensors too: version 0
-        append = slot.append
-        one: Callable[[Tensor], Any] | None = None
-
-        def copy_to_host(value: Any) -> None:
-            nonlocal one
-            if type(value) is Tensor:
-                t = value.detach()
-                if not t.is_cpu:
-                    append(to_host(t))
-                    return
-                if slot.fresh:
-                    append(t)
-                    return
-            elif not tensors(value):
-                return empty(target, value)
-            if one is None:
-                one = build_one(slot, target)
-            append(tree_map(one, value))
-
-        return copy_to_host
+        return _HostSite(slot, target, host)
 
     return make_to_host
