@@ -98,6 +98,21 @@ def test_a_copy_of_the_model_made_while_attached_is_refused_by_name():
         twin(torch.ones(1, 4))  # detached: the copied hooks are off for good, as before
 
 
+def test_a_copy_of_the_model_made_while_attached_acts_as_before_where_the_spec_has_one_caller():
+    # zero calls the spec's one per-tensor caller: a copy's hook acts as the original's, as
+    # per-binding hooks did (nothing to look up), and is off once detached.
+    model = Chain(3).eval()
+    graph = hg.compile(model, {"cut": {"target": "layers.*", "action": "zero"}})
+    x = torch.ones(1, 4)
+    with graph.attach():
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            assert torch.equal(twin(x), torch.zeros(1, 4))
+    with torch.no_grad():
+        assert torch.equal(twin(x), model(x))  # detached: the copied hooks are off, the weights the same
+        assert not torch.equal(model(x), torch.zeros(1, 4))
+
+
 def _fails_at_width_3(value: torch.Tensor) -> None:
     if value.shape[-1] == 3:
         raise ValueError("width 3")

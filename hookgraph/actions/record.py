@@ -662,8 +662,8 @@ class _PlainSite:
     slot, the target and the spec's shared part, as cheap as a hand-written hook. An object
     of three slots (~56 bytes) where a closure with two cells of its own was ~240 bytes a
     binding at 200,000 bindings; the eager forward hook calls ``__call__`` unbound
-    (eager._unbound_call), no slower than the closure. Other attributes (``traced``) are the
-    spec's, as the other variants' shared ``__dict__``."""
+    (eager._unbound_call). Its ``traced`` is the spec's, as the other variants' shared
+    ``__dict__`` holds it; a site that keeps positions (``traceable``) is a closure instead."""
 
     __slots__ = ("slot", "target", "shared")
 
@@ -680,14 +680,11 @@ class _PlainSite:
             return None
         return self.shared.other(slot, self.target, value)
 
-    def __getattr__(self, name: str) -> Any:
-        # Only names that are not found otherwise; the slots are always set (never looked up here).
-        if name in _PlainSite.__slots__:
-            raise AttributeError(name)
-        try:
-            return self.shared.attributes[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    @property
+    def traced(self) -> Any:
+        # The spec's (registry: fn.traced), as the other variants' shared __dict__ holds it. A
+        # property, not __getattr__: a class with __getattr__ reads every slot through it (slower).
+        return self.shared.attributes["traced"]
 
 
 class _HostSite(_PlainSite):

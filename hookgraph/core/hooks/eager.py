@@ -227,7 +227,10 @@ def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callabl
     # The spec's last fn and its per-tensor caller: one caller for a spec whose factory returns
     # one function for every site (zero: torch.zeros_like), not one per binding.
     last: list[Any] = [None, None]
-    table: dict[nn.Module, Binding] = {}  # module -> its binding, for the shared hook
+    # For the shared hook: module -> its binding's fn, and the sharing bindings (found again by
+    # module when an action raises, to name the target: a pointer each, not a lookup per call).
+    table: dict[nn.Module, Any] = {}
+    owners: list[Binding] = []
     # The shared hook and what every sharing binding must have in common with the first: the
     # type of its fn (calls fn(value) or, for a Python class, its __call__ unbound) or its caller.
     shared: list[Any] = [None, None]
@@ -243,15 +246,17 @@ def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callabl
 
     def share_hook(b: Binding, direct: Callable[[Any], Any]) -> Callable[..., Any] | None:
         held = table.get(b.module)
-        if held is not None and held is not b:
-            return None  # the module is bound twice by this spec: a table entry cannot tell which
+        if held is not None and held is not b.fn:
+            return None  # the module is bound twice by this spec (the compiler binds it once): its own hook
         key = direct if b.action.per_tensor else type(direct)
         if shared[0] is None:
-            shared[0] = _shared_forward(st, want, replaces, table, b, direct)
+            shared[0] = _shared_forward(st, want, replaces, table, owners, b, direct)
             shared[1] = key
         elif shared[1] is not key:
             return None
-        table[b.module] = b
+        if held is None:  # else registered again (a schedule that changes): held already
+            table[b.module] = b.fn
+            owners.append(b)
         return cast(Callable[..., Any], shared[0])
 
     def make(b: Binding, share: bool) -> Callable[..., Any]:
@@ -280,11 +285,28 @@ def _unbound_call(fn: Any) -> FunctionType | None:
 
 
 def _shared_forward(
-    st: SpecState, want: bool | None, replaces: bool, table: dict[nn.Module, Binding], b: Binding, direct: Any
+    st: SpecState,
+    want: bool | None,
+    replaces: bool,
+    table: dict[nn.Module, Any],
+    owners: list[Binding],
+    b: Binding,
+    direct: Any,
 ) -> Callable[..., Any]:
     """The forward hook all of a spec's sharing bindings register (see ``_direct_forward``):
-    it finds the module's binding in ``table`` and calls its fn, unbound where the fn is an
-    instance of a Python class (record's plain sites), or the spec's one per-tensor caller."""
+    it finds the module's fn in ``table`` and calls it, unbound where the fn is an instance
+    of a Python class (record's plain sites), or calls the spec's one per-tensor caller,
+    which needs no lookup. A module missing from the table is a copy of a hooked one, which
+    carries its hooks: refused by name where the fn is the module's own (a record would have
+    no slot), acting as on the original where it is the spec's (as per-binding hooks did)."""
+
+    def owner(module: nn.Module) -> Binding | None:
+        """The binding of ``module``, for an action's error (not on the hot path)."""
+        return next((o for o in owners if o.module is module), None)
+
+    def failed(module: nn.Module, exc: Exception) -> HookGraphError:
+        found = owner(module)
+        return stranger(module) if found is None else action_error(found, exc)
 
     def stranger(module: nn.Module) -> HookGraphError:
         return HookGraphError(
@@ -297,8 +319,6 @@ def _shared_forward(
 
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if st.active and (want is None or module.training is want):
-                if module not in table:
-                    raise stranger(module)
                 if recomputing():
                     st.recomputed += 1
                     if not replaces:
@@ -310,7 +330,7 @@ def _shared_forward(
                 except HookGraphError:
                     raise
                 except Exception as exc:
-                    raise action_error(table[module], exc) from exc
+                    raise failed(module, exc) from exc
             return None
 
     elif (call := _unbound_call(direct)) is not None:
@@ -318,7 +338,7 @@ def _shared_forward(
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if st.active and (want is None or module.training is want):
                 try:
-                    b = table[module]
+                    fn = table[module]
                 except KeyError:
                     raise stranger(module) from None
                 if recomputing():
@@ -328,11 +348,11 @@ def _shared_forward(
                 else:
                     st.calls += 1
                 try:
-                    return call(b.fn, output)
+                    return call(fn, output)
                 except HookGraphError:
                     raise
                 except Exception as exc:
-                    raise action_error(b, exc) from exc
+                    raise failed(module, exc) from exc
             return None
 
     else:
@@ -340,7 +360,7 @@ def _shared_forward(
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if st.active and (want is None or module.training is want):
                 try:
-                    b = table[module]
+                    fn = table[module]
                 except KeyError:
                     raise stranger(module) from None
                 if recomputing():
@@ -350,11 +370,11 @@ def _shared_forward(
                 else:
                     st.calls += 1
                 try:
-                    return b.fn(output)
+                    return fn(output)
                 except HookGraphError:
                     raise
                 except Exception as exc:
-                    raise action_error(b, exc) from exc
+                    raise failed(module, exc) from exc
             return None
 
     hook.__name__ = hook.__qualname__ = b.spec_label
