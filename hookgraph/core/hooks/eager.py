@@ -197,9 +197,10 @@ def _direct_forward(st: SpecState, want: bool | None, replaces: bool) -> Callabl
 
     With ``share`` (a module hooked as PyTorch does it, no lock, no trace log), the hook is
     one function for all the spec's bindings, named after the spec's targets
-    (:attr:`Binding.spec_label`): it finds the binding in a per-spec table by the module
-    PyTorch passes in. A table entry is ~50 bytes; a function, two defaults and a name of its
-    own per binding were ~300 bytes at 200,000 bindings. A binding that cannot share (its
+    (:attr:`Binding.spec_label`): it finds the binding's fn in a per-spec table by the module
+    PyTorch passes in (or calls the spec's one per-tensor caller). A table entry is ~50 bytes;
+    a function, two defaults and a name of its own per binding were ~300 bytes at 200,000
+    bindings. The lookup is ~40 ns a call (benchmarks/RESULTS.md, memory_records). A binding that cannot share (its
     module bound twice by the spec, a module that hashes by value, an action whose per-tensor
     caller differs per binding) gets a hook of its own: a function of the one code object
     below, sharing one closure (the spec's values), with the binding's own two values as its
