@@ -200,3 +200,13 @@ def test_a_record_of_a_value_without_a_tensor_names_its_target(args):
     with graph.attach(), pytest.raises(hg.HookGraphError, match=r"record spec 'r' at 'none' \(forward\): the value "
                                                                 r"is None: nothing to record"):
         model(torch.ones(1, 4))
+
+
+def test_a_shared_hook_of_many_target_globs_carries_a_short_name():
+    model = Chain(30).eval()
+    targets = [f"layers.{i}" for i in range(30)]
+    graph = hg.compile(model, {"many": {"target": targets, "action": "record"}})
+    with graph.attach():
+        (hook,) = {h for m in model.layers for h in m._forward_hooks.values()}
+        joined = ",".join(targets)
+        assert hook.__name__ == f"hookgraph[many|{joined[:77]}...|forward]"
