@@ -215,6 +215,7 @@ def test_lightning_cli_config_builds_the_callback(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_ddp_on_two_cpu_processes_writes_the_per_rank_layout(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONPATH": str(root)}

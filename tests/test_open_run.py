@@ -348,6 +348,7 @@ def test_the_readme_plain_loop_and_accelerate_examples_run_as_written(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="no gloo backend")
 def test_two_processes_write_the_per_rank_layout_and_both_ranks_read_back(tmp_path):
