@@ -66,6 +66,13 @@ def _same_as_torch() -> bool:
 _same_as_torch()  # at import: the probe takes a handle id, which a later registration should not see
 
 
+def _registers_as_torch(kind: type[nn.Module]) -> bool:
+    """Whether a forward hook on a ``kind`` module can be put in its dict as PyTorch's own
+    ``register_forward_hook`` does (the class keeps torch's method, and the probe found
+    torch's registration laid out as :func:`add_forward_hook` repeats it)."""
+    return kind.register_forward_hook is _TORCH_REGISTER_FORWARD_HOOK and _same_as_torch()
+
+
 def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> int | RemovableHandle:
     """``module.register_forward_hook(hook)``, done as PyTorch does it for a plain hook (no
     prepend, with_kwargs or always_call): the same dict entry under the next handle id, at
@@ -79,7 +86,7 @@ def add_forward_hook(module: nn.Module, hook: Callable[..., Any]) -> int | Remov
     probe (``_same_as_torch``) finds torch's registration laid out otherwise: then the
     RemovableHandle it returns. tests/test_bigmodel_compile.py holds the two equal; if
     PyTorch's registration grows a step, that test fails."""
-    if type(module).register_forward_hook is not _TORCH_REGISTER_FORWARD_HOOK or not _same_as_torch():
+    if not _registers_as_torch(type(module)):
         return module.register_forward_hook(hook)
     hid = RemovableHandle.next_id
     RemovableHandle.next_id = hid + 1
@@ -93,12 +100,7 @@ def plain_forward_hooks(module: nn.Module) -> bool:
     does: then a hook shared by many modules can tell them apart by the module PyTorch
     passes in (eager._direct_forward's per-spec table)."""
     kind = type(module)
-    return (
-        kind.register_forward_hook is _TORCH_REGISTER_FORWARD_HOOK
-        and kind.__hash__ is object.__hash__
-        and kind.__eq__ is object.__eq__
-        and _same_as_torch()
-    )
+    return _registers_as_torch(kind) and kind.__hash__ is object.__hash__ and kind.__eq__ is object.__eq__
 
 
 def remove_forward_hook(module: nn.Module, hid: int) -> None:
