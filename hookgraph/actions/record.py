@@ -695,17 +695,16 @@ class _HostSite(_PlainSite):
 
     def __call__(self, value: Any) -> None:
         slot = self.slot
-        if type(value) is Tensor:
-            t = value.detach()
-            if not t.is_cpu:
-                slot.append(self.shared.to_host(t))  # type: ignore[misc]  # set for every host site
-                return None
-            if slot.fresh:
-                slot.append(t)
-                return None
-        elif not tensors(value):
-            return self.shared.empty(self.target, value)
-        return self.shared.each(slot, self.target, value)
+        if type(value) is not Tensor:
+            return self.shared.other(slot, self.target, value)
+        t = value.detach()
+        if not t.is_cpu:
+            slot.append(self.shared.to_host(t))  # type: ignore[misc]  # set for every host site
+        elif slot.fresh:
+            slot.append(t)
+        else:  # a host tensor of a slot still probing: through ``one`` (copied where it must be)
+            self.shared.each(slot, self.target, value)
+        return None
 
 
 def _appender(
