@@ -272,12 +272,8 @@ class Attachment:
         """Remove these bindings' hooks, newest first, and give modules their flag back."""
         doomed = list(bindings)
         for b in reversed(doomed):
-            held = self._handles.pop(b)
-            if type(held) is int:  # a plain forward hook's id (eager.forward)
-                remove_forward_hook(b.module, held)
-                continue
-            for h in reversed(held):  # type: ignore[arg-type]  # not an int: a sequence
-                if type(h) is int:
+            for h in reversed(_parts(self._handles.pop(b))):
+                if type(h) is int:  # a plain forward hook's id (eager.forward)
                     remove_forward_hook(b.module, h)
                 else:
                     h.remove()  # type: ignore[union-attr]  # not an int: a handle or a switch
