@@ -67,9 +67,7 @@ _same_as_torch()  # at import: the probe takes a handle id, which a later regist
 
 
 def _registers_as_torch(kind: type[nn.Module]) -> bool:
-    """Whether a forward hook on a ``kind`` module can be put in its dict as PyTorch's own
-    ``register_forward_hook`` does (the class keeps torch's method, and the probe found
-    torch's registration laid out as :func:`add_forward_hook` repeats it)."""
+    """Whether ``kind`` keeps torch's register_forward_hook and the probe found it laid out as we repeat it."""
     return kind.register_forward_hook is _TORCH_REGISTER_FORWARD_HOOK and _same_as_torch()
 
 
