@@ -503,6 +503,13 @@ def test_a_rank_left_by_a_signal_names_rank_0_lost(tmp_path):
         "rank 1 stopped with it (interrupted: stopped by SIGTERM); the run has no summary.json: rank 1's own is "
         "ranks/rank-1/summary.json"
     )
+    # The command line's line: the run folder first, then the rank's summary, a path in that folder
+    # (the line ends with it, as the line of a rank whose collective broke first does).
+    assert stopped_by_peer(summary, 1, "stopped by SIGTERM", "runs/x") == (
+        "rank 0 (the job's writer, which gathers the ranks' summaries) was lost: it wrote no summary (killed?); "
+        "rank 1 stopped with it (interrupted: stopped by SIGTERM); what was recorded so far is in runs/x; the run "
+        "has no summary.json: rank 1's own is ranks/rank-1/summary.json"
+    )
 
 
 def test_a_rank_that_failed_in_its_own_right_does_not_look_at_its_peers(tmp_path):

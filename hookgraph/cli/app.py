@@ -174,9 +174,9 @@ def _job(cfg: DictConfig) -> float | None:
         for level, line in closing_lines(summary):
             _say(level, line)
         world = world_from_env()
-        peer = stopped_by_peer(summary, world.rank, str(exc or "SIGINT")) if world.ranked else None
+        peer = stopped_by_peer(summary, world.rank, str(exc or "SIGINT"), out_dir) if world.ranked else None
         if peer is not None:  # torchrun stopped this rank because another died or raised: name that one
-            _error(f"{where}{peer}; what was recorded so far is in {out_dir}")
+            _error(f"{where}{peer}")
         else:
             _error(f"{where}interrupted ({exc or 'SIGINT'}); what was recorded so far is in {out_dir}")
         if sweep and not callbacks.in_command_line_process():

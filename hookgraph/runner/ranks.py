@@ -179,14 +179,17 @@ def _cause_elsewhere(summary: dict[str, Any], rank: int) -> dict[str, Any] | Non
     return err if summary.get("failed_ranks") and cause is not None and cause != rank else None
 
 
-def stopped_by_peer(summary: dict[str, Any], rank: int, signal_text: str) -> str | None:
+def stopped_by_peer(summary: dict[str, Any], rank: int, signal_text: str, out_dir: str | None = None) -> str | None:
     """The one line of a rank interrupted by a signal (torchrun's SIGTERM once a peer died or
     raised) where rank 0 has gathered the summaries and another rank failed first: that rank,
-    not "interrupted", which is what the signal only looked like from here. None otherwise."""
+    not "interrupted", which is what the signal only looked like from here. None otherwise.
+    ``out_dir``: the run folder, said before where this rank's own summary is (a path in it)."""
     err = _cause_elsewhere(summary, rank)
     if err is None:
         return None
     said = f"{err.get('message', 'another rank failed')}; rank {rank} stopped with it (interrupted: {signal_text})"
+    if out_dir is not None:
+        said += f"; what was recorded so far is in {out_dir}"
     return said + _no_gathering(err, rank)
 
 
